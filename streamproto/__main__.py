@@ -1,0 +1,5 @@
+import sys
+
+from streamproto.cli import main
+
+sys.exit(main())

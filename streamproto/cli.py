@@ -1,0 +1,50 @@
+"""
+The C{streamproto} command: C{streamproto PROTOCOL COMMAND ...}.
+
+Each protocol's commands live in C{streamproto.<protocol>.cli} as
+C{main(argv) -> exit status}; this module only dispatches.
+"""
+
+import importlib
+import sys
+
+COMMANDS = {
+    "styx": ("streamproto.styx.cli", "Styx logs, produce/consume, benchmark"),
+    "lumberjack": ("streamproto.lumberjack.cli", "send JSON lines to a Lumberjack server"),
+    "reliable": ("streamproto.reliable.cli", "reliable-stream client"),
+    "pravega": ("streamproto.pravega.cli", "Pravega segment admin, write, read"),
+    "relink": ("streamproto.relink.cli", "Relink client"),
+    "status": ("streamproto.status", "live summary from a metrics endpoint"),
+}
+
+
+def usage(out):
+    out.write("usage: streamproto COMMAND [ARGS...]\n\ncommands:\n")
+    for name, (module, help_) in COMMANDS.items():
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError:
+            continue
+        out.write(f"  {name:<12} {help_}\n")
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        usage(sys.stdout)
+        return 0
+    entry = COMMANDS.get(argv[0])
+    if entry is None:
+        sys.stderr.write(f"streamproto: unknown command {argv[0]!r}\n")
+        usage(sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(entry[0])
+    except ModuleNotFoundError:
+        sys.stderr.write(f"streamproto: {argv[0]} is not available in this build\n")
+        return 2
+    return module.main(argv[1:]) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Mechanisms every protocol shares: CLI/tap plumbing, TLS, buffers."""

@@ -1,0 +1,50 @@
+"""A progress line for long CLI runs, drawn only on a terminal."""
+
+import sys
+import time
+
+
+class Progress:
+    """
+    Call L{update} with running totals; it redraws at most 10 times a second
+    and only when C{stream} is a TTY.  L{finish} prints the final totals.
+    """
+
+    def __init__(self, label, total=None, stream=None, clock=time.monotonic):
+        self.label = label
+        self.total = total
+        self.stream = stream or sys.stderr
+        self.clock = clock
+        self.start = clock()
+        self._last_draw = 0.0
+        self.count = 0
+        self.nbytes = 0
+        self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
+
+    def update(self, count, nbytes=0):
+        self.count = count
+        self.nbytes = nbytes
+        now = self.clock()
+        if self.enabled and now - self._last_draw >= 0.1:
+            self._last_draw = now
+            self.stream.write("\r" + self.line(now) + "\x1b[K")
+            self.stream.flush()
+
+    def line(self, now=None):
+        now = self.clock() if now is None else now
+        elapsed = max(now - self.start, 1e-9)
+        rate = self.count / elapsed
+        mb = self.nbytes / elapsed / 1e6
+        if self.total:
+            pct = min(100.0, 100.0 * self.count / self.total)
+            width = 30
+            filled = int(width * pct / 100)
+            bar = "[" + "#" * filled + "." * (width - filled) + f"] {pct:5.1f}% "
+        else:
+            bar = ""
+        return f"{self.label}: {bar}{self.count} records, {rate:,.0f}/s, {mb:,.1f} MB/s"
+
+    def finish(self):
+        if self.enabled:
+            self.stream.write("\r" + self.line() + "\x1b[K\n")
+            self.stream.flush()

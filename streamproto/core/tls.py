@@ -1,0 +1,135 @@
+"""
+TLS for every server and client.
+
+Servers take endpoint strings.  Twisted's own C{ssl:} (key and certificate
+files) and C{tls:} (a directory of PEMs, with SNI) work for server TLS; for
+client-certificate verification use our C{mtls:} server endpoint (registered
+as a plugin in C{twisted/plugins/streamproto_plugins.py})::
+
+    mtls:8443:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem:interface=127.0.0.1
+
+C{caCerts} (a PEM file, one or more CA certificates) turns on verification:
+a client without a certificate signed by one of them is refused during the
+handshake, before any protocol byte is read.  C{requireClientCert=no} asks
+for a certificate but lets anonymous clients in.
+
+Clients verify the server with service_identity (through
+L{optionsForClientTLS}) against a CA file, or the platform's trust store.
+"""
+
+from OpenSSL import crypto
+from twisted.internet import ssl
+from twisted.internet.endpoints import SSL4ServerEndpoint, TCP4ClientEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamServerEndpointStringParser
+from twisted.python.filepath import FilePath
+from twisted.plugin import IPlugin
+from zope.interface import implementer
+
+
+def _pem_certificates(path):
+    """Every certificate in a PEM file (a CA bundle may hold several)."""
+    data = FilePath(path).getContent()
+    marker = b"-----END CERTIFICATE-----"
+    certs = []
+    for chunk in data.split(marker)[:-1]:
+        pem = chunk[chunk.index(b"-----BEGIN CERTIFICATE-----"):] + marker + b"\n"
+        certs.append(ssl.Certificate.loadPEM(pem))
+    if not certs:
+        raise ValueError(f"no PEM certificate in {path}")
+    return certs
+
+
+def server_tls_options(private_key, cert=None, ca_certs=None, require_client_cert=True,
+                       extra_cert_chain=None):
+    """
+    L{ssl.CertificateOptions} for a server.
+
+    @param private_key: path of a PEM private key (may also hold the cert).
+    @param cert: path of the PEM certificate (default: C{private_key}).
+    @param ca_certs: path of a PEM bundle of CAs trusted to sign client
+        certificates; None for no client verification.
+    """
+    cert = cert or private_key
+    key_pem = FilePath(private_key).getContent()
+    cert_pem = FilePath(cert).getContent()
+    chain = []
+    if extra_cert_chain:
+        chain = [c.original for c in _pem_certificates(extra_cert_chain)]
+    kwargs = {}
+    if ca_certs:
+        kwargs.update(verify=True, caCerts=[c.original for c in _pem_certificates(ca_certs)],
+                      requireCertificate=require_client_cert)
+    return ssl.CertificateOptions(
+        privateKey=crypto.load_privatekey(crypto.FILETYPE_PEM, key_pem),
+        certificate=crypto.load_certificate(crypto.FILETYPE_PEM, cert_pem),
+        extraCertChain=chain,
+        **kwargs,
+    )
+
+
+def client_tls_options(hostname, ca_certs=None, cert=None, private_key=None):
+    """
+    Client TLS options that verify the server's identity (service_identity)
+    for C{hostname}, against the CAs in C{ca_certs} (a PEM path) or the
+    platform trust store, presenting a client certificate if given.
+    """
+    trust = None
+    if ca_certs:
+        certs = _pem_certificates(ca_certs)
+        trust = ssl.trustRootFromCertificates(certs)
+    client_cert = None
+    if cert or private_key:
+        pem = FilePath(cert or private_key).getContent()
+        if private_key and private_key != cert:
+            pem += b"\n" + FilePath(private_key).getContent()
+        client_cert = ssl.PrivateCertificate.loadPEM(pem)
+    return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client_cert)
+
+
+def client_endpoint(reactor, host, port, tls=None):
+    """
+    A client endpoint for C{host:port}, wrapped in TLS when C{tls} (client
+    TLS options, e.g. from L{client_tls_options}) is given.
+    """
+    endpoint = TCP4ClientEndpoint(reactor, host, port)
+    if tls is not None:
+        endpoint = wrapClientTLS(tls, endpoint)
+    return endpoint
+
+
+def peer_identity(transport):
+    """
+    The subject common name and the SHA-256 fingerprint of the peer's TLS
+    certificate, or None over plain TCP / without a client certificate.
+    """
+    get = getattr(transport, "getPeerCertificate", None)
+    if get is None:
+        return None
+    try:
+        x509 = get()
+    except Exception:  # noqa: BLE001 - no TLS layer or handshake not done
+        return None
+    if x509 is None:
+        return None
+    subject = x509.get_subject()
+    return {
+        "cn": subject.commonName,
+        "sha256": x509.digest("sha256").decode("ascii"),
+    }
+
+
+@implementer(IPlugin, IStreamServerEndpointStringParser)
+class TLSServerParser:
+    """C{mtls:PORT:privateKey=..:certKey=..[:caCerts=..][:requireClientCert=no][:interface=..]}"""
+
+    prefix = "mtls"
+
+    def parseStreamServer(self, reactor, port, privateKey="server.pem", certKey=None,
+                          caCerts=None, requireClientCert="yes", interface="", backlog=50,
+                          extraCertChain=None):
+        options = server_tls_options(
+            privateKey, certKey, caCerts,
+            require_client_cert=requireClientCert.lower() in ("yes", "true", "1"),
+            extra_cert_chain=extraCertChain)
+        return SSL4ServerEndpoint(reactor, int(port), options, backlog=int(backlog),
+                                  interface=interface)

@@ -1,0 +1,101 @@
+"""
+The unit a log hands to readers: a run of consecutive records kept as one
+buffer plus a lengths array, so that callers who forward bytes (sockets,
+Arrow buffers) never touch records one by one.
+"""
+
+from array import array
+from itertools import accumulate
+
+
+def lengths_array(values=()):
+    """An unsigned 32-bit array (C{array('I')} is 32-bit on every supported platform)."""
+    a = array("I", values)
+    assert a.itemsize == 4
+    return a
+
+
+class RecordBatch:
+    """
+    Consecutive records C{position .. position + len(self) - 1}.
+
+    @ivar position: position of the first record.
+    @ivar lengths: C{array('I')} of record sizes.
+    @ivar data: the records' payloads, concatenated (bytes or memoryview).
+    """
+
+    __slots__ = ("position", "lengths", "data", "_offsets")
+
+    def __init__(self, position, lengths, data):
+        self.position = position
+        self.lengths = lengths
+        self.data = data
+        self._offsets = None
+
+    @classmethod
+    def from_records(cls, position, records):
+        records = [bytes(r) for r in records]
+        return cls(position, lengths_array(map(len, records)), b"".join(records))
+
+    def __len__(self):
+        return len(self.lengths)
+
+    def __repr__(self):
+        return f"<RecordBatch position={self.position} count={len(self)} bytes={len(self.data)}>"
+
+    @property
+    def next_position(self):
+        return self.position + len(self.lengths)
+
+    @property
+    def nbytes(self):
+        return len(self.data)
+
+    def offsets(self):
+        """C{array('Q')} of n + 1 start offsets into C{data}: Arrow's layout."""
+        if self._offsets is None:
+            offs = array("Q", [0])
+            offs.extend(accumulate(self.lengths))
+            self._offsets = offs
+        return self._offsets
+
+    def records(self):
+        """The records as a list of bytes."""
+        data = self.data
+        if isinstance(data, memoryview):
+            data = data.tobytes()
+        offs = self.offsets()
+        return [data[a:b] for a, b in zip(offs, offs[1:])]
+
+    def __iter__(self):
+        return iter(self.records())
+
+    def slice(self, start, stop=None):
+        """Records C{start..stop} (indices within the batch) as a new batch."""
+        n = len(self.lengths)
+        stop = n if stop is None else min(stop, n)
+        start = min(start, stop)
+        offs = self.offsets()
+        return RecordBatch(self.position + start, self.lengths[start:stop],
+                           self.data[offs[start]:offs[stop]])
+
+    def __eq__(self, other):
+        if not isinstance(other, RecordBatch):
+            return NotImplemented
+        return (self.position == other.position and self.lengths == other.lengths
+                and bytes(self.data) == bytes(other.data))
+
+
+def empty_batch(position):
+    return RecordBatch(position, lengths_array(), b"")
+
+
+def concat_batches(batches):
+    """Join consecutive batches into one."""
+    batches = [b for b in batches if len(b)]
+    if not batches:
+        raise ValueError("nothing to join")
+    lengths = lengths_array()
+    for b in batches:
+        lengths.extend(b.lengths)
+    return RecordBatch(batches[0].position, lengths, b"".join(bytes(b.data) for b in batches))

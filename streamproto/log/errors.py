@@ -1,0 +1,53 @@
+"""Errors of the log store.  Protocols map these to their own wire errors."""
+
+
+class LogError(Exception):
+    """Base class of every log store error."""
+
+    code = "unknown_error"
+
+
+class InvalidLogName(LogError, ValueError):
+    code = "log_invalid_name"
+
+
+class LogExists(LogError):
+    code = "log_exist"
+
+
+class LogNotFound(LogError, KeyError):
+    code = "log_not_found"
+
+    def __str__(self):  # KeyError would repr() the name
+        return Exception.__str__(self)
+
+
+class RecordTooLarge(LogError, ValueError):
+    code = "record_too_large"
+
+
+class PositionOutOfRange(LogError, IndexError):
+    code = "invalid_params"
+
+
+class LogClosed(LogError):
+    """The log was closed or deleted while the operation was pending."""
+
+    code = "log_not_available"
+
+
+class LogFailed(LogError):
+    """
+    The log fail-stopped after a write or fsync error: nothing is acked after
+    it and no further append is accepted until the store is reopened (and
+    recovery runs).  Retrying an fsync after a failure is unsafe: the kernel
+    may have dropped the dirty pages and report success the second time.
+    """
+
+    code = "log_not_available"
+
+
+class CorruptLog(LogError):
+    """Checksums disagree with data that had been synced: never served."""
+
+    code = "log_not_available"

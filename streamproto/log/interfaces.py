@@ -1,0 +1,180 @@
+"""
+The storage interfaces every protocol talks to.
+
+A store is a directory (or a dict, in memory) of named logs.  A log is an
+append-only sequence of opaque records.  Every record has two coordinates:
+
+- its *position*: 0-based record index, never reused (truncation and retention
+  move ``start_position`` forward, they never renumber);
+- its *offset*: the number of payload bytes in the log before it, which is how
+  Pravega addresses segments.
+
+Every method that may touch the disk returns a Deferred.  Appends fire only
+after their records are fsynced ("acknowledged means durable"); readers only
+ever see synced records.
+"""
+
+from zope.interface import Attribute, Interface
+
+
+class ILogStore(Interface):
+    """A collection of named logs."""
+
+    def names():
+        """
+        @return: a sorted list of the names of the logs that exist.
+        """
+
+    def create(name, config=None):
+        """
+        Create a log.
+
+        @param name: matches C{^[A-Za-z0-9_-]+$}, at most 200 characters.
+        @param config: a L{streamproto.log.config.LogConfig} or None for the
+            defaults.
+        @return: Deferred firing with the new L{ILog}; fails with
+            L{LogExists} or L{InvalidLogName}.
+        """
+
+    def get(name):
+        """
+        @return: Deferred firing with the open L{ILog}; fails with
+            L{LogNotFound} or L{InvalidLogName}.
+        """
+
+    def get_or_create(name, config=None):
+        """
+        @return: Deferred firing with the L{ILog}, created with C{config} if
+            it did not exist.
+        """
+
+    def delete(name):
+        """
+        Delete a log and all its records.  Pending appends fail with
+        L{LogClosed}; waiting readers are woken and their Deferreds fail.
+
+        @return: Deferred firing with None; fails with L{LogNotFound}.
+        """
+
+    def close():
+        """
+        Wait for pending fsyncs, then close every log.
+
+        @return: Deferred firing when every log is closed.
+        """
+
+
+class ILog(Interface):
+    """One append-only log of records."""
+
+    name = Attribute("The log's name.")
+    config = Attribute("The log's L{streamproto.log.config.LogConfig}.")
+    start_position = Attribute("Position of the first readable record.")
+    end_position = Attribute(
+        "Synced end: the position the next record will get once everything "
+        "pending is synced.  Only records below it are visible."
+    )
+    start_offset = Attribute("Payload byte offset of the first readable byte.")
+    end_offset = Attribute("Synced end in payload bytes.")
+    attributes = Attribute(
+        "A read-only mapping str -> int of the attributes as of the synced "
+        "end (see L{append})."
+    )
+    failed = Attribute(
+        "None, or the exception that made this log fail-stop (an fsync or "
+        "write error): no append is accepted after it."
+    )
+
+    def append(records, attributes=None):
+        """
+        Append records at the end of the log.
+
+        The bytes go to the OS at once; one fsync, run off the reactor
+        thread, covers every append pending when it starts (group commit).
+
+        @param records: a sequence of bytes-like objects, each at most
+            C{config.max_record_size} bytes.  May be empty (to persist only
+            attributes).
+        @param attributes: optional dict str -> int stored atomically with
+            these records (e.g. a Pravega writer's last event number): after
+            a crash either both the records and the attributes are there, or
+            neither.
+        @return: Deferred firing, after the fsync that covers these records,
+            with an L{AppendResult}; fails with L{RecordTooLarge},
+            L{LogFailed}, L{LogClosed}.
+        """
+
+    def read(position, max_records=-1, max_bytes=1048576):
+        """
+        Read synced records from C{position}.
+
+        At least one record is returned if any is available at C{position},
+        even if it is larger than C{max_bytes}.
+
+        @return: Deferred firing with a L{streamproto.log.batch.RecordBatch}
+            (empty at the synced end); fails with L{PositionOutOfRange} if
+            C{position} is below C{start_position} or above C{end_position}.
+        """
+
+    def read_bytes(offset, max_bytes=1048576):
+        """
+        Read synced payload bytes from the payload byte C{offset} (which may
+        fall inside a record).
+
+        @return: Deferred firing with bytes (empty at the synced end); fails
+            with L{PositionOutOfRange} outside C{[start_offset, end_offset]}.
+        """
+
+    def position_of_offset(offset):
+        """
+        @return: Deferred firing with the position of the record containing
+            payload byte C{offset} (C{end_position} for C{end_offset}).
+        """
+
+    def wait(position, timeout=None):
+        """
+        Wait until a record at C{position} is readable (synced).
+
+        No polling: the Deferred fires from the fsync that makes it visible.
+
+        @param timeout: seconds, or None to wait for ever.
+        @return: Deferred firing with C{end_position} when C{end_position >
+            position}, or when the timeout expires (then C{end_position <=
+            position}), or failing with L{LogClosed} if the log is deleted or
+            closed meanwhile.  Cancelling it stops the wait.
+        """
+
+    def wait_offset(offset, timeout=None):
+        """
+        Like L{wait}, for payload byte offsets: fires with C{end_offset}.
+        """
+
+    def truncate(position=None):
+        """
+        Make every record before C{position} (all records when None)
+        unreadable and reclaim the whole segments it frees.  Positions are
+        never reused.
+
+        @return: Deferred firing with the new C{start_position}.
+        """
+
+    def truncate_offset(offset):
+        """
+        Make payload bytes before C{offset} unreadable (Pravega's
+        TruncateSegment).
+
+        @return: Deferred firing with the new C{start_offset}.
+        """
+
+    def info():
+        """
+        @return: a dict with the Styx log-info fields: C{name, status,
+            record_count, file_size, start_position, end_position}, plus
+            C{start_offset, end_offset}.
+        """
+
+    def sync():
+        """
+        @return: Deferred firing with the synced C{end_position} once
+            everything appended so far is fsynced.
+        """

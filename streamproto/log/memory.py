@@ -1,0 +1,242 @@
+"""
+In-memory implementation of L{ILogStore}/L{ILog} for tests and for
+embedding where durability is not wanted.  Appends "sync" at once, but still
+fire their Deferreds only after the records are visible, like the file store.
+"""
+
+import bisect
+
+from twisted.internet.defer import fail, succeed
+from zope.interface import implementer
+
+from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.config import LogConfig, validate_name
+from streamproto.log.errors import (
+    LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+)
+from streamproto.log.interfaces import ILog, ILogStore
+from streamproto.log.result import AppendResult
+from streamproto.log.waiters import Waiters
+
+
+def _default_clock():
+    from twisted.internet import reactor
+    return reactor
+
+
+@implementer(ILog)
+class MemoryLog:
+    def __init__(self, name, config, clock):
+        self.name = name
+        self.config = config
+        self.failed = None
+        self._records = []        # payloads from start_position on
+        self._offsets = [0]       # payload offset of each record, then the end
+        self.start_position = 0
+        self._closed = False
+        self._attributes = {}
+        self._waiters = Waiters(clock)
+        self._offset_waiters = Waiters(clock)
+
+    # -- coordinates -----------------------------------------------------
+    @property
+    def end_position(self):
+        return self.start_position + len(self._records)
+
+    @property
+    def start_offset(self):
+        return self._start_offset if hasattr(self, "_start_offset") else self._offsets[0]
+
+    @property
+    def end_offset(self):
+        return self._offsets[-1]
+
+    @property
+    def attributes(self):
+        return dict(self._attributes)
+
+    # -- writing ---------------------------------------------------------
+    def append(self, records, attributes=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        records = [bytes(r) for r in records]
+        limit = self.config.max_record_size
+        for r in records:
+            if len(r) > limit:
+                return fail(RecordTooLarge(f"record of {len(r)} bytes exceeds {limit}"))
+        first = self.end_position
+        for r in records:
+            self._records.append(r)
+            self._offsets.append(self._offsets[-1] + len(r))
+        if attributes:
+            self._attributes.update(attributes)
+        self._apply_retention()
+        self._waiters.advance(self.end_position)
+        self._offset_waiters.advance(self.end_offset)
+        return succeed(AppendResult(first, self.end_position, self.end_offset))
+
+    def sync(self):
+        return succeed(self.end_position)
+
+    def _apply_retention(self):
+        drop = 0
+        n = len(self._records)
+        if self.config.log_max_count > 0 and n > self.config.log_max_count:
+            drop = n - self.config.log_max_count
+        if self.config.log_max_size > 0:
+            while self._offsets[-1] - self._offsets[drop] > self.config.log_max_size and drop < n:
+                drop += 1
+        if drop:
+            self._drop(drop)
+
+    def _drop(self, n):
+        del self._records[:n]
+        del self._offsets[:n]
+        self.start_position += n
+        if hasattr(self, "_start_offset") and self._start_offset < self._offsets[0]:
+            del self._start_offset
+
+    # -- reading ---------------------------------------------------------
+    def _check_position(self, position):
+        if self._closed:
+            raise LogClosed(self.name)
+        if not self.start_position <= position <= self.end_position:
+            raise PositionOutOfRange(
+                f"position {position} outside [{self.start_position}, {self.end_position}]")
+
+    def read(self, position, max_records=-1, max_bytes=1048576):
+        try:
+            self._check_position(position)
+        except Exception as e:
+            return fail(e)
+        i = position - self.start_position
+        stop = len(self._records) if max_records < 0 else min(len(self._records), i + max_records)
+        if i >= stop:
+            return succeed(empty_batch(position))
+        # at least one record, then whole records while within max_bytes
+        limit = self._offsets[i] + max(max_bytes, 0)
+        j = bisect.bisect_right(self._offsets, limit, i + 1, stop + 1) - 1
+        j = max(j, i + 1)
+        chunk = self._records[i:j]
+        return succeed(RecordBatch(position, lengths_array(map(len, chunk)), b"".join(chunk)))
+
+    def read_bytes(self, offset, max_bytes=1048576):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if not self.start_offset <= offset <= self.end_offset:
+            return fail(PositionOutOfRange(
+                f"offset {offset} outside [{self.start_offset}, {self.end_offset}]"))
+        out = []
+        remaining = max_bytes
+        i = bisect.bisect_right(self._offsets, offset) - 1
+        while remaining > 0 and i < len(self._records):
+            rec = self._records[i]
+            skip = offset - self._offsets[i] if offset > self._offsets[i] else 0
+            piece = rec[skip:skip + remaining]
+            out.append(piece)
+            remaining -= len(piece)
+            i += 1
+        return succeed(b"".join(out))
+
+    def position_of_offset(self, offset):
+        if not self._offsets[0] <= offset <= self.end_offset:
+            return fail(PositionOutOfRange(f"offset {offset} out of range"))
+        if offset == self.end_offset:
+            return succeed(self.end_position)
+        i = bisect.bisect_right(self._offsets, offset) - 1
+        return succeed(self.start_position + i)
+
+    def wait(self, position, timeout=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        return self._waiters.wait(position, lambda: self.end_position, timeout)
+
+    def wait_offset(self, offset, timeout=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
+
+    # -- maintenance -----------------------------------------------------
+    def truncate(self, position=None):
+        if position is None or position > self.end_position:
+            position = self.end_position
+        if position > self.start_position:
+            self._drop(position - self.start_position)
+        return succeed(self.start_position)
+
+    def truncate_offset(self, offset):
+        if offset > self.end_offset:
+            return fail(PositionOutOfRange(f"offset {offset} beyond end {self.end_offset}"))
+        if offset > self.start_offset:
+            i = bisect.bisect_right(self._offsets, offset) - 1
+            if i:
+                self._drop(i)
+            self._start_offset = offset
+        return succeed(self.start_offset)
+
+    def info(self):
+        return {
+            "name": self.name,
+            "status": "ok" if self.failed is None else "corrupt",
+            "record_count": len(self._records),
+            "file_size": self.end_offset - self._offsets[0],
+            "start_position": self.start_position,
+            "end_position": self.end_position,
+            "start_offset": self.start_offset,
+            "end_offset": self.end_offset,
+        }
+
+    def _close(self):
+        self._closed = True
+        self._waiters.fail_all(LogClosed(self.name))
+        self._offset_waiters.fail_all(LogClosed(self.name))
+
+
+@implementer(ILogStore)
+class MemoryLogStore:
+    """Logs kept in a dict.  C{clock} (an IReactorTime) times L{ILog.wait}."""
+
+    def __init__(self, clock=None):
+        self._clock = clock or _default_clock()
+        self._logs = {}
+
+    def names(self):
+        return sorted(self._logs)
+
+    def create(self, name, config=None):
+        try:
+            validate_name(name)
+        except Exception as e:
+            return fail(e)
+        if name in self._logs:
+            return fail(LogExists(f"log {name!r} exists"))
+        log = self._logs[name] = MemoryLog(name, config or LogConfig(), self._clock)
+        return succeed(log)
+
+    def get(self, name):
+        try:
+            validate_name(name)
+        except Exception as e:
+            return fail(e)
+        if name not in self._logs:
+            return fail(LogNotFound(f"log {name!r} not found"))
+        return succeed(self._logs[name])
+
+    def get_or_create(self, name, config=None):
+        if name in self._logs:
+            return succeed(self._logs[name])
+        return self.create(name, config)
+
+    def delete(self, name):
+        log = self._logs.pop(name, None)
+        if log is None:
+            return fail(LogNotFound(f"log {name!r} not found"))
+        log._close()
+        return succeed(None)
+
+    def close(self):
+        for log in self._logs.values():
+            log._close()
+        return succeed(None)
