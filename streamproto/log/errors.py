@@ -51,3 +51,13 @@ class CorruptLog(LogError):
     """Checksums disagree with data that had been synced: never served."""
 
     code = "log_not_available"
+
+
+class WriteFailed(LogError):
+    """
+    A write to the OS failed (e.g. ENOSPC) and was rolled back: nothing of
+    this append is visible, and the log keeps accepting appends once space
+    is back.
+    """
+
+    code = "log_not_available"

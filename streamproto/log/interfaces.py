@@ -109,7 +109,9 @@ class ILog(Interface):
         Read synced records from C{position}.
 
         At least one record is returned if any is available at C{position},
-        even if it is larger than C{max_bytes}.
+        even if it is larger than C{max_bytes}.  A read may return fewer
+        records than allowed (it never crosses a segment): loop on
+        C{batch.next_position}.
 
         @return: Deferred firing with a L{streamproto.log.batch.RecordBatch}
             (empty at the synced end); fails with L{PositionOutOfRange} if
@@ -119,7 +121,8 @@ class ILog(Interface):
     def read_bytes(offset, max_bytes=1048576):
         """
         Read synced payload bytes from the payload byte C{offset} (which may
-        fall inside a record).
+        fall inside a record).  May return fewer bytes than allowed (a read
+        never crosses a segment): loop.
 
         @return: Deferred firing with bytes (empty at the synced end); fails
             with L{PositionOutOfRange} outside C{[start_offset, end_offset]}.

@@ -1,0 +1,809 @@
+"""
+The file-backed log store: the embedded default storage of every server.
+
+Writes go to the OS at once, from the reactor thread (page-cache writes do
+not wait on the disk).  Durability comes from group commit: one fsync, run
+through C{run_blocking} (a thread by default), covers everything written
+before it started; when it returns, every append it covered is acknowledged
+at once and readers see the new records.  An fsync error fail-stops the log:
+nothing is acknowledged after it and appends are refused until the store is
+reopened and recovery has run (retrying fsync is unsafe: the kernel may have
+dropped the dirty pages and report success the second time).
+
+Recovery (on open): sealed segments are trusted up to their index (their
+batches are still checksummed on every read); the last segment is scanned
+and verified batch by batch, and a torn or corrupt tail is cut off and
+logged.  Nothing that was fsynced is ever cut: an fsynced batch is whole on
+disk, so the first bad batch is always after the last fsync.
+
+See doc/logstore.rst for the format, guarantees and tuning.
+"""
+
+import json
+import os
+import shutil
+import time
+from collections import deque
+
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from streamproto.log.batch import empty_batch
+from streamproto.log.config import LogConfig, validate_name
+from streamproto.log.errors import (
+    CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
+    RecordTooLarge, WriteFailed,
+)
+from streamproto.log.format import (
+    MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
+    encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
+)
+from streamproto.log.interfaces import ILog, ILogStore
+from streamproto.log.result import AppendResult
+from streamproto.log.segments import (
+    FileIO, Segment, offset_in_segment, position_in_segment, read_payload, read_records, recover_segment, write_all,
+)
+from streamproto.log.waiters import Waiters
+
+CONFIG_FILE = "config.json"
+STATE_FILE = "state.json"
+
+
+def synchronous(f, *args, **kwargs):
+    """A C{run_blocking} that runs in the calling thread (tests, tools)."""
+    return maybeDeferred(f, *args, **kwargs)
+
+
+def thread_runner(reactor):
+    """The default C{run_blocking}: the reactor's thread pool."""
+    from twisted.internet.threads import deferToThreadPool
+
+    def run(f, *args, **kwargs):
+        return deferToThreadPool(reactor, reactor.getThreadPool(), f, *args, **kwargs)
+    return run
+
+
+def write_file_atomically(io, path, data):
+    """Write C{path} so that a crash leaves either the old or the new content."""
+    tmp = path + ".tmp"
+    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        write_all(io, fd, [data])
+        io.fsync(fd)
+    finally:
+        io.close(fd)
+    os.replace(tmp, path)
+    io.fsync_dir(os.path.dirname(path))
+
+
+def _now_ms(clock):
+    return int(clock.seconds() * 1000)
+
+
+class _Pending:
+    __slots__ = ("seq", "first", "deferred")
+
+    def __init__(self, seq, first, deferred):
+        self.seq = seq
+        self.first = first
+        self.deferred = deferred
+
+
+@implementer(ILog)
+class FileLog:
+    """One log: a directory of segment files.  Build it through L{FileLogStore}."""
+
+    log = Logger()
+
+    def __init__(self, name, path, config, io, run_blocking, clock):
+        self.name = name
+        self.path = path
+        self.config = config
+        self.failed = None
+        self.corrupt = None
+        self._io = io
+        self._run_blocking = run_blocking
+        self._clock = clock
+        self._closed = False
+        self._segments = []
+        self._waiters = Waiters(clock)
+        self._offset_waiters = Waiters(clock)
+        self._pending = deque()
+        self._wseq = 0            # bumped by every append
+        self._synced_seq = 0
+        self._syncing = False
+        self._dirty = set()       # segments written since their last fsync
+        self._dir_dirty = False   # a segment file was created
+        self._state = {"start_position": 0, "start_offset": 0}
+        self._recover()
+
+    # -- recovery --------------------------------------------------------
+    def _recover(self):
+        io = self._io
+        state_path = os.path.join(self.path, STATE_FILE)
+        if os.path.exists(state_path):
+            with open(state_path, "rb") as f:
+                self._state.update(json.loads(f.read()))
+        names = sorted(n for n in os.listdir(self.path) if n.endswith(".seg"))
+        # attributes of deleted segments were folded into the state first
+        attributes = dict(self._state.get("attributes") or {})
+        self._attrs_written = attributes
+        position = offset = None
+        for i, fname in enumerate(names):
+            last = i == len(names) - 1
+            seg_path = os.path.join(self.path, fname)
+            fd = io.open(seg_path, os.O_RDWR | os.O_APPEND)
+            head = io.pread(fd, SEGMENT_HEADER_SIZE, 0)
+            try:
+                seg_pos, seg_off, created = decode_segment_header(head)
+            except FormatError:
+                if last and position is not None:
+                    # torn creation of a new segment: it cannot hold acked data
+                    self.log.warn("log {log}: dropping segment {f} with a torn header",
+                                  log=self.name, f=fname)
+                    io.close(fd)
+                    io.unlink(seg_path)
+                    continue
+                io.close(fd)
+                raise CorruptLog(f"log {self.name}: bad segment header in {fname}")
+            if position is not None and (seg_pos, seg_off) != (position, offset):
+                io.close(fd)
+                raise CorruptLog(f"log {self.name}: segment {fname} starts at {seg_pos}, "
+                                 f"expected {position}")
+            seg = Segment(seg_path, fd, seg_pos, seg_off, created, self.config.index_after_size)
+            if not last and self._load_index(seg, attributes):
+                pass
+            else:
+                problem = recover_segment(io, seg, verify=last, attributes=attributes)
+                if problem is not None:
+                    good, reason = problem
+                    if not last:
+                        self.corrupt = reason
+                        self.log.error("log {log}: segment {f} is corrupt at byte {at}: "
+                                       "{reason}", log=self.name, f=fname, at=good, reason=reason)
+                        io.close(fd)
+                        raise CorruptLog(f"log {self.name}: {reason}")
+                    cut = io.fstat_size(fd) - good
+                    self.log.warn("log {log}: cut {cut} bytes of torn or corrupt tail from {f} "
+                                  "({reason})", log=self.name, cut=cut, f=fname, reason=reason)
+                    io.ftruncate(fd, good)
+                    io.fsync(fd)
+            seg.attrs_at_end = dict(attributes)
+            self._segments.append(seg)
+            position, offset = seg.end_position, seg.end_offset
+        if not self._segments:
+            start = max(self._state["start_position"], 0)
+            self._new_segment(start, self._state["start_offset"])
+            self._sync_now()
+        self._attributes = dict(attributes)
+        end = self._segments[-1]
+        self.end_position = self._w_pos = end.end_position
+        self.end_offset = self._w_off = end.end_offset
+        first = self._segments[0]
+        self._start_position = max(first.position, self._state["start_position"])
+        self._start_offset = max(first.offset, self._state["start_offset"])
+        self._apply_retention()
+
+    def _load_index(self, seg, attributes):
+        idx_path = os.path.join(self.path, index_file_name(seg.position))
+        try:
+            with open(idx_path, "rb") as f:
+                payload = decode_index(f.read())
+            if payload["size"] != self._io.fstat_size(seg.fd) or \
+                    payload["position"] != seg.position:
+                return False
+        except (OSError, ValueError, KeyError, FormatError):
+            return False
+        seg.load_index(payload)
+        attributes.clear()
+        attributes.update(payload.get("attributes") or {})
+        return True
+
+    def _sync_now(self):
+        """Fsync (blocking) what recovery or creation wrote."""
+        for seg in self._dirty:
+            self._io.fsync(seg.fd)
+        self._dirty.clear()
+        if self._dir_dirty:
+            self._io.fsync_dir(self.path)
+            self._dir_dirty = False
+
+    # -- coordinates -----------------------------------------------------
+    @property
+    def start_position(self):
+        return self._start_position
+
+    @property
+    def start_offset(self):
+        return self._start_offset
+
+    @property
+    def attributes(self):
+        return dict(self._attributes)
+
+    # -- writing ---------------------------------------------------------
+    def _new_segment(self, position, offset):
+        if self._segments:
+            # what the sealed segment's index records: the attributes as of
+            # its end (those of an append in progress land after it)
+            self._segments[-1].attrs_at_end = dict(self._attrs_written)
+        created = _now_ms(self._clock)
+        seg_path = os.path.join(self.path, segment_file_name(position))
+        fd = self._io.open(seg_path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND)
+        write_all(self._io, fd, [encode_segment_header(position, offset, created)])
+        seg = Segment(seg_path, fd, position, offset, created, self.config.index_after_size)
+        self._segments.append(seg)
+        self._dirty.add(seg)
+        self._dir_dirty = True
+        return seg
+
+    def _roll_if_needed(self, nbytes, count):
+        seg = self._segments[-1]
+        if seg.count == 0:
+            return seg
+        c = self.config
+        if (c.segment_max_size > 0 and seg.size + nbytes > c.segment_max_size) or \
+                (c.segment_max_count > 0 and seg.count + count > c.segment_max_count) or \
+                (c.segment_max_age > 0 and
+                 _now_ms(self._clock) - seg.created_ms >= c.segment_max_age * 1000):
+            return self._new_segment(self._w_pos, self._w_off)
+        return seg
+
+    def _chunks(self, records):
+        """Split an append into batches bounded in bytes and in segment record count."""
+        max_count = self.config.segment_max_count if self.config.segment_max_count > 0 \
+            else len(records) or 1
+        start = 0
+        n = len(records)
+        while start < n:
+            size = 0
+            stop = start
+            while stop < n and stop - start < max_count and \
+                    (stop == start or size + len(records[stop]) <= MAX_BATCH_DATA):
+                size += len(records[stop])
+                stop += 1
+            yield records[start:stop]
+            start = stop
+
+    def append(self, records, attributes=None):
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if self.failed is not None:
+            return fail(LogFailed(f"log {self.name} fail-stopped: {self.failed}"))
+        if not isinstance(records, list):
+            records = list(records)
+        if records:
+            biggest = max(map(len, records))
+            if biggest > self.config.max_record_size:
+                return fail(RecordTooLarge(
+                    f"record of {biggest} bytes exceeds max_record_size "
+                    f"{self.config.max_record_size}"))
+        if attributes:
+            for k, v in attributes.items():
+                if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
+                    return fail(TypeError("attributes map str -> int"))
+        first = self._w_pos
+        undo = (self._segments[-1], self._segments[-1].size, self._w_pos, self._w_off,
+                len(self._segments))
+        try:
+            if len(records) <= 1 and (len(records) == 0 or
+                                      len(records[0]) <= MAX_BATCH_DATA):
+                chunks = [records]
+            else:
+                chunks = list(self._chunks(records))
+            for i, chunk in enumerate(chunks):
+                self._write_batch(chunk, attributes if i == len(chunks) - 1 else None)
+        except OSError as e:
+            return fail(self._write_error(e, undo))
+        if attributes:
+            self._attrs_written.update(attributes)
+        self._wseq += 1
+        d = Deferred()
+        self._pending.append(_Pending(self._wseq, first, d))
+        self._kick()
+        return d
+
+    def _write_batch(self, records, attributes):
+        parts, data_len = encode_batch(self._w_pos, self._w_off, records, attributes)
+        size = sum(len(p) for p in parts)
+        seg = self._roll_if_needed(size, len(records))
+        at = seg.size
+        write_all(self._io, seg.fd, parts)
+        seg.note_batch(at, self._w_pos, self._w_off, len(records), data_len, size)
+        self._dirty.add(seg)
+        self._w_pos += len(records)
+        self._w_off += data_len
+
+    def _write_error(self, error, undo):
+        """
+        Roll back a failed write (ENOSPC, EIO) so no partial append is ever
+        visible; if that is impossible, fail-stop.
+        """
+        seg, size, w_pos, w_off, nsegs = undo
+        if len(self._segments) == nsegs and self._segments[-1] is seg:
+            try:
+                self._io.ftruncate(seg.fd, size)
+            except OSError as e2:
+                self._fail_stop(e2)
+                return LogFailed(f"log {self.name}: write failed ({error}), rollback failed")
+            seg.end_position, seg.end_offset, seg.size = w_pos, w_off, size
+            while seg.idx_file and seg.idx_file[-1] >= size:
+                seg.idx_pos.pop()
+                seg.idx_off.pop()
+                seg.idx_file.pop()
+            if seg.cursor and seg.cursor[2] >= size:
+                seg.cursor = None
+            self._w_pos, self._w_off = w_pos, w_off
+            self.log.error("log {log}: write failed and was rolled back: {error}",
+                           log=self.name, error=error)
+            return WriteFailed(f"log {self.name}: write failed: {error}")
+        self._fail_stop(error)
+        return LogFailed(f"log {self.name}: write failed: {error}")
+
+    def sync(self):
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        if self._synced_seq == self._wseq and not self._syncing:
+            return succeed(self.end_position)
+        d = Deferred()
+        self._pending.append(_Pending(self._wseq, None, d))
+        self._kick()
+        return d.addCallback(lambda result: result.end_position)
+
+    # -- group commit ----------------------------------------------------
+    def _kick(self):
+        if self._syncing or self.failed is not None or not self._pending:
+            return
+        target = (self._wseq, self._w_pos, self._w_off, dict(self._attrs_written))
+        segs = list(self._dirty)
+        self._dirty.clear()
+        dir_dirty, self._dir_dirty = self._dir_dirty, False
+        for s in segs:
+            s.refs += 1
+        self._syncing = True
+        fds = [s.fd for s in segs]
+        d = self._run_blocking(self._fsync_blocking, fds, dir_dirty)
+        d.addCallbacks(self._synced, self._sync_failed, (target, segs), None, (segs,))
+
+    def _fsync_blocking(self, fds, dir_dirty):
+        for fd in fds:
+            self._io.fsync(fd)
+        if dir_dirty:
+            self._io.fsync_dir(self.path)
+
+    def _release(self, segs):
+        for s in segs:
+            s.refs -= 1
+            if s.doomed and s.refs == 0:
+                self._io.close(s.fd)
+
+    def _synced(self, _, target, segs):
+        self._release(segs)
+        self._syncing = False
+        seq, w_pos, w_off, attrs = target
+        self._synced_seq = seq
+        self.end_position, self.end_offset = w_pos, w_off
+        self._attributes = attrs
+        result = AppendResult(None, w_pos, w_off)
+        pending = self._pending
+        while pending and pending[0].seq <= seq:
+            p = pending.popleft()
+            p.deferred.callback(result._replace(first_position=p.first))
+        self._waiters.advance(w_pos)
+        self._offset_waiters.advance(w_off)
+        self._seal_and_retain()
+        self._kick()
+
+    def _sync_failed(self, failure, segs):
+        self._release(segs)
+        self._syncing = False
+        self._fail_stop(failure.value)
+
+    def _fail_stop(self, error):
+        if self.failed is None:
+            self.failed = error
+            self.log.critical("log {log} fail-stopped after a storage error: {error}; "
+                              "nothing more is acknowledged until it is reopened",
+                              log=self.name, error=error)
+        pending, self._pending = self._pending, deque()
+        for p in pending:
+            p.deferred.errback(LogFailed(f"log {self.name} fail-stopped: {error}"))
+        self._waiters.fail_all(LogFailed(f"log {self.name} fail-stopped: {error}"))
+        self._offset_waiters.fail_all(LogFailed(f"log {self.name} fail-stopped: {error}"))
+
+    # -- sealing and retention ---------------------------------------------
+    def _seal_and_retain(self):
+        """Index segments that are sealed and synced, then apply retention."""
+        for seg in self._segments[:-1]:
+            if not seg.indexed and seg.end_position <= self.end_position and \
+                    seg not in self._dirty:
+                seg.indexed = True
+                self._write_index(seg)
+        self._apply_retention()
+
+    def _write_index(self, seg):
+        payload = encode_index(seg.index_payload(seg.attrs_at_end or {}))
+        path = os.path.join(self.path, index_file_name(seg.position))
+
+        def write():
+            try:
+                write_file_atomically(self._io, path, payload)
+            except OSError as e:  # an index only speeds up opening
+                self.log.warn("log {log}: could not write index {path}: {e}",
+                              log=self.name, path=path, e=e)
+        self._run_blocking(write)
+
+    def _apply_retention(self):
+        c = self.config
+        now = _now_ms(self._clock)
+        while len(self._segments) > 1:
+            oldest, nxt = self._segments[0], self._segments[1]
+            if nxt.position > self.end_position:
+                break   # the next segment is not synced yet
+            expired = nxt.position <= self._start_position  # truncated away
+            # count and size limits keep at least the limit (as Kafka does):
+            # a segment goes only if what remains still reaches it
+            if c.log_max_count > 0 and self.end_position - nxt.position >= c.log_max_count:
+                expired = True
+            if c.log_max_size > 0 and \
+                    sum(s.size for s in self._segments) - oldest.size >= c.log_max_size:
+                expired = True
+            if c.log_max_age > 0 and now - nxt.created_ms >= c.log_max_age * 1000:
+                expired = True
+            if not expired:
+                break
+            self._delete_segment(oldest)
+            self._start_position = max(self._start_position, nxt.position)
+            self._start_offset = max(self._start_offset, nxt.offset)
+
+    def _delete_segment(self, seg):
+        """
+        Drop a whole old segment: at once for readers, then on disk, after
+        the attributes it carried are saved in the state file (so a crash
+        in between loses nothing).
+        """
+        self._segments.remove(seg)
+        self._dirty.discard(seg)
+        seg.refs += 1
+        seg.doomed = True
+        if seg.attrs_at_end:
+            self._state["attributes"] = dict(seg.attrs_at_end)
+        state = json.dumps(self._state, sort_keys=True).encode()
+        io, path = self._io, self.path
+
+        def remove():
+            write_file_atomically(io, os.path.join(path, STATE_FILE), state)
+            io.unlink(seg.path)
+            io.unlink(os.path.join(path, index_file_name(seg.position)))
+
+        def done(result):
+            self._release([seg])
+            self.log.info("log {log}: deleted segment {seg}", log=self.name, seg=seg.path)
+            return result
+
+        def failed(failure):
+            self.log.failure("log {log}: could not delete segment {seg}", failure,
+                             log=self.name, seg=seg.path)
+        self._run_blocking(remove).addBoth(done).addErrback(failed)
+
+    # -- reading ---------------------------------------------------------
+    def _segment_index(self, key, value):
+        """Index of the segment holding position (key 0) / offset (key 1) C{value}."""
+        segs = self._segments
+        lo, hi = 0, len(segs) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            start = segs[mid].position if key == 0 else segs[mid].offset
+            if start <= value:
+                lo = mid
+            else:
+                hi = mid - 1
+        # several empty segments can start at the same place: take the first
+        # one that holds data past value
+        while lo + 1 < len(segs) and (segs[lo].end_position if key == 0
+                                       else segs[lo].end_offset) <= value:
+            lo += 1
+        return lo
+
+    def _check_open(self):
+        if self._closed:
+            raise LogClosed(f"log {self.name} is closed")
+        if self.corrupt is not None:
+            raise CorruptLog(self.corrupt)
+
+    def _run_on_segment(self, seg, f, *args):
+        seg.refs += 1
+
+        def done(result):
+            self._release([seg])
+            return result
+        return self._run_blocking(f, self._io, seg, *args).addBoth(done)
+
+    def read(self, position, max_records=-1, max_bytes=1048576):
+        try:
+            self._check_open()
+            if not self._start_position <= position <= self.end_position:
+                raise PositionOutOfRange(
+                    f"position {position} outside [{self._start_position}, "
+                    f"{self.end_position}]")
+        except Exception as e:
+            return fail(e)
+        if position == self.end_position or max_records == 0:
+            return succeed(empty_batch(position))
+        seg = self._segments[self._segment_index(0, position)]
+        stop = min(self.end_position, seg.end_position)
+        d = self._run_on_segment(seg, read_records, position, stop, max_records, max_bytes)
+
+        def got(result):
+            batch, cursor = result
+            if cursor is not None:
+                seg.cursor = cursor
+            return batch
+        return d.addCallbacks(got, self._read_failed)
+
+    def _read_failed(self, failure):
+        if failure.check(CorruptLog):
+            self.corrupt = str(failure.value)
+            self.log.error("log {log} is corrupt: {why}", log=self.name, why=self.corrupt)
+        return failure
+
+    def read_bytes(self, offset, max_bytes=1048576):
+        try:
+            self._check_open()
+            if not self._start_offset <= offset <= self.end_offset:
+                raise PositionOutOfRange(
+                    f"offset {offset} outside [{self._start_offset}, {self.end_offset}]")
+        except Exception as e:
+            return fail(e)
+        if offset == self.end_offset or max_bytes <= 0:
+            return succeed(b"")
+        seg = self._segments[self._segment_index(1, offset)]
+        stop = min(self.end_offset, seg.end_offset)
+        return self._run_on_segment(seg, read_payload, offset, stop, max_bytes).addErrback(
+            self._read_failed)
+
+    def position_of_offset(self, offset):
+        try:
+            self._check_open()
+            if not self._segments[0].offset <= offset <= self.end_offset:
+                raise PositionOutOfRange(f"offset {offset} outside the log")
+        except Exception as e:
+            return fail(e)
+        if offset == self.end_offset:
+            return succeed(self.end_position)
+        seg = self._segments[self._segment_index(1, offset)]
+        return self._run_on_segment(seg, position_in_segment, offset)
+
+    def wait(self, position, timeout=None):
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        return self._waiters.wait(position, lambda: self.end_position, timeout)
+
+    def wait_offset(self, offset, timeout=None):
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
+
+    # -- maintenance -----------------------------------------------------
+    def _save_state(self):
+        data = json.dumps(self._state, sort_keys=True).encode()
+        return self._run_blocking(write_file_atomically, self._io,
+                                  os.path.join(self.path, STATE_FILE), data)
+
+    def truncate(self, position=None):
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if position is None or position > self.end_position:
+            position = self.end_position
+        if position <= self._start_position:
+            return succeed(self._start_position)
+        return self.position_offset(position).addCallback(self._truncate_to, position)
+
+    def position_offset(self, position):
+        """Deferred: the payload offset at which record C{position} starts."""
+        if position >= self.end_position:
+            return succeed(self.end_offset)
+        seg = self._segments[self._segment_index(0, position)]
+        return self._run_on_segment(seg, offset_in_segment, position)
+
+    def _truncate_to(self, offset, position):
+        self._state["start_position"] = position
+        self._state["start_offset"] = offset
+        self._start_position = max(self._start_position, position)
+        self._start_offset = max(self._start_offset, offset)
+
+        def saved(_):
+            self._drop_truncated()
+            return self._start_position
+        return self._save_state().addCallback(saved)
+
+    def truncate_offset(self, offset):
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if offset > self.end_offset:
+            return fail(PositionOutOfRange(f"offset {offset} beyond end {self.end_offset}"))
+        if offset <= self._start_offset:
+            return succeed(self._start_offset)
+
+        def got(position):
+            self._state["start_position"] = position
+            self._state["start_offset"] = offset
+            self._start_position = max(self._start_position, position)
+            self._start_offset = offset
+            return self._save_state().addCallback(lambda _: (self._drop_truncated(),
+                                                             self._start_offset)[1])
+        return self.position_of_offset(offset).addCallback(got)
+
+    def _drop_truncated(self):
+        last = self._segments[-1]
+        if last.count and last.end_position <= self._start_position and \
+                self._w_pos == self.end_position and not self._syncing:
+            # everything is truncated: start a fresh segment so the old one can go
+            self._new_segment(self._w_pos, self._w_off)
+            self._sync_now()
+        self._apply_retention()
+
+    def info(self):
+        if self.corrupt is not None:
+            status = "corrupt"
+        elif self.failed is not None:
+            status = "tainted"
+        else:
+            status = "ok"
+        return {
+            "name": self.name,
+            "status": status,
+            "record_count": self.end_position - self._start_position,
+            "file_size": sum(s.size for s in self._segments),
+            "start_position": self._start_position,
+            "end_position": self.end_position,
+            "start_offset": self._start_offset,
+            "end_offset": self.end_offset,
+        }
+
+    def _close(self, error=None):
+        """Fail what is pending and release the files (sync first via L{sync})."""
+        if self._closed:
+            return
+        self._closed = True
+        error = error or LogClosed(f"log {self.name} is closed")
+        pending, self._pending = self._pending, deque()
+        for p in pending:
+            p.deferred.errback(error)
+        self._waiters.fail_all(error)
+        self._offset_waiters.fail_all(error)
+        for seg in self._segments:
+            seg.doomed = True
+            if seg.refs == 0:
+                self._io.close(seg.fd)
+
+
+@implementer(ILogStore)
+class FileLogStore:
+    """
+    A directory of logs, one subdirectory each.  Logs are opened (and
+    recovered) on first use.
+
+    @param run_blocking: C{f(*args) -> Deferred} running blocking calls
+        (fsync, reads) off the reactor thread; default: the reactor's thread
+        pool.  L{synchronous} runs them inline (tests, tools).
+    @param io: the file layer (L{FileIO}); fault injection wraps it.
+    """
+
+    log = Logger()
+
+    def __init__(self, path, reactor=None, run_blocking=None, io=None,
+                 retention_interval=60.0):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.path = os.path.abspath(path)
+        self._reactor = reactor
+        self._run_blocking = run_blocking or thread_runner(reactor)
+        self._io = io or FileIO()
+        self._logs = {}
+        os.makedirs(self.path, exist_ok=True)
+        for leftover in os.listdir(self.path):
+            if leftover.startswith(".deleted-"):  # a delete interrupted by a crash
+                shutil.rmtree(os.path.join(self.path, leftover), True)
+        self._retention_call = None
+        if retention_interval:
+            self._retention_call = reactor.callLater(retention_interval, self._retention_tick,
+                                                     retention_interval)
+
+    def _retention_tick(self, interval):
+        for log in self._logs.values():
+            if not log._closed and log.failed is None:
+                log._apply_retention()
+        self._retention_call = self._reactor.callLater(interval, self._retention_tick, interval)
+
+    def _log_path(self, name):
+        return os.path.join(self.path, validate_name(name))
+
+    def log_path(self, name):
+        """The directory of log C{name} (for backups)."""
+        return self._log_path(name)
+
+    def names(self):
+        return sorted(n for n in os.listdir(self.path) if not n.startswith(".")
+                      and os.path.isfile(os.path.join(self.path, n, CONFIG_FILE)))
+
+    def _open(self, name):
+        log = self._logs.get(name)
+        if log is not None:
+            return log
+        path = self._log_path(name)
+        cfg_path = os.path.join(path, CONFIG_FILE)
+        if not os.path.isfile(cfg_path):
+            raise LogNotFound(f"log {name!r} not found")
+        with open(cfg_path, "rb") as f:
+            config = LogConfig.from_mapping(json.loads(f.read()))
+        log = FileLog(name, path, config, self._io, self._run_blocking, self._reactor)
+        self._logs[name] = log
+        return log
+
+    def create(self, name, config=None):
+        try:
+            path = self._log_path(name)
+        except Exception as e:
+            return fail(e)
+        config = config or LogConfig()
+        if os.path.exists(os.path.join(path, CONFIG_FILE)):
+            return fail(LogExists(f"log {name!r} exists"))
+        try:
+            os.makedirs(path, exist_ok=True)
+            write_file_atomically(self._io, os.path.join(path, CONFIG_FILE),
+                                  config.to_json().encode())
+            self._io.fsync_dir(self.path)
+            return succeed(self._open(name))
+        except Exception as e:
+            return fail(e)
+
+    def get(self, name):
+        try:
+            return succeed(self._open(name))
+        except Exception as e:
+            return fail(e)
+
+    def get_or_create(self, name, config=None):
+        try:
+            if os.path.isfile(os.path.join(self._log_path(name), CONFIG_FILE)):
+                return succeed(self._open(name))
+        except Exception as e:
+            return fail(e)
+        return self.create(name, config)
+
+    def delete(self, name):
+        try:
+            path = self._log_path(name)
+        except Exception as e:
+            return fail(e)
+        if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
+            return fail(LogNotFound(f"log {name!r} not found"))
+        log = self._logs.pop(name, None)
+        if log is not None:
+            log._close(LogClosed(f"log {name!r} was deleted"))
+        # rename first so that a crash never leaves a half-deleted log behind
+        doomed = os.path.join(self.path, f".deleted-{name}-{time.time_ns()}")
+        os.replace(path, doomed)
+        self._io.fsync_dir(self.path)
+        return self._run_blocking(shutil.rmtree, doomed, True)
+
+    def close(self):
+        if self._retention_call is not None and self._retention_call.active():
+            self._retention_call.cancel()
+        logs = list(self._logs.values())
+        self._logs.clear()
+
+        def close_all(_):
+            for log in logs:
+                log._close()
+        from twisted.internet.defer import DeferredList
+        return DeferredList([log.sync() for log in logs if not log._closed and
+                             log.failed is None], consumeErrors=True).addCallback(close_all)

@@ -1,0 +1,313 @@
+"""
+Segment files and the blocking operations on them: scanning, reading
+ranges, the file layer.  Nothing here touches the reactor, so it runs in a
+worker thread for the live store and directly in the synchronous reader.
+"""
+
+import bisect
+import errno
+import os
+from array import array
+from itertools import accumulate
+
+from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.errors import CorruptLog
+from streamproto.log.format import (
+    BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, FormatError, batch_attributes, batch_lengths,
+    decode_batch_header, verify_batch,
+)
+
+#: How much a read asks the OS for at once when scanning batch headers.
+READ_CHUNK = 256 * 1024
+
+
+class FileIO:
+    """
+    The file layer, one method per system call the store makes, so fault
+    injection (fsync errors, ENOSPC, torn writes) can wrap it.
+    """
+
+    def open(self, path, flags, mode=0o644):
+        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
+
+    def writev(self, fd, buffers):
+        return os.writev(fd, buffers)
+
+    def pread(self, fd, n, offset):
+        return os.pread(fd, n, offset)
+
+    def fsync(self, fd):
+        os.fsync(fd)
+
+    def fsync_dir(self, path):
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def ftruncate(self, fd, size):
+        os.ftruncate(fd, size)
+
+    def fstat_size(self, fd):
+        return os.fstat(fd).st_size
+
+    def close(self, fd):
+        os.close(fd)
+
+    def unlink(self, path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def write_all(io, fd, buffers):
+    """C{writev} until everything is written (regular files rarely write short)."""
+    total = sum(len(b) for b in buffers)
+    done = io.writev(fd, buffers)
+    while done < total:
+        flat = b"".join(bytes(b) for b in buffers)[done:]
+        n = io.writev(fd, [flat])
+        if n <= 0:
+            raise OSError(errno.EIO, "short write")
+        done += n
+    return total
+
+
+class Segment:
+    """
+    One segment file: where it starts, what it holds, and a sparse index of
+    batch starts (one entry every C{index_after_size} bytes) for seeks.
+
+    C{end_position}/C{end_offset}/C{size} count what was written, synced or
+    not; the log bounds reads by its synced end.
+    """
+
+    def __init__(self, path, fd, position, offset, created_ms, index_after_size):
+        self.path = path
+        self.fd = fd
+        self.position = position
+        self.offset = offset
+        self.created_ms = created_ms
+        self.size = SEGMENT_HEADER_SIZE
+        self.end_position = position
+        self.end_offset = offset
+        self.index_after_size = index_after_size
+        self.idx_pos = array("q")
+        self.idx_off = array("q")
+        self.idx_file = array("q")
+        self.refs = 0          # blocking operations in flight on fd
+        self.doomed = False    # deleted: close fd when refs drops to 0
+        self.indexed = False   # an .idx file was written for it
+        self.cursor = None     # (position, offset, file_pos) of a recent batch
+        self.attrs_at_end = None  # log attributes as of the segment's end, once sealed
+
+    def __repr__(self):
+        return f"<Segment {self.position}..{self.end_position} {self.path}>"
+
+    @property
+    def count(self):
+        return self.end_position - self.position
+
+    def note_batch(self, file_pos, position, offset, count, data_len, size):
+        """Account for a batch written (or recovered) at C{file_pos}."""
+        if not self.idx_file or file_pos - self.idx_file[-1] >= self.index_after_size:
+            self.idx_pos.append(position)
+            self.idx_off.append(offset)
+            self.idx_file.append(file_pos)
+        self.end_position = position + count
+        self.end_offset = offset + data_len
+        self.size = file_pos + size
+
+    def seek_position(self, position):
+        """(position, offset, file_pos) of a batch at or before C{position}."""
+        i = bisect.bisect_right(self.idx_pos, position) - 1
+        best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
+            (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
+        c = self.cursor
+        if c is not None and best[0] <= c[0] <= position:
+            return c
+        return best
+
+    def seek_offset(self, offset):
+        i = bisect.bisect_right(self.idx_off, offset) - 1
+        best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
+            (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
+        c = self.cursor
+        if c is not None and best[1] <= c[1] <= offset:
+            return c
+        return best
+
+    def index_payload(self, attributes):
+        return {
+            "position": self.position, "offset": self.offset, "created_ms": self.created_ms,
+            "end_position": self.end_position, "end_offset": self.end_offset,
+            "size": self.size, "attributes": attributes,
+            "index": [list(self.idx_pos), list(self.idx_off), list(self.idx_file)],
+        }
+
+    def load_index(self, payload):
+        self.end_position = payload["end_position"]
+        self.end_offset = payload["end_offset"]
+        self.size = payload["size"]
+        pos, off, fil = payload["index"]
+        self.idx_pos, self.idx_off, self.idx_file = array("q", pos), array("q", off), \
+            array("q", fil)
+        self.indexed = True
+
+
+def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True, skip_verify_before=None):
+    """
+    Yield (buf, header, file_pos) for consecutive batches from C{file_pos}
+    up to C{end_file}, reading in large chunks.  C{buf} holds the whole
+    batch; C{header.start} is relative to C{buf}, C{file_pos} to the file.
+
+    @raise CorruptLog: a batch fails its checksum or breaks continuity.
+    """
+    buf = b""
+    buf_start = file_pos
+    pos = file_pos
+    while pos < end_file:
+        rel = pos - buf_start
+        if rel + BATCH_HEADER_SIZE > len(buf):
+            buf = io.pread(fd, max(READ_CHUNK, BATCH_HEADER_SIZE), pos)
+            buf_start, rel = pos, 0
+        try:
+            h = decode_batch_header(buf, rel)
+        except FormatError as e:
+            raise CorruptLog(f"segment data at byte {pos}: {e}")
+        if h is None:
+            raise CorruptLog(f"segment ends inside a batch header at byte {pos}")
+        if h.end > len(buf):
+            want = h.size + (READ_CHUNK if h.size < READ_CHUNK else 0)
+            buf = io.pread(fd, min(want, max(end_file - pos, h.size)), pos)
+            buf_start, rel = pos, 0
+            h = decode_batch_header(buf, 0)
+            if h is None or h.end > len(buf):
+                raise CorruptLog(f"segment ends inside a batch at byte {pos}")
+        if h.position != position or h.offset != offset:
+            raise CorruptLog(f"batch at byte {pos} says position {h.position}, "
+                             f"expected {position}")
+        if verify and (skip_verify_before is None or h.end_position > skip_verify_before):
+            try:
+                verify_batch(buf, h)
+            except FormatError as e:
+                raise CorruptLog(str(e))
+        yield buf, h, pos
+        position, offset = h.end_position, h.end_offset
+        pos = buf_start + h.end
+
+
+def read_records(io, seg, position, stop_position, max_records, max_bytes):
+    """
+    Blocking: records from C{position} (up to C{stop_position}, C{max_records},
+    and C{max_bytes} but at least one record) within one segment.
+
+    @return: (RecordBatch, cursor) where cursor is a (position, offset,
+        file_pos) batch start from which a follow-up read can continue.
+    """
+    start_pos, start_off, file_pos = seg.seek_position(position)
+    lengths = lengths_array()
+    parts = []
+    total = 0
+    count = 0
+    cursor = None
+    budget_records = max_records if max_records >= 0 else stop_position - position
+    for buf, h, at in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
+                                   skip_verify_before=position):
+        cursor = (h.position, h.offset, at)
+        if h.end_position <= position:
+            continue
+        lens = batch_lengths(buf, h)
+        first = position + count - h.position if h.position < position + count else 0
+        last = min(h.count, stop_position - h.position, first + (budget_records - count))
+        if last <= first:
+            break
+        offs = array("Q", [0])
+        offs.extend(accumulate(lens))
+        # whole records within the byte budget, but at least one record in all
+        allowed = max_bytes - total
+        cut = bisect.bisect_right(offs, offs[first] + allowed, first, last + 1) - 1
+        if cut <= first:
+            cut = first + 1 if count == 0 else first
+        if cut > first:
+            base = h.data_start
+            parts.append(memoryview(buf)[base + offs[first]:base + offs[cut]])
+            lengths.extend(lens[first:cut])
+            total += offs[cut] - offs[first]
+            count += cut - first
+        if cut < last or count >= budget_records or h.end_position >= stop_position:
+            break
+    if count == 0:
+        return empty_batch(position), cursor
+    data = parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+    return RecordBatch(position, lengths, data), cursor
+
+
+def read_payload(io, seg, offset, stop_offset, max_bytes):
+    """Blocking: payload bytes from C{offset} up to C{stop_offset}/C{max_bytes}."""
+    start_pos, start_off, file_pos = seg.seek_offset(offset)
+    parts = []
+    want = min(max_bytes, stop_offset - offset)
+    got = 0
+    for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size):
+        if h.end_offset <= offset:
+            continue
+        begin = h.data_start + max(0, offset + got - h.offset)
+        end = h.data_start + h.data_len
+        piece = memoryview(buf)[begin:min(end, begin + want - got)]
+        parts.append(piece)
+        got += len(piece)
+        if got >= want:
+            break
+    return b"".join(parts)
+
+
+def position_in_segment(io, seg, offset):
+    """Blocking: the position of the record holding payload byte C{offset}."""
+    start_pos, start_off, file_pos = seg.seek_offset(offset)
+    for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
+                                  verify=False):
+        if h.end_offset > offset:
+            lens = batch_lengths(buf, h)
+            offs = list(accumulate(lens, initial=h.offset))
+            return h.position + bisect.bisect_right(offs, offset) - 1
+    return seg.end_position
+
+
+def offset_in_segment(io, seg, position):
+    """Blocking: the payload offset at which record C{position} starts."""
+    start_pos, start_off, file_pos = seg.seek_position(position)
+    for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
+                                  verify=False):
+        if h.end_position > position:
+            lens = batch_lengths(buf, h)
+            return h.offset + sum(lens[:position - h.position])
+    return seg.end_offset
+
+
+def recover_segment(io, seg, verify, attributes):
+    """
+    Blocking: scan a segment's batches, rebuilding its index and folding
+    their attributes into C{attributes}.
+
+    @return: None if the whole file is valid, else (good_size, reason): the
+        caller decides whether to cut the file there (the tail) or call the
+        log corrupt.
+    """
+    end_file = io.fstat_size(seg.fd)
+    pos = SEGMENT_HEADER_SIZE
+    position, offset = seg.position, seg.offset
+    try:
+        for buf, h, at in iter_batches(io, seg.fd, pos, position, offset, end_file,
+                                       verify=verify):
+            pos = at + h.size
+            seg.note_batch(at, h.position, h.offset, h.count, h.data_len, h.size)
+            attrs = batch_attributes(buf, h)
+            if attrs:
+                attributes.update(attrs)
+            position, offset = h.end_position, h.end_offset
+    except (CorruptLog, FormatError) as e:
+        return pos, str(e)
+    return None
