@@ -271,7 +271,7 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
 
     def test_retention_by_size(self):
         log = self.log(config=LogConfig(segment_max_count=1, log_max_size=400))
-        for i in range(20):
+        for _i in range(20):
             self.successResultOf(log.append([b"x" * 50]))
         self.assertLessEqual(log.info()["file_size"], 400 + 200)
         self.assertGreaterEqual(log.info()["file_size"], 400)
@@ -477,7 +477,7 @@ class CrashRecoveryTests(unittest.SynchronousTestCase):
                     return seg.size
                 # partly synced: find the batch boundary at the synced end
                 from streamproto.log.segments import iter_batches
-                for buf, h, at in iter_batches(log._io, seg.fd, SEGMENT_HEADER_SIZE,
+                for _buf, h, at in iter_batches(log._io, seg.fd, SEGMENT_HEADER_SIZE,
                                                seg.position, seg.offset, seg.size):
                     if h.end_position == log.end_position:
                         return at + h.size
