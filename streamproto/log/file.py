@@ -19,17 +19,19 @@ disk, so the first bad batch is always after the last fsync.
 See doc/logstore.rst for the format, guarantees and tuning.
 """
 
+import bisect
 import json
 import os
 import shutil
 import time
 from collections import deque
+from itertools import accumulate
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from streamproto.log.batch import empty_batch
+from streamproto.log.batch import empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
@@ -250,21 +252,25 @@ class FileLog:
             return self._new_segment(self._w_pos, self._w_off)
         return seg
 
-    def _chunks(self, records):
-        """Split an append into batches bounded in bytes and in segment record count."""
+    def _chunks(self, records, lengths):
+        """
+        Split an append into (records, lengths) batches bounded in bytes
+        (MAX_BATCH_DATA, a single bigger record alone) and in segment record
+        count; the common case is one batch and costs no per-record work.
+        """
         max_count = self.config.segment_max_count if self.config.segment_max_count > 0 \
             else len(records) or 1
-        start = 0
-        n = len(records)
+        if len(records) <= max_count and sum(lengths) <= MAX_BATCH_DATA:
+            return [(records, lengths)]
+        offsets = list(accumulate(lengths, initial=0))
+        chunks = []
+        start, n = 0, len(records)
         while start < n:
-            size = 0
-            stop = start
-            while stop < n and stop - start < max_count and \
-                    (stop == start or size + len(records[stop]) <= MAX_BATCH_DATA):
-                size += len(records[stop])
-                stop += 1
-            yield records[start:stop]
+            stop = bisect.bisect_right(offsets, offsets[start] + MAX_BATCH_DATA, start + 1) - 1
+            stop = min(max(stop, start + 1), start + max_count, n)
+            chunks.append((records[start:stop], lengths[start:stop]))
             start = stop
+        return chunks
 
     def append(self, records, attributes=None):
         if self._closed:
@@ -273,8 +279,9 @@ class FileLog:
             return fail(LogFailed(f"log {self.name} fail-stopped: {self.failed}"))
         if not isinstance(records, list):
             records = list(records)
+        lengths = lengths_array(map(len, records))
         if records:
-            biggest = max(map(len, records))
+            biggest = max(lengths)
             if biggest > self.config.max_record_size:
                 return fail(RecordTooLarge(
                     f"record of {biggest} bytes exceeds max_record_size "
@@ -287,13 +294,10 @@ class FileLog:
         undo = (self._segments[-1], self._segments[-1].size, self._w_pos, self._w_off,
                 len(self._segments))
         try:
-            if len(records) <= 1 and (len(records) == 0 or
-                                      len(records[0]) <= MAX_BATCH_DATA):
-                chunks = [records]
-            else:
-                chunks = list(self._chunks(records))
-            for i, chunk in enumerate(chunks):
-                self._write_batch(chunk, attributes if i == len(chunks) - 1 else None)
+            chunks = self._chunks(records, lengths)
+            for i, (chunk, chunk_lengths) in enumerate(chunks):
+                self._write_batch(chunk, chunk_lengths,
+                                  attributes if i == len(chunks) - 1 else None)
         except OSError as e:
             return fail(self._write_error(e, undo))
         if attributes:
@@ -304,8 +308,8 @@ class FileLog:
         self._kick()
         return d
 
-    def _write_batch(self, records, attributes):
-        parts, data_len = encode_batch(self._w_pos, self._w_off, records, attributes)
+    def _write_batch(self, records, lengths, attributes):
+        parts, data_len = encode_batch(self._w_pos, self._w_off, records, attributes, lengths)
         size = sum(len(p) for p in parts)
         seg = self._roll_if_needed(size, len(records))
         at = seg.size

@@ -87,13 +87,15 @@ def decode_segment_header(buf):
     return position, offset, created
 
 
-def encode_batch(position, offset, records, attributes=None):
+def encode_batch(position, offset, records, attributes=None, lengths=None):
     """
     @param records: a list of bytes-like objects.
+    @param lengths: their sizes as an C{array('I')}, if the caller has them.
     @return: (parts, data_len): the batch as a list of buffers to write with
         one C{writev}, and its payload size.
     """
-    lengths = lengths_array(map(len, records))
+    if lengths is None:
+        lengths = lengths_array(map(len, records))
     data = b"".join(records)
     attrs = b""
     if attributes:

@@ -157,7 +157,8 @@ class Segment:
         self.indexed = True
 
 
-def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True, skip_verify_before=None):
+def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True,
+                 skip_verify_before=None, chunk=READ_CHUNK):
     """
     Yield (buf, header, file_pos) for consecutive batches from C{file_pos}
     up to C{end_file}, reading in large chunks.  C{buf} holds the whole
@@ -171,7 +172,7 @@ def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True, skip
     while pos < end_file:
         rel = pos - buf_start
         if rel + BATCH_HEADER_SIZE > len(buf):
-            buf = io.pread(fd, max(READ_CHUNK, BATCH_HEADER_SIZE), pos)
+            buf = io.pread(fd, max(chunk, BATCH_HEADER_SIZE), pos)
             buf_start, rel = pos, 0
         try:
             h = decode_batch_header(buf, rel)
@@ -180,7 +181,7 @@ def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True, skip
         if h is None:
             raise CorruptLog(f"segment ends inside a batch header at byte {pos}")
         if h.end > len(buf):
-            want = h.size + (READ_CHUNK if h.size < READ_CHUNK else 0)
+            want = h.size + (chunk if h.size < chunk else 0)
             buf = io.pread(fd, min(want, max(end_file - pos, h.size)), pos)
             buf_start, rel = pos, 0
             h = decode_batch_header(buf, 0)
@@ -214,8 +215,10 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
     count = 0
     cursor = None
     budget_records = max_records if max_records >= 0 else stop_position - position
+    # one read for the whole answer where the index lets us start close by
+    chunk = min(max(READ_CHUNK, max_bytes + max_bytes // 8 + 4096), 16 * 1024 * 1024)
     for buf, h, at in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
-                                   skip_verify_before=position):
+                                   skip_verify_before=position, chunk=chunk):
         cursor = (h.position, h.offset, at)
         if h.end_position <= position:
             continue
@@ -224,6 +227,15 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
         last = min(h.count, stop_position - h.position, first + (budget_records - count))
         if last <= first:
             break
+        if first == 0 and last == h.count and h.data_len <= max_bytes - total:
+            # the whole batch fits: no per-record work at all
+            parts.append(memoryview(buf)[h.data_start:h.data_start + h.data_len])
+            lengths.extend(lens)
+            total += h.data_len
+            count += h.count
+            if count >= budget_records or h.end_position >= stop_position:
+                break
+            continue
         offs = array("Q", [0])
         offs.extend(accumulate(lens))
         # whole records within the byte budget, but at least one record in all
