@@ -1,0 +1,126 @@
+/*
+ * Optional C accelerator for the per-record loops that profiles showed to
+ * dominate: framing records as [prefix][u32 BE size][payload] and scanning
+ * such frames back.  streamproto.core.framing holds the pure-Python
+ * versions, with identical behaviour, and uses these when they build.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline void put_be32(unsigned char *p, uint32_t v) {
+    p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
+}
+
+static inline uint32_t get_be32(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* frame_records(lengths: buffer of native uint32, data: buffer, prefix: bytes) -> bytes */
+static PyObject *frame_records(PyObject *self, PyObject *args) {
+    Py_buffer lengths, data, prefix;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &lengths, &data, &prefix))
+        return NULL;
+    PyObject *out = NULL;
+    if (lengths.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "lengths must hold uint32 values");
+        goto done;
+    }
+    Py_ssize_t n = lengths.len / 4;
+    const uint32_t *lens = (const uint32_t *)lengths.buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) total += lens[i];
+    if (total != data.len) {
+        PyErr_SetString(PyExc_ValueError, "lengths do not add up to the data size");
+        goto done;
+    }
+    Py_ssize_t size = data.len + n * (prefix.len + 4);
+    out = PyBytes_FromStringAndSize(NULL, size);
+    if (!out) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    const unsigned char *r = (const unsigned char *)data.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (prefix.len) { memcpy(w, prefix.buf, prefix.len); w += prefix.len; }
+        put_be32(w, lens[i]); w += 4;
+        memcpy(w, r, lens[i]); w += lens[i]; r += lens[i];
+    }
+done:
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
+/*
+ * scan_frames(buf, start, prefix: bytes, max_size, max_records)
+ *   -> (lengths: bytes of native uint32, data: bytes, end, status)
+ * Reads consecutive [prefix][u32 BE size][payload] frames from buf[start:].
+ * status: 0 = stopped at a frame not yet complete (or max_records),
+ *         1 = stopped at bytes that do not start with prefix (caller decides),
+ *         2 = a size above max_size (protocol error at `end`).
+ */
+static PyObject *scan_frames(PyObject *self, PyObject *args) {
+    Py_buffer buf, prefix;
+    Py_ssize_t start, max_records;
+    unsigned long long max_size;
+    if (!PyArg_ParseTuple(args, "y*ny*Kn", &buf, &start, &prefix, &max_size, &max_records))
+        return NULL;
+    PyObject *result = NULL, *lens_obj = NULL, *data_obj = NULL;
+    const unsigned char *b = (const unsigned char *)buf.buf;
+    Py_ssize_t len = buf.len, pos = start, count = 0, data_len = 0;
+    int status = 0;
+    if (start < 0 || start > len) {
+        PyErr_SetString(PyExc_ValueError, "start out of range");
+        goto done;
+    }
+    /* first pass: count frames and payload bytes */
+    Py_ssize_t hdr = prefix.len + 4;
+    while (max_records < 0 || count < max_records) {
+        if (len - pos < hdr) {
+            if (len - pos > 0 && memcmp(b + pos, prefix.buf,
+                    (len - pos) < prefix.len ? (len - pos) : prefix.len) != 0)
+                status = 1;
+            break;
+        }
+        if (prefix.len && memcmp(b + pos, prefix.buf, prefix.len) != 0) { status = 1; break; }
+        uint32_t sz = get_be32(b + pos + prefix.len);
+        if ((unsigned long long)sz > max_size) { status = 2; break; }
+        if (len - pos - hdr < (Py_ssize_t)sz) break;
+        pos += hdr + sz; data_len += sz; count++;
+    }
+    lens_obj = PyBytes_FromStringAndSize(NULL, count * 4);
+    data_obj = PyBytes_FromStringAndSize(NULL, data_len);
+    if (!lens_obj || !data_obj) goto done;
+    uint32_t *lw = (uint32_t *)PyBytes_AS_STRING(lens_obj);
+    unsigned char *dw = (unsigned char *)PyBytes_AS_STRING(data_obj);
+    Py_ssize_t p = start;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t sz = get_be32(b + p + prefix.len);
+        lw[i] = sz;
+        memcpy(dw, b + p + hdr, sz);
+        dw += sz; p += hdr + sz;
+    }
+    result = Py_BuildValue("(OOni)", lens_obj, data_obj, pos, status);
+done:
+    Py_XDECREF(lens_obj);
+    Py_XDECREF(data_obj);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"frame_records", frame_records, METH_VARARGS,
+     "frame_records(lengths, data, prefix) -> bytes of [prefix][u32 BE size][payload]*"},
+    {"scan_frames", scan_frames, METH_VARARGS,
+     "scan_frames(buf, start, prefix, max_size, max_records) -> (lengths, data, end, status)"},
+    {NULL, NULL, 0, NULL}
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "streamproto._speedups", "Optional C accelerator.", -1, methods
+};
+
+PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
