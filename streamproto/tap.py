@@ -30,7 +30,8 @@ def available_servers():
         try:
             module = importlib.import_module(f"streamproto.{package}.tap")
         except ModuleNotFoundError as e:
-            if e.name != f"streamproto.{package}.tap":
+            # not built yet; any other missing module is a real error
+            if e.name not in (f"streamproto.{package}", f"streamproto.{package}.tap"):
                 raise
             continue
         found.append((name, module))
