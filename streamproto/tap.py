@@ -6,10 +6,11 @@ one embedded log store (one C{--data} for all).
 import importlib
 
 from twisted.application import service
+from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
-from streamproto.core.tap import StoreService
+from streamproto.core.tap import ServerService, StoreService, check_ops_options, listen
 
 log = Logger()
 
@@ -41,6 +42,12 @@ def available_servers():
 class Options(usage.Options):
     optParameters = [
         ["data", "d", "streamproto-data", "Data directory shared by every server."],
+        ["metrics", None, "tcp:9180:interface=127.0.0.1",
+         "Endpoint of the metrics/health HTTP server (/metrics, /health, /ready); "
+         "'none' to turn it off."],
+        ["shutdown-timeout", None, 3.0,
+         "Seconds to let connections finish their in-flight work on shutdown.", float],
+        ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
     ]
 
     def __init__(self):
@@ -62,22 +69,42 @@ class Options(usage.Options):
         self["only"] = [v.strip() for v in value.split(",") if v.strip()]
 
     def postOptions(self):
+        check_ops_options(self)
         known = {name for name, _ in available_servers()}
         for name in list(self["ports"]) + self.get("only", []):
             if name not in known:
                 raise usage.UsageError(f"unknown server {name!r}; known: {sorted(known)}")
 
 
+class UmbrellaService(ServerService):
+    """Stops every server at once (each drains its connections), then the store."""
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        service.Service.stopService(self)
+        children = list(self)
+        stores = [c for c in children if isinstance(c, StoreService)]
+        yield defer.DeferredList([defer.maybeDeferred(c.stopService) for c in children
+                                  if c not in stores and c.running])
+        for store in stores:
+            yield store.stopService()
+
+
 def makeService(options):
-    top = service.MultiService()
+    from streamproto.core.ops import metrics_site
+
+    top = UmbrellaService(options["shutdown-timeout"], options["log-format"])
     owner = StoreService(options["data"])
     owner.setServiceParent(top)
+    if options["metrics"] and options["metrics"] != "none":
+        listen(top, [options["metrics"]], metrics_site([owner.store]))
     only = options.get("only")
     for name, module in available_servers():
         if only and name not in only:
             continue
         sub = module.Options()
-        args = ["--data", options["data"]]
+        args = ["--data", options["data"], "--shutdown-timeout",
+                str(options["shutdown-timeout"])]
         for endpoint in options["ports"].get(name, []):
             args += ["--port", endpoint]
         sub.parseOptions(args)

@@ -92,7 +92,7 @@ class ServiceTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_umbrella_runs_every_available_server_on_one_store(self):
         data = tempfile.mkdtemp()
-        args = ["--data", data]
+        args = ["--data", data, "--metrics", "tcp:0:interface=127.0.0.1"]
         for name, _ in tap.available_servers():
             args += ["--listen", f"{name}=tcp:0:interface=127.0.0.1"]
         o = tap.Options()
@@ -101,9 +101,12 @@ class ServiceTests(unittest.TestCase):
         self.assertIsInstance(top, service.MultiService)
         stores = [s for s in top if isinstance(s, StoreService)]
         self.assertEqual(len(stores), 1)
-        self.assertEqual(len(list(top)), 1 + len(tap.available_servers()))
         top.startService()
-        yield top.stopService()
+        try:
+            # the store, the metrics listener, and one service per server
+            self.assertEqual(len(list(top)), 2 + len(tap.available_servers()))
+        finally:
+            yield top.stopService()
 
 
 class CLITests(unittest.SynchronousTestCase):

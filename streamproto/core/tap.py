@@ -9,9 +9,11 @@ C{--data} through L{StoreService}.
 """
 
 import os
+import sys
 
 from twisted.application import service, strports
-from twisted.logger import Logger
+from twisted.internet import defer
+from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
 
@@ -21,6 +23,12 @@ class ServerOptions(usage.Options):
     defaultPort = None
     optParameters = [
         ["data", "d", "streamproto-data", "Data directory of the embedded log store."],
+        ["metrics", None, None,
+         "Endpoint for the metrics/health HTTP server (/metrics, /health, /ready), "
+         "e.g. tcp:9100:interface=127.0.0.1.  Off by default."],
+        ["shutdown-timeout", None, 3.0,
+         "Seconds to let connections finish their in-flight work on shutdown.", float],
+        ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
     ]
 
     def __init__(self):
@@ -42,6 +50,14 @@ class ServerOptions(usage.Options):
         if not self["port"] and self.defaultPort:
             self["port"] = [self.defaultPort]
         self["data"] = os.path.abspath(self["data"])
+        check_ops_options(self)
+
+
+def check_ops_options(options):
+    if options["log-format"] not in ("text", "json"):
+        raise usage.UsageError("--log-format must be text or json")
+    if options["shutdown-timeout"] < 0:
+        raise usage.UsageError("--shutdown-timeout must not be negative")
 
 
 def positive_int(name):
@@ -67,37 +83,90 @@ class StoreService(service.Service):
     log = Logger()
 
     def __init__(self, path, **kwargs):
+        from streamproto.core.metrics import observe_store
         from streamproto.log import open_store
         self.path = path
         self.store = open_store(path, **kwargs)
+        observe_store(self.store)
 
     def stopService(self):
+        from streamproto.core.metrics import forget_store
         super().stopService()
         self.log.info("closing log store {path}", path=self.path)
+        forget_store(self.store)
         return self.store.close()
+
+
+class ServerService(service.MultiService):
+    """
+    A server's services, stopped in order: listeners first, then every
+    tracked connection is drained (bounded by C{shutdown_timeout}), then the
+    rest (the store last, as it was added first).  Also installs the JSON
+    log observer on the twistd application when asked to.
+    """
+
+    def __init__(self, shutdown_timeout=3.0, log_format="text", clock=None):
+        super().__init__()
+        self.shutdown_timeout = shutdown_timeout
+        self.log_format = log_format
+        self.trackers = []
+        self.clock = clock
+
+    def setServiceParent(self, parent):
+        super().setServiceParent(parent)
+        if self.log_format == "json" and hasattr(parent, "setComponent"):
+            # twistd asks the application for its observer before logging starts
+            from streamproto.core.ops import json_log_observer
+            parent.setComponent(ILogObserver, json_log_observer(sys.stdout))
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        service.Service.stopService(self)
+        clock = self.clock
+        if clock is None:
+            from twisted.internet import reactor as clock
+        children = list(self)
+        listeners = [c for c in children if getattr(c, "_streamproto_listener", False)]
+        yield defer.DeferredList([defer.maybeDeferred(c.stopService) for c in listeners
+                                  if c.running])
+        yield defer.DeferredList([t.drain(clock, self.shutdown_timeout) for t in self.trackers])
+        for child in reversed(children):
+            if child not in listeners and child.running:
+                yield child.stopService()
 
 
 def listen(parent, descriptions, factory):
     """Add one listening service per endpoint description to C{parent}."""
     for description in descriptions:
-        strports.service(description, factory).setServiceParent(parent)
+        listener = strports.service(description, factory)
+        listener._streamproto_listener = True
+        listener.setServiceParent(parent)
 
 
 def server_service(options, factory_from_store, store=None, name=None):
     """
-    The usual shape of a server's C{makeService}: a MultiService owning the
-    store (unless one is shared in) and one listener per C{--port}.
+    The usual shape of a server's C{makeService}: a L{ServerService} owning
+    the store (unless one is shared in), one listener per C{--port} serving
+    the factory wrapped in a L{TrackingFactory}, and the metrics/health
+    endpoint if C{--metrics} is given.
 
     @param factory_from_store: callable(store) -> server protocol factory.
+    @param name: the server's name in logs and metrics (e.g. "styx").
     """
-    top = service.MultiService()
+    from streamproto.core.ops import TrackingFactory, metrics_site
+
+    top = ServerService(options.get("shutdown-timeout", 3.0), options.get("log-format", "text"))
     if name:
         top.setName(name)
+    stores = []
     if store is None:
         owner = StoreService(options["data"])
         store = owner.store
-        # the store must stop after the listeners: MultiService stops its
-        # children in reverse order of addition
-        owner.setServiceParent(top)
-    listen(top, options["port"], factory_from_store(store))
+        owner.setServiceParent(top)  # first in, so stopped last
+    stores.append(store)
+    tracker = TrackingFactory(factory_from_store(store), name or "server")
+    top.trackers.append(tracker)
+    listen(top, options["port"], tracker)
+    if options.get("metrics"):
+        listen(top, [options["metrics"]], metrics_site(stores))
     return top

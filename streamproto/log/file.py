@@ -31,6 +31,7 @@ from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core import metrics
 from streamproto.log.batch import empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
@@ -373,10 +374,12 @@ class FileLog:
         d.addCallbacks(self._synced, self._sync_failed, (target, segs), None, (segs,))
 
     def _fsync_blocking(self, fds, dir_dirty):
+        started = time.monotonic()
         for fd in fds:
             self._io.fsync(fd)
         if dir_dirty:
             self._io.fsync_dir(self.path)
+        metrics.FSYNC_SECONDS.observe(time.monotonic() - started)
 
     def _release(self, segs):
         for s in segs:
@@ -393,9 +396,13 @@ class FileLog:
         self._attributes = attrs
         result = AppendResult(None, w_pos, w_off)
         pending = self._pending
+        acked = 0
         while pending and pending[0].seq <= seq:
             p = pending.popleft()
+            acked += 1
             p.deferred.callback(result._replace(first_position=p.first))
+        if acked:
+            metrics.GROUP_COMMIT_APPENDS.observe(acked)
         self._waiters.advance(w_pos)
         self._offset_waiters.advance(w_off)
         self._seal_and_retain()
@@ -485,6 +492,7 @@ class FileLog:
 
         def done(result):
             self._release([seg])
+            metrics.RETENTION_DELETIONS.inc()
             self.log.info("log {log}: deleted segment {seg}", log=self.name, seg=seg.path)
             return result
 
@@ -712,14 +720,13 @@ class FileLogStore:
         self._run_blocking = run_blocking or thread_runner(reactor)
         self._io = io or FileIO()
         self._logs = {}
+        self.closed = False
         os.makedirs(self.path, exist_ok=True)
         for leftover in os.listdir(self.path):
             if leftover.startswith(".deleted-"):  # a delete interrupted by a crash
                 shutil.rmtree(os.path.join(self.path, leftover), True)
         self._retention_call = None
-        if retention_interval:
-            self._retention_call = reactor.callLater(retention_interval, self._retention_tick,
-                                                     retention_interval)
+        self._retention_interval = retention_interval
 
     def _retention_tick(self, interval):
         for log in self._logs.values():
@@ -750,6 +757,10 @@ class FileLogStore:
             config = LogConfig.from_mapping(json.loads(f.read()))
         log = FileLog(name, path, config, self._io, self._run_blocking, self._reactor)
         self._logs[name] = log
+        if self._retention_interval and self._retention_call is None:
+            # age-based retention also runs while no append comes in
+            self._retention_call = self._reactor.callLater(
+                self._retention_interval, self._retention_tick, self._retention_interval)
         return log
 
     def create(self, name, config=None):
@@ -800,6 +811,7 @@ class FileLogStore:
         return self._run_blocking(shutil.rmtree, doomed, True)
 
     def close(self):
+        self.closed = True
         if self._retention_call is not None and self._retention_call.active():
             self._retention_call.cancel()
         logs = list(self._logs.values())

@@ -201,6 +201,7 @@ class MemoryLogStore:
     def __init__(self, clock=None):
         self._clock = clock or _default_clock()
         self._logs = {}
+        self.closed = False
 
     def names(self):
         return sorted(self._logs)
@@ -237,6 +238,7 @@ class MemoryLogStore:
         return succeed(None)
 
     def close(self):
+        self.closed = True
         for log in self._logs.values():
             log._close()
         return succeed(None)

@@ -1,0 +1,78 @@
+"""
+Prometheus metrics shared by every server, defined once (prometheus_client
+refuses to register a name twice) and labelled by server.
+
+Protocols count what only they know (records, acks, errors by code);
+connections and bytes are counted for them by
+L{streamproto.core.ops.TrackingFactory}; the log store is observed through
+L{observe_store} at scrape time.
+"""
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+CONNECTIONS_OPEN = Gauge(
+    "streamproto_connections_open", "Connections open now.", ["server"])
+CONNECTIONS_TOTAL = Counter(
+    "streamproto_connections", "Connections accepted.", ["server"])
+BYTES_IN = Counter("streamproto_received_bytes", "Bytes received.", ["server"])
+BYTES_OUT = Counter("streamproto_sent_bytes", "Bytes sent.", ["server"])
+RECORDS_IN = Counter(
+    "streamproto_records_in", "Records, events or messages received and stored.", ["server"])
+RECORDS_OUT = Counter(
+    "streamproto_records_out", "Records, events or messages sent to clients.", ["server"])
+ACKS_SENT = Counter("streamproto_acks_sent", "Acknowledgements sent.", ["server"])
+ERRORS = Counter(
+    "streamproto_protocol_errors", "Protocol errors sent or connections closed for bad input.",
+    ["server", "code"])
+BACKPRESSURE_PAUSES = Counter(
+    "streamproto_backpressure_pauses",
+    "Times a connection's reading was paused because storage lagged.", ["server"])
+FSYNC_SECONDS = Histogram(
+    "streamproto_fsync_seconds", "Duration of log store fsyncs.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+GROUP_COMMIT_APPENDS = Histogram(
+    "streamproto_group_commit_appends", "Appends acknowledged by one fsync.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024))
+RETENTION_DELETIONS = Counter(
+    "streamproto_retention_deleted_segments", "Segments deleted by retention or truncation.")
+
+
+class StoreCollector:
+    """Per-log sizes and positions, read from the open stores at scrape time."""
+
+    def __init__(self):
+        self.stores = []
+
+    def collect(self):
+        size = GaugeMetricFamily("streamproto_log_size_bytes", "Bytes on disk per log.",
+                                 labels=["log"])
+        records = GaugeMetricFamily("streamproto_log_records", "Readable records per log.",
+                                    labels=["log"])
+        end = GaugeMetricFamily("streamproto_log_end_position", "Synced end position per log.",
+                                labels=["log"])
+        failed = GaugeMetricFamily("streamproto_log_failed",
+                                   "1 if the log fail-stopped or is corrupt.", labels=["log"])
+        for store in list(self.stores):
+            for log in list(getattr(store, "_logs", {}).values()):
+                info = log.info()
+                size.add_metric([info["name"]], info["file_size"])
+                records.add_metric([info["name"]], info["record_count"])
+                end.add_metric([info["name"]], info["end_position"])
+                failed.add_metric([info["name"]], 0 if info["status"] == "ok" else 1)
+        return [size, records, end, failed]
+
+
+STORES = StoreCollector()
+REGISTRY.register(STORES)
+
+
+def observe_store(store):
+    """Report C{store}'s open logs in the metrics (until L{forget_store})."""
+    if store not in STORES.stores:
+        STORES.stores.append(store)
+
+
+def forget_store(store):
+    if store in STORES.stores:
+        STORES.stores.remove(store)

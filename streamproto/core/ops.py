@@ -1,0 +1,193 @@
+"""
+Operating the servers: connection tracking and logging, graceful drain,
+the metrics/health HTTP endpoint, JSON logs.
+
+Every server's factory is wrapped in a L{TrackingFactory} by
+L{streamproto.core.tap.server_service}, which gives it, without help from
+the protocol: connections open/total and bytes in/out in the metrics, one
+structured log event per connection open and close (peer, TLS identity,
+bytes, reason), and a graceful drain on shutdown.
+"""
+
+import json
+import time
+
+from twisted.internet import defer
+from twisted.logger import Logger, eventAsJSON, jsonFileLogObserver
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.web import resource
+from twisted.web.server import Site
+
+from streamproto.core import metrics
+from streamproto.core.tls import peer_identity
+
+
+class TrackedConnection(ProtocolWrapper):
+    """Counts bytes and reports the connection's life; forwards everything."""
+
+    def makeConnection(self, transport):
+        self.opened = time.monotonic()
+        self.bytes_in = self.bytes_out = 0
+        super().makeConnection(transport)
+
+    def connectionMade(self):
+        f = self.factory
+        f.log.info("{server}: connection from {peer}", server=f.name,
+                   peer=_peer(self.transport))
+        metrics.CONNECTIONS_OPEN.labels(f.name).inc()
+        metrics.CONNECTIONS_TOTAL.labels(f.name).inc()
+        super().connectionMade()
+
+    def dataReceived(self, data):
+        self.bytes_in += len(data)
+        self.factory.bytes_in.inc(len(data))
+        self.wrappedProtocol.dataReceived(data)
+
+    def write(self, data):
+        self.bytes_out += len(data)
+        self.factory.bytes_out.inc(len(data))
+        self.transport.write(data)
+
+    def writeSequence(self, data):
+        n = sum(map(len, data))
+        self.bytes_out += n
+        self.factory.bytes_out.inc(n)
+        self.transport.writeSequence(data)
+
+    def connectionLost(self, reason):
+        f = self.factory
+        metrics.CONNECTIONS_OPEN.labels(f.name).dec()
+        f.log.info("{server}: connection from {peer} closed after {seconds:.1f}s "
+                   "({bytes_in} bytes in, {bytes_out} out, tls={tls}): {reason}",
+                   server=f.name, peer=_peer(self.transport),
+                   seconds=time.monotonic() - self.opened, bytes_in=self.bytes_in,
+                   bytes_out=self.bytes_out, tls=self.tls_identity,
+                   reason=reason.getErrorMessage())
+        super().connectionLost(reason)
+
+    @property
+    def tls_identity(self):
+        return peer_identity(self.transport)
+
+
+def _peer(transport):
+    try:
+        peer = transport.getPeer()
+        return f"{peer.host}:{peer.port}"
+    except Exception:  # noqa: BLE001 - a transport without addresses (tests)
+        return "?"
+
+
+class TrackingFactory(WrappingFactory):
+    """
+    Wraps a server factory: see the module docstring.
+
+    On L{drain}, every connection's protocol gets a chance to finish: if it
+    has a C{gracefulShutdown()} method (returning a Deferred that fires when
+    its in-flight work is acknowledged and it has said goodbye the protocol's
+    way), that is called; otherwise the connection is closed once its
+    pending writes are flushed.  Connections still open at the deadline are
+    aborted.
+    """
+
+    protocol = TrackedConnection
+    log = Logger()
+
+    def __init__(self, wrapped, name):
+        super().__init__(wrapped)
+        self.name = name
+        self.bytes_in = metrics.BYTES_IN.labels(name)
+        self.bytes_out = metrics.BYTES_OUT.labels(name)
+
+    def __getattr__(self, name):
+        # the wrapped factory's public attributes (store, options) stay reachable
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.wrappedFactory, name)
+
+    def drain(self, clock, timeout):
+        connections = list(self.protocols)
+        if not connections:
+            return defer.succeed(None)
+        waits = []
+        for conn in connections:
+            closed = defer.Deferred()
+            conn._drained = closed
+            shutdown = getattr(conn.wrappedProtocol, "gracefulShutdown", None)
+            try:
+                if shutdown is not None:
+                    defer.maybeDeferred(shutdown).addErrback(
+                        lambda f: self.log.failure("graceful shutdown failed", f))
+                else:
+                    conn.loseConnection()
+            except Exception:
+                self.log.failure("{server}: error while draining", server=self.name)
+            waits.append(closed)
+        done = defer.DeferredList(waits)
+
+        def deadline():
+            for conn in list(self.protocols):
+                self.log.warn("{server}: aborting {peer} at the shutdown deadline",
+                              server=self.name, peer=_peer(conn.transport))
+                conn.transport.abortConnection()
+        timer = clock.callLater(timeout, deadline)
+        return done.addBoth(lambda _: timer.active() and timer.cancel())
+
+    def unregisterProtocol(self, p):
+        super().unregisterProtocol(p)
+        closed = getattr(p, "_drained", None)
+        if closed is not None and not closed.called:
+            closed.callback(None)
+
+
+class HealthResource(resource.Resource):
+    """C{/health}: the process answers.  C{/ready}: every store is usable."""
+
+    isLeaf = True
+
+    def __init__(self, ready_check):
+        super().__init__()
+        self.ready_check = ready_check
+
+    def render_GET(self, request):
+        path = request.path.rstrip(b"/")
+        request.setHeader(b"content-type", b"application/json")
+        if path.endswith(b"/ready"):
+            problems = self.ready_check()
+            request.setResponseCode(503 if problems else 200)
+            return json.dumps({"ready": not problems, "problems": problems}).encode()
+        return json.dumps({"alive": True}).encode()
+
+
+def store_problems(stores):
+    """Why the stores are not ready (empty when they are)."""
+    problems = []
+    for store in stores:
+        if getattr(store, "closed", False):
+            problems.append("store closed")
+        for log in list(getattr(store, "_logs", {}).values()):
+            status = log.info()["status"]
+            if status != "ok":
+                problems.append(f"log {log.name}: {status}")
+    return problems
+
+
+def metrics_site(stores):
+    """A twisted.web Site serving /metrics, /health and /ready."""
+    from prometheus_client.twisted import MetricsResource
+
+    root = resource.Resource()
+    root.putChild(b"metrics", MetricsResource())
+    health = HealthResource(lambda: store_problems(stores))
+    root.putChild(b"health", health)
+    root.putChild(b"ready", health)
+    return Site(root)
+
+
+def json_log_observer(stream):
+    """One JSON object per line: C{--log-format json}."""
+    return jsonFileLogObserver(stream)
+
+
+__all__ = ["TrackingFactory", "HealthResource", "metrics_site", "json_log_observer",
+           "eventAsJSON"]

@@ -1,0 +1,182 @@
+"""Operations plumbing: connection tracking, drain, metrics and health endpoints."""
+
+import json
+import tempfile
+
+import treq
+from prometheus_client import REGISTRY
+from twisted.application import service
+from twisted.internet import defer, protocol, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.logger import ILogObserver
+from twisted.trial import unittest
+
+from streamproto.core.ops import HealthResource, TrackingFactory, store_problems
+from streamproto.core.tap import ServerOptions, server_service
+from streamproto.log import MemoryLogStore
+
+
+def sample(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Echo(protocol.Protocol):
+    def dataReceived(self, data):
+        self.transport.write(data)
+
+
+class Polite(Echo):
+    """Says goodbye its own way on shutdown."""
+
+    def gracefulShutdown(self):
+        self.transport.write(b"bye")
+        self.transport.loseConnection()
+        return defer.succeed(None)
+
+
+class Stuck(Echo):
+    def gracefulShutdown(self):
+        return defer.Deferred()  # never finishes: the deadline must abort it
+
+
+class Client(protocol.Protocol):
+    def connectionMade(self):
+        self.received = b""
+        self.closed = defer.Deferred()
+        self.got = defer.Deferred()
+
+    def dataReceived(self, data):
+        self.received += data
+        if not self.got.called:
+            self.got.callback(data)
+
+    def connectionLost(self, reason):
+        self.closed.callback(None)
+
+
+class Options(ServerOptions):
+    defaultPort = "tcp:0:interface=127.0.0.1"
+
+
+class TrackingTests(unittest.TestCase):
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def start(self, proto, name, shutdown_timeout=3.0, metrics=False):
+        o = Options()
+        args = ["--data", tempfile.mkdtemp(), "--shutdown-timeout", str(shutdown_timeout)]
+        if metrics:
+            args += ["--metrics", "tcp:0:interface=127.0.0.1"]
+        o.parseOptions(args)
+        self.top = server_service(o, lambda store: protocol.Factory.forProtocol(proto),
+                                  name=name)
+        self.top.startService()
+        self.addCleanup(lambda: self.top.running and self.top.stopService())
+        listeners = [c for c in self.top if getattr(c, "_streamproto_listener", False)]
+        yield defer.succeed(None)
+        ports = [c._waitingForPort for c in listeners]
+        ports = yield defer.gatherResults(ports)
+        return [p.getHost().port for p in ports]
+
+    @defer.inlineCallbacks
+    def connect(self, port):
+        c = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(
+            protocol.Factory.forProtocol(Client))
+        return c
+
+    @defer.inlineCallbacks
+    def test_counts_connections_and_bytes(self):
+        (port,) = yield self.start(Echo, "t-count")
+        before = sample("streamproto_connections_total", server="t-count")
+        c = yield self.connect(port)
+        c.transport.write(b"hello")
+        yield c.got
+        self.assertEqual(sample("streamproto_connections_open", server="t-count"), 1)
+        self.assertEqual(sample("streamproto_connections_total", server="t-count"), before + 1)
+        self.assertEqual(sample("streamproto_received_bytes_total", server="t-count"), 5)
+        self.assertEqual(sample("streamproto_sent_bytes_total", server="t-count"), 5)
+        c.transport.loseConnection()
+        yield c.closed
+        yield self.top.stopService()
+        self.assertEqual(sample("streamproto_connections_open", server="t-count"), 0)
+
+    @defer.inlineCallbacks
+    def test_drain_uses_graceful_shutdown(self):
+        (port,) = yield self.start(Polite, "t-polite")
+        c = yield self.connect(port)
+        c.transport.write(b"x")
+        yield c.got
+        yield self.top.stopService()
+        yield c.closed
+        self.assertEqual(c.received, b"xbye")
+
+    @defer.inlineCallbacks
+    def test_drain_closes_plain_protocols(self):
+        (port,) = yield self.start(Echo, "t-plain")
+        c = yield self.connect(port)
+        c.transport.write(b"x")
+        yield c.got
+        yield self.top.stopService()
+        yield c.closed
+
+    @defer.inlineCallbacks
+    def test_drain_deadline_aborts(self):
+        (port,) = yield self.start(Stuck, "t-stuck", shutdown_timeout=0.2)
+        c = yield self.connect(port)
+        c.transport.write(b"x")
+        yield c.got
+        started = reactor.seconds()
+        yield self.top.stopService()
+        yield c.closed
+        self.assertLess(reactor.seconds() - started, 5)
+
+    @defer.inlineCallbacks
+    def test_metrics_and_health_endpoints(self):
+        port, metrics_port = yield self.start(Echo, "t-metrics", metrics=True)
+        base = f"http://127.0.0.1:{metrics_port}"
+        r = yield treq.get(base + "/metrics", persistent=False)
+        body = yield r.text()
+        self.assertEqual(r.code, 200)
+        self.assertIn("streamproto_connections_open", body)
+        r = yield treq.get(base + "/health", persistent=False)
+        self.assertEqual(json.loads((yield r.text())), {"alive": True})
+        r = yield treq.get(base + "/ready", persistent=False)
+        self.assertEqual(r.code, 200)
+        yield self.top.stopService()
+
+    def test_json_log_format_installs_observer(self):
+        o = Options()
+        o.parseOptions(["--data", tempfile.mkdtemp(), "--log-format", "json"])
+        top = server_service(o, lambda store: protocol.Factory.forProtocol(Echo), name="t-json")
+        app = service.Application("t")
+        top.setServiceParent(app)  # as twistd does
+        self.assertIsNotNone(app.getComponent(ILogObserver, None))
+
+    def test_tracking_factory_exposes_wrapped_attributes(self):
+        f = protocol.Factory.forProtocol(Echo)
+        f.store = "the store"
+        self.assertEqual(TrackingFactory(f, "t-attr").store, "the store")
+
+
+class ReadinessTests(unittest.SynchronousTestCase):
+    def test_ready_flips_on_failed_log(self):
+        store = MemoryLogStore()
+        log = self.successResultOf(store.create("events"))
+        self.assertEqual(store_problems([store]), [])
+        log.failed = OSError("fsync failed")
+        self.assertEqual(store_problems([store]), ["log events: corrupt"])
+        store.close()
+        self.assertIn("store closed", store_problems([store]))
+
+    def test_health_resource(self):
+        from twisted.web.test.requesthelper import DummyRequest
+        problems = []
+        res = HealthResource(lambda: problems)
+        req = DummyRequest([b"ready"])
+        req.path = b"/ready"
+        self.assertEqual(json.loads(res.render_GET(req))["ready"], True)
+        problems.append("log x: tainted")
+        req = DummyRequest([b"ready"])
+        req.path = b"/ready"
+        body = json.loads(res.render_GET(req))
+        self.assertEqual((req.responseCode, body["ready"]), (503, False))
