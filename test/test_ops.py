@@ -180,3 +180,50 @@ class ReadinessTests(unittest.SynchronousTestCase):
         req.path = b"/ready"
         body = json.loads(res.render_GET(req))
         self.assertEqual((req.responseCode, body["ready"]), (503, False))
+
+
+class StatusTests(unittest.TestCase):
+    timeout = 30
+
+    def test_summary_and_rates(self):
+        from streamproto import status
+        text = (
+            '# TYPE streamproto_connections_open gauge\n'
+            'streamproto_connections_open{server="styx"} 3.0\n'
+            '# TYPE streamproto_records_in counter\n'
+            'streamproto_records_in_total{server="styx"} 1000.0\n'
+            '# TYPE streamproto_log_size_bytes gauge\n'
+            'streamproto_log_size_bytes{log="events"} 2000000.0\n'
+            '# TYPE streamproto_log_failed gauge\n'
+            'streamproto_log_failed{log="events"} 0.0\n')
+        now = status.summarise(text)
+        self.assertEqual(now["servers"]["styx"]["open"], 3.0)
+        self.assertEqual(now["logs"]["events"]["size"], 2000000.0)
+        before = status.summarise(text.replace("1000.0", "400.0"))
+        out = status.render(now, before, 2.0)
+        self.assertIn("300", out)  # (1000 - 400) / 2 records/s
+        self.assertIn("events", out)
+        self.assertIn("2.00", out)
+
+    @defer.inlineCallbacks
+    def test_cli_against_a_server(self):
+        import io
+
+        from twisted.internet.threads import deferToThread
+
+        from streamproto import status
+        o = Options()
+        o.parseOptions(["--data", tempfile.mkdtemp(), "--metrics", "tcp:0:interface=127.0.0.1"])
+        top = server_service(o, lambda store: protocol.Factory.forProtocol(Echo), name="t-st")
+        top.startService()
+        self.addCleanup(top.stopService)
+        listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
+        ports = yield defer.gatherResults([c._waitingForPort for c in listeners])
+        url = f"http://127.0.0.1:{ports[1].getHost().port}/metrics"
+        out = io.StringIO()
+        code = yield deferToThread(status.main, ["--once", "--metrics", url], out)
+        self.assertEqual(code, 0)
+        self.assertIn("t-st", out.getvalue())
+        code = yield deferToThread(status.main, ["--once", "--metrics",
+                                                 "http://127.0.0.1:1/metrics"], io.StringIO())
+        self.assertEqual(code, 1)
