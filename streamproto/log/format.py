@@ -14,7 +14,7 @@ A log is a directory of segment files named after their first position
       reserved   u32  0
       crc        u32  CRC-32C of the 36 bytes before it
 
-    batch (one per append, or a few for a very large append)
+    batch (one per append; an append over 1 MiB is split into several)
       magic      u32  0x31425053 ("SPB1")
       crc        u32  CRC-32C of everything after this field, to the batch end
       position   u64  position of the first record of the batch
@@ -52,8 +52,10 @@ BATCH_HEADER_SIZE = BATCH_HEADER.size  # 40
 _AFTER_CRC = 8  # the CRC covers the header from this byte on
 
 #: Appends larger than this are split into several batches (one record may
-#: still exceed it on its own, up to max_record_size).
-MAX_BATCH_DATA = 16 * 1024 * 1024
+#: still exceed it on its own, up to max_record_size).  Small enough that a
+#: reader starting inside a batch reads and checksums little more than it
+#: returns; large enough that headers cost nothing (40 bytes a MiB).
+MAX_BATCH_DATA = 1024 * 1024
 
 
 class FormatError(Exception):
