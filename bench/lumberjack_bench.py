@@ -1,0 +1,276 @@
+"""
+Lumberjack throughput: events/s into the file log store, durably (acked
+after fsync), client and server in separate processes.
+
+Two senders against the same server process, in the same run:
+
+- baseline "blaster": batches pre-encoded before the clock starts (W + one
+  zlib C frame each), written with pipelining; measures the server alone;
+- our L{LumberjackClient}: encodes every event (JSON) and batch (zlib) as it
+  goes; end-to-end.
+
+Besides wall-clock events/s it reports CPU-bound capacities from process CPU
+time (the machine's cores are shared, so wall-clock mixes in other work):
+server events per server CPU-second, client events per client CPU-second.
+
+    python bench/lumberjack_bench.py                       # 200k events
+    python bench/lumberjack_bench.py --events 2000000 --connections 2
+"""
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+WORDS = ("GET POST PUT /api/v1/users /static/app.js 200 404 500 upstream timeout "
+         "connection reset cache hit miss user_id session ok error warn").split()
+
+
+def make_events(n, seed=1):
+    """~200-byte JSON events like a Filebeat log line (bytes, already encoded)."""
+    rnd = random.Random(seed)
+    events = []
+    for i in range(n):
+        message = " ".join(rnd.choice(WORDS) for _ in range(12))
+        event = {
+            "@timestamp": f"2026-11-22T04:{i // 60000 % 60:02d}:{i // 1000 % 60:02d}.{i % 1000:03d}Z",
+            "message": message[:90],
+            "host": {"name": f"web-{i % 16:02d}"},
+            "log": {"offset": i * 211, "file": {"path": "/var/log/app.log"}},
+        }
+        events.append(json.dumps(event, separators=(",", ":")).encode())
+    return events
+
+
+def cpu_seconds(pid):
+    """User + system CPU of process C{pid} (all threads) from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# -- the server process ------------------------------------------------------------
+def serve(data_dir):
+    from twisted.internet import reactor
+    from twisted.internet.endpoints import TCP4ServerEndpoint
+
+    from streamproto.log import open_store
+    from streamproto.lumberjack.server import LumberjackServerFactory
+    from streamproto.lumberjack.sink import LogStoreSink
+
+    if os.environ.get("LUMBERJACK_BENCH_STDLIB_JSON"):
+        from streamproto.lumberjack import codec
+        codec.fast_check = codec.stdlib_check  # measure the fallback validator
+    store = open_store(data_dir)
+    factory = LumberjackServerFactory(LogStoreSink(store, "bench"))
+
+    def listening(port):
+        sys.stdout.write(f"PORT {port.getHost().port}\n")
+        sys.stdout.flush()
+
+    TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory).addCallback(listening)
+    def report():
+        sys.stdout.write(f"PERSISTED {factory.events_persisted}\n")
+        sys.stdout.flush()
+        return store.close()
+
+    reactor.addSystemEventTrigger("before", "shutdown", report)
+    if os.environ.get("LUMBERJACK_BENCH_PROFILE"):
+        import cProfile
+        cProfile.runctx("reactor.run()", globals(), locals(),
+                        os.environ["LUMBERJACK_BENCH_PROFILE"])
+    else:
+        reactor.run()
+
+
+# -- senders ------------------------------------------------------------------------
+def blaster(reactor, port, batches, pipelining):
+    """Send pre-encoded batches on one connection; fires when all are acked."""
+    from twisted.internet import defer, protocol
+    from twisted.internet.endpoints import TCP4ClientEndpoint
+
+    done = defer.Deferred()
+
+    class Blaster(protocol.Protocol):
+        def connectionMade(self):
+            self.next = 0
+            self.acked = 0
+            self.buf = b""
+            for _ in range(min(pipelining, len(batches))):
+                self.send_one()
+
+        def send_one(self):
+            data, _ = batches[self.next]
+            self.next += 1
+            self.transport.write(data)
+
+        def dataReceived(self, data):
+            self.buf += data
+            while len(self.buf) >= 6:
+                seq = int.from_bytes(self.buf[2:6], "big")
+                self.buf = self.buf[6:]
+                if seq == 0:
+                    continue  # keepalive
+                if seq == batches[self.acked][1]:
+                    self.acked += 1
+                    if self.next < len(batches):
+                        self.send_one()
+                    elif self.acked == len(batches):
+                        self.transport.loseConnection()
+                        done.callback(None)
+
+    TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(
+        protocol.Factory.forProtocol(Blaster))
+    return done
+
+
+def run_senders(kind, port, events, args):
+    from twisted.internet import defer, task
+    from twisted.internet.endpoints import TCP4ClientEndpoint
+
+    from streamproto.lumberjack.client import LumberjackClient
+    from streamproto.lumberjack.codec import encode_batch
+
+    result = {}
+
+    @defer.inlineCallbacks
+    def main(reactor):
+        per_conn = len(events) // args.connections
+        slices = [events[i * per_conn:(i + 1) * per_conn] for i in range(args.connections)]
+        if kind == "client" and args.dicts:
+            slices = [[json.loads(e) for e in s] for s in slices]
+        if kind == "blaster":
+            encoded = [[(encode_batch(s[i:i + args.batch], args.level), len(s[i:i + args.batch]))
+                        for i in range(0, len(s), args.batch)] for s in slices]
+        t0, c0 = time.perf_counter(), own_cpu()
+        if kind == "blaster":
+            yield defer.gatherResults([blaster(reactor, port, b, args.pipelining)
+                                       for b in encoded])
+        else:
+            clients = [LumberjackClient(TCP4ClientEndpoint(reactor, "127.0.0.1", port),
+                                        bulk_max_size=args.batch, compression_level=args.level,
+                                        pipelining=args.pipelining)
+                       for _ in slices]
+            # feed each client as a producer would: a batch at a time, a few
+            # batches ahead of the acks (events are encoded in send())
+            @defer.inlineCallbacks
+            def feed(client, s):
+                ahead = []
+                for i in range(0, len(s), args.batch):
+                    ahead.append(client.send(s[i:i + args.batch]))
+                    if len(ahead) > args.pipelining + 1:
+                        yield ahead.pop(0)
+                yield defer.gatherResults(ahead)
+            yield defer.gatherResults([feed(c, s) for c, s in zip(clients, slices)])
+            yield defer.gatherResults([c.close() for c in clients])
+        result["wall"] = time.perf_counter() - t0
+        result["cpu"] = own_cpu() - c0
+        result["events"] = per_conn * args.connections
+
+    try:
+        task.react(main)
+    except SystemExit:
+        pass
+    return result
+
+
+def child_run(kind, port, args):
+    """Run one sender in a fresh process (its own CPU, its own reactor)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--sender", kind, "--port", str(port),
+           "--events", str(args.events), "--batch", str(args.batch), "--level", str(args.level),
+           "--pipelining", str(args.pipelining), "--connections", str(args.connections)]
+    if args.dicts:
+        cmd.append("--dicts")
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200000)
+    parser.add_argument("--batch", type=int, default=2048)
+    parser.add_argument("--level", type=int, default=3)
+    parser.add_argument("--pipelining", type=int, default=2)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--stdlib-json", action="store_true",
+                        help="server validates JSON with the stdlib only (no msgspec)")
+    parser.add_argument("--dicts", action="store_true",
+                        help="give the client dicts to encode (default: JSON bytes)")
+    parser.add_argument("--serve", metavar="DATA_DIR")
+    parser.add_argument("--sender", choices=["blaster", "client"])
+    parser.add_argument("--port", type=int)
+    args = parser.parse_args()
+
+    if args.serve:
+        serve(args.serve)
+        return
+    if args.sender:
+        events = make_events(args.events)
+        print(json.dumps(run_senders(args.sender, args.port, events, args)))
+        return
+
+    data_dir = tempfile.mkdtemp(prefix="lumberjack-bench-")
+    env = dict(os.environ)
+    if args.stdlib_json:
+        env["LUMBERJACK_BENCH_STDLIB_JSON"] = "1"
+    server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", data_dir],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = server.stdout.readline()
+        port = int(line.split()[1])
+        sample = make_events(1000)
+        print(f"events: {args.events}, ~{sum(map(len, sample)) // len(sample)} B JSON each "
+              f"({'dicts' if args.dicts else 'bytes'} given to the client), "
+              f"batch {args.batch}, zlib level {args.level}, pipelining {args.pipelining}, "
+              f"{args.connections} connection(s); file log store (acked after fsync)")
+        results = {}
+        sent = 0
+        for _ in range(args.rounds):
+            for kind in ("blaster", "client"):
+                s0 = cpu_seconds(server.pid)
+                r = child_run(kind, port, args)
+                r["server_cpu"] = cpu_seconds(server.pid) - s0
+                sent += r["events"]
+                best = results.get(kind)
+                if best is None or r["wall"] < best["wall"]:
+                    results[kind] = r
+        for kind, label in (("blaster", "baseline: pre-encoded frames -> server"),
+                            ("client", "LumberjackClient -> server")):
+            r = results[kind]
+            n = r["events"]
+            print(f"{label:40s} {n / r['wall']:>10,.0f} events/s wall   "
+                  f"server {n / max(r['server_cpu'], 1e-9):>10,.0f} events/CPU-s   "
+                  f"sender {n / max(r['cpu'], 1e-9):>10,.0f} events/CPU-s")
+        ratio = results["client"]["wall"] and (results["blaster"]["wall"] / results["client"]["wall"])
+        print(f"ratio LumberjackClient / baseline (wall events/s): {ratio:.2f}")
+        print("(shared 2-core machine: wall figures include other load; the per-CPU-second "
+              "figures are each process's own capacity)")
+        server.terminate()
+        persisted = int(server.stdout.read().split()[-1])
+        print(f"server persisted {persisted} events, {sent} sent and acked")
+        if persisted != sent:
+            raise SystemExit("event count mismatch")
+    finally:
+        if server.poll() is None:
+            server.terminate()
+        server.wait()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""
+C{streamproto lumberjack send}: send JSON lines (one event a line) from a
+file or stdin to a Lumberjack server, with a progress line on a terminal.
+
+    streamproto lumberjack send --host logs.example --port 5044 events.jsonl
+    tail -F app.log.json | streamproto lumberjack send --tls --ca ca.pem \\
+        --cert client.pem --key client.key --host logs.example -
+"""
+
+import sys
+
+from twisted.internet import defer, task
+from twisted.python import usage
+
+from streamproto.core.progress import Progress
+from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.lumberjack.client import LumberjackClient
+from streamproto.lumberjack.codec import ProtocolError, validate_json
+
+
+class SendOptions(usage.Options):
+    synopsis = "[options] [FILE]   (FILE of JSON lines; '-' or none: stdin)"
+    optFlags = [["tls", None, "Connect with TLS (verifying the server)."]]
+    optParameters = [
+        ["host", "H", "127.0.0.1", "Server host."],
+        ["port", "p", 5044, "Server port.", int],
+        ["ca", None, None, "PEM file of CAs to verify the server with (default: system)."],
+        ["cert", None, None, "Client certificate (PEM)."],
+        ["key", None, None, "Client private key (PEM)."],
+        ["server-name", None, None, "Name to verify in the server certificate (default: host)."],
+        ["batch", "b", 2048, "Largest batch (bulk_max_size).", int],
+        ["compression", "z", 3, "zlib level, 0 for none.", int],
+        ["pipelining", None, 2, "Batches in flight.", int],
+        ["timeout", None, 30.0, "Seconds to wait for an ack.", float],
+    ]
+
+    def parseArgs(self, path="-"):
+        self["file"] = path
+
+    def postOptions(self):
+        if not 0 <= self["compression"] <= 9:
+            raise usage.UsageError("--compression must be 0..9")
+        if self["batch"] < 1 or self["pipelining"] < 1:
+            raise usage.UsageError("--batch and --pipelining must be positive")
+        if (self["cert"] or self["key"] or self["ca"]) and not self["tls"]:
+            self["tls"] = True
+
+
+class Options(usage.Options):
+    synopsis = "send [options] [FILE]"
+    subCommands = [["send", None, SendOptions, "Send JSON lines as events."]]
+
+    def postOptions(self):
+        if self.subCommand is None:
+            raise usage.UsageError("missing command (send)")
+
+
+def read_events(stream, chunk, errors):
+    """Lists of up to C{chunk} valid JSON lines (bytes); bad lines go to C{errors}."""
+    events = []
+    for number, line in enumerate(stream, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            validate_json(line)
+        except ProtocolError:
+            errors.write(f"line {number}: not a JSON document, skipped\n")
+            errors.skipped += 1
+            continue
+        events.append(line)
+        if len(events) >= chunk:
+            yield events
+            events = []
+    if events:
+        yield events
+
+
+class _Errors:
+    def __init__(self, stream):
+        self.stream = stream
+        self.skipped = 0
+
+    def write(self, text):
+        self.stream.write(text)
+
+
+@defer.inlineCallbacks
+def send(reactor, options, stream, out=None, err=None):
+    """Send every line of C{stream}; returns (sent, skipped)."""
+    out = out or sys.stdout
+    err = _Errors(err or sys.stderr)
+    tls = None
+    if options["tls"]:
+        tls = client_tls_options(options["server-name"] or options["host"], options["ca"],
+                                 options["cert"], options["key"])
+    endpoint = client_endpoint(reactor, options["host"], options["port"], tls)
+    client = LumberjackClient(endpoint, clock=reactor, bulk_max_size=options["batch"],
+                              compression_level=options["compression"],
+                              pipelining=options["pipelining"], timeout=options["timeout"])
+    progress = Progress("lumberjack send", stream=err.stream)
+    counts = {"acked": 0, "bytes": 0}
+    in_flight = []
+    # keep a few batches' worth queued ahead, not the whole file
+    chunk = options["batch"]
+    ahead = max(2, options["pipelining"]) * 2
+
+    def acked(n, nbytes):
+        counts["acked"] += n
+        counts["bytes"] += nbytes
+        progress.update(counts["acked"], counts["bytes"])
+        return n
+
+    try:
+        for events in read_events(stream, chunk, err):
+            nbytes = sum(map(len, events))
+            d = client.send(events)
+            d.addCallback(acked, nbytes)
+            in_flight.append(d)
+            if len(in_flight) >= ahead:
+                yield in_flight.pop(0)
+        for d in in_flight:
+            yield d
+    finally:
+        yield client.close()
+    progress.finish()
+    out.write(f"sent {counts['acked']} events")
+    out.write(f", skipped {err.skipped} bad lines\n" if err.skipped else "\n")
+    return counts["acked"], err.skipped
+
+
+def main(argv):
+    options = Options()
+    try:
+        options.parseOptions(argv)
+    except usage.UsageError as e:
+        sys.stderr.write(f"{options}\nstreamproto lumberjack: {e}\n")
+        return 2
+    sub = options.subOptions
+    result = {}
+
+    def run(reactor):
+        stream = sys.stdin.buffer if sub["file"] == "-" else open(sub["file"], "rb")
+        d = send(reactor, sub, stream)
+
+        def done(r):
+            result["value"] = r
+            if stream is not sys.stdin.buffer:
+                stream.close()
+        return d.addCallback(done)
+
+    try:
+        task.react(run)
+    except SystemExit as e:
+        if e.code:
+            return e.code
+    sent, skipped = result.get("value", (0, 1))
+    return 1 if skipped else 0
