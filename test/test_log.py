@@ -112,6 +112,17 @@ class StoreBehaviour:
         self.assertEqual(log.info()["record_count"], 4)
         self.assertEqual(log.info()["end_position"], 4)
 
+    def test_append_record_batch(self):
+        from streamproto.log.batch import RecordBatch
+        log = self.log()
+        batch = RecordBatch.from_records(99, [b"ab", b"", b"cde"])  # its position is ignored
+        r = self.successResultOf(log.append(batch))
+        self.assertEqual((r.first_position, r.end_position, r.end_offset), (0, 3, 5))
+        self.assertEqual(self.successResultOf(log.read(0)).records(), [b"ab", b"", b"cde"])
+        big = RecordBatch.from_records(0, [b"x" * 9])
+        small = self.successResultOf(self.store.create("small", LogConfig(max_record_size=8)))
+        self.failureResultOf(small.append(big), RecordTooLarge)
+
     def test_read_max_bytes_gives_whole_records_and_at_least_one(self):
         log = self.log()
         self.successResultOf(log.append([b"x" * 10, b"y" * 10, b"z" * 10]))

@@ -32,7 +32,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from streamproto.core import metrics
-from streamproto.log.batch import empty_batch, lengths_array
+from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
@@ -253,23 +253,24 @@ class FileLog:
             return self._new_segment(self._w_pos, self._w_off)
         return seg
 
-    def _chunks(self, records, lengths):
+    def _chunks(self, lengths, data):
         """
-        Split an append into (records, lengths) batches bounded in bytes
+        Split an append into (lengths, data) batches bounded in bytes
         (MAX_BATCH_DATA, a single bigger record alone) and in segment record
         count; the common case is one batch and costs no per-record work.
         """
         max_count = self.config.segment_max_count if self.config.segment_max_count > 0 \
-            else len(records) or 1
-        if len(records) <= max_count and sum(lengths) <= MAX_BATCH_DATA:
-            return [(records, lengths)]
+            else len(lengths) or 1
+        if len(lengths) <= max_count and len(data) <= MAX_BATCH_DATA:
+            return [(lengths, data)]
         offsets = list(accumulate(lengths, initial=0))
+        view = memoryview(data)
         chunks = []
-        start, n = 0, len(records)
+        start, n = 0, len(lengths)
         while start < n:
             stop = bisect.bisect_right(offsets, offsets[start] + MAX_BATCH_DATA, start + 1) - 1
             stop = min(max(stop, start + 1), start + max_count, n)
-            chunks.append((records[start:stop], lengths[start:stop]))
+            chunks.append((lengths[start:stop], view[offsets[start]:offsets[stop]]))
             start = stop
         return chunks
 
@@ -278,10 +279,15 @@ class FileLog:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
             return fail(LogFailed(f"log {self.name} fail-stopped: {self.failed}"))
-        if not isinstance(records, list):
-            records = list(records)
-        lengths = lengths_array(map(len, records))
-        if records:
+        if isinstance(records, RecordBatch):
+            # already lengths + one buffer (a decoder's output): no per-record work
+            lengths, data = records.lengths, records.data
+        else:
+            if not isinstance(records, list):
+                records = list(records)
+            lengths = lengths_array(map(len, records))
+            data = b"".join(records)
+        if len(lengths):
             biggest = max(lengths)
             if biggest > self.config.max_record_size:
                 return fail(RecordTooLarge(
@@ -295,9 +301,9 @@ class FileLog:
         undo = (self._segments[-1], self._segments[-1].size, self._w_pos, self._w_off,
                 len(self._segments))
         try:
-            chunks = self._chunks(records, lengths)
-            for i, (chunk, chunk_lengths) in enumerate(chunks):
-                self._write_batch(chunk, chunk_lengths,
+            chunks = self._chunks(lengths, data)
+            for i, (chunk_lengths, chunk_data) in enumerate(chunks):
+                self._write_batch(chunk_lengths, chunk_data,
                                   attributes if i == len(chunks) - 1 else None)
         except OSError as e:
             return fail(self._write_error(e, undo))
@@ -309,16 +315,16 @@ class FileLog:
         self._kick()
         return d
 
-    def _write_batch(self, records, lengths, attributes):
-        parts, data_len = encode_batch(self._w_pos, self._w_off, records, attributes, lengths)
+    def _write_batch(self, lengths, data, attributes):
+        parts = encode_batch(self._w_pos, self._w_off, lengths, data, attributes)
         size = sum(len(p) for p in parts)
-        seg = self._roll_if_needed(size, len(records))
+        seg = self._roll_if_needed(size, len(lengths))
         at = seg.size
         write_all(self._io, seg.fd, parts)
-        seg.note_batch(at, self._w_pos, self._w_off, len(records), data_len, size)
+        seg.note_batch(at, self._w_pos, self._w_off, len(lengths), len(data), size)
         self._dirty.add(seg)
-        self._w_pos += len(records)
-        self._w_off += data_len
+        self._w_pos += len(lengths)
+        self._w_off += len(data)
 
     def _write_error(self, error, undo):
         """

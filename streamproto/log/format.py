@@ -89,16 +89,12 @@ def decode_segment_header(buf):
     return position, offset, created
 
 
-def encode_batch(position, offset, records, attributes=None, lengths=None):
+def encode_batch(position, offset, lengths, data, attributes=None):
     """
-    @param records: a list of bytes-like objects.
-    @param lengths: their sizes as an C{array('I')}, if the caller has them.
-    @return: (parts, data_len): the batch as a list of buffers to write with
-        one C{writev}, and its payload size.
+    @param lengths: the records' sizes, an C{array('I')}.
+    @param data: their payloads, concatenated (bytes-like).
+    @return: the batch as a list of buffers to write with one C{writev}.
     """
-    if lengths is None:
-        lengths = lengths_array(map(len, records))
-    data = b"".join(records)
     attrs = b""
     if attributes:
         attrs = json.dumps(attributes, sort_keys=True, separators=(",", ":")).encode()
@@ -107,7 +103,7 @@ def encode_batch(position, offset, records, attributes=None, lengths=None):
         struct.pack("<QQIIII", position, offset, len(lengths), len(data), len(attrs), 0)))))
     header = BATCH_HEADER.pack(BATCH_MAGIC, crc, position, offset, len(lengths), len(data),
                                len(attrs), 0)
-    return [header, lengths_bytes, attrs, data], len(data)
+    return [header, lengths_bytes, attrs, data]
 
 
 def _swapped(lengths):

@@ -93,7 +93,9 @@ class ILog(Interface):
         thread, covers every append pending when it starts (group commit).
 
         @param records: a sequence of bytes-like objects, each at most
-            C{config.max_record_size} bytes.  May be empty (to persist only
+            C{config.max_record_size} bytes, or a
+            L{streamproto.log.batch.RecordBatch} (lengths + one buffer: no
+            per-record work at all).  May be empty (to persist only
             attributes).
         @param attributes: optional dict str -> int stored atomically with
             these records (e.g. a Pravega writer's last event number): after

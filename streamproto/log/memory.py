@@ -61,6 +61,8 @@ class MemoryLog:
             return fail(LogClosed(self.name))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
+        if isinstance(records, RecordBatch):
+            records = records.records()
         records = [bytes(r) for r in records]
         limit = self.config.max_record_size
         for r in records:
