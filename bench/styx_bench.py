@@ -1,0 +1,218 @@
+"""
+styx/0 benchmark, server and client in separate processes, on the file store.
+
+    python bench/styx_bench.py                      # small default sizes
+    python bench/styx_bench.py --runs 100x10000000  # the reference's 100 B run
+    python bench/styx_bench.py --profile server     # cProfile the server
+
+For each SIZExCOUNT it measures, like C{styx benchmark}:
+  - produce: COUNT records of SIZE bytes over styx/0, timed until the final
+    ack (every record fsynced);
+  - consume: the same records read back over styx/0.
+Next to them, in the same run, two baselines moving the same bytes:
+  - socket: a plain blocking socket copy of the styx/0 wire bytes between
+    two processes (what the network path costs without any protocol);
+  - file: writing the records' payload bytes to a file and one fsync.
+The ratio columns are styx/0 throughput / socket-copy throughput.
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+DEFAULT_RUNS = "10x500000,100x500000,1000x100000"
+
+SERVER = r"""
+import sys
+sys.path.insert(0, {root!r})
+if {pure!r}:
+    sys.modules["streamproto._speedups"] = None   # the pure-Python paths
+from twisted.internet import endpoints, reactor
+from streamproto.log import open_store
+from streamproto.styx.resource import make_site
+store = open_store({data!r})
+endpoint = endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1")
+endpoint.listen(make_site(store)).addCallback(
+    lambda port: print(port.getHost().port, flush=True))
+if {profile!r}:
+    import cProfile, pstats, signal
+    signal.signal(signal.SIGTERM, lambda *a: reactor.callFromThread(reactor.stop))
+    profile = cProfile.Profile()
+    profile.runcall(reactor.run)
+    pstats.Stats(profile, stream=sys.stderr).sort_stats("tottime").print_stats(25)
+else:
+    reactor.run()
+"""
+
+SINK = r"""
+import socket, sys
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(1)
+print(listener.getsockname()[1], flush=True)
+conn, _ = listener.accept()
+buf = bytearray(1 << 20)
+total = 0
+while True:
+    n = conn.recv_into(buf)
+    if not n:
+        break
+    total += n
+conn.sendall(str(total).encode())
+conn.close()
+"""
+
+
+def spawn(code):
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=None, cwd=ROOT)
+    port = int(proc.stdout.readline())
+    return proc, port
+
+
+def socket_copy(size, count):
+    """Seconds to copy the wire bytes of COUNT records to another process."""
+    proc, port = spawn(SINK)
+    try:
+        chunk_records = max(1, (1 << 20) // (size + 6))
+        chunk = (b"\x00\x01" + (size).to_bytes(4, "big") + bytes(size)) * chunk_records
+        total = (size + 6) * count
+        sock = socket.create_connection(("127.0.0.1", port))
+        start = time.perf_counter()
+        sent = 0
+        while sent < total:
+            piece = chunk if total - sent >= len(chunk) else chunk[:total - sent]
+            sock.sendall(piece)
+            sent += len(piece)
+        sock.shutdown(socket.SHUT_WR)
+        received = int(sock.recv(64))
+        elapsed = time.perf_counter() - start
+        sock.close()
+        assert received == total, (received, total)
+        return elapsed
+    finally:
+        proc.wait()
+
+
+def file_write(directory, size, count):
+    """Seconds to write COUNT records' payload bytes and fsync once."""
+    path = os.path.join(directory, "baseline.bin")
+    chunk = bytes(min(size * count, 1 << 20))
+    total = size * count
+    start = time.perf_counter()
+    with open(path, "wb") as f:
+        written = 0
+        while written < total:
+            piece = chunk if total - written >= len(chunk) else chunk[:total - written]
+            f.write(piece)
+            written += len(piece)
+        f.flush()
+        os.fsync(f.fileno())
+    elapsed = time.perf_counter() - start
+    os.unlink(path)
+    return elapsed
+
+
+def styx_runs(port, runs, mixed=False):
+    """Produce then consume each run in this process; return the timings."""
+    from twisted.internet import defer, reactor
+
+    from streamproto.styx import benchmark
+    from streamproto.styx.api_client import StyxClient
+
+    results = {}
+
+    async def go(reactor):
+        url = f"http://127.0.0.1:{port}"
+        client = StyxClient(url, reactor)
+        try:
+            for size, count in runs:
+                await benchmark._fresh_log(client, "bench")
+                produce = await benchmark.produce(reactor, url, "bench", size, count,
+                                                  mixed=mixed)
+                records, nbytes, consume = await benchmark.consume(reactor, url, "bench", count)
+                results[size, count] = (produce, consume)
+                await client.delete_log("bench")
+        finally:
+            await client.close()
+
+    outcome = []
+    d = defer.ensureDeferred(go(reactor))
+    d.addBoth(outcome.append)
+    d.addBoth(lambda _: reactor.stop())
+    reactor.run()
+    if outcome and hasattr(outcome[0], "raiseException"):
+        outcome[0].raiseException()
+    return results
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", default=DEFAULT_RUNS, help=f"SIZExCOUNT,... ({DEFAULT_RUNS})")
+    parser.add_argument("--data", help="directory for the store (default: a temporary one)")
+    parser.add_argument("--profile", choices=("server",), help="cProfile the server process")
+    parser.add_argument("--pure", action="store_true",
+                        help="without the C accelerator (streamproto._speedups)")
+    parser.add_argument("--mixed", action="store_true",
+                        help="records of varied sizes (SIZE/2 to 3 SIZE/2, average SIZE)")
+    args = parser.parse_args(argv)
+    runs = []
+    for item in args.runs.split(","):
+        size, _, count = item.partition("x")
+        runs.append((int(size), int(count)))
+
+    directory = args.data or tempfile.mkdtemp(prefix="styx-bench-")
+    if args.pure:
+        sys.modules["streamproto._speedups"] = None
+    server, port = spawn(SERVER.format(root=ROOT, data=os.path.join(directory, "store"),
+                                       profile=bool(args.profile), pure=args.pure))
+    try:
+        # the client in its own process too (a fresh reactor per run)
+        child = os.fork()
+        if child == 0:
+            status = 1
+            try:
+                results = styx_runs(port, runs, args.mixed)
+                with open(os.path.join(directory, "results"), "w") as f:
+                    f.write(repr(results))
+                status = 0
+            finally:
+                os._exit(status)
+        os.waitpid(child, 0)
+        with open(os.path.join(directory, "results")) as f:
+            results = eval(f.read())  # noqa: S307 - our own repr of a dict of tuples
+    finally:
+        server.terminate()
+        server.wait()
+
+    print(f"styx/0 benchmark (file store in {directory}; 2 shared cores: figures are noisy)"
+          + (" -- mixed record sizes" if args.mixed else "")
+          + (" -- pure Python" if args.pure else ""))
+    header = (f"{'size':>6} {'records':>9} | {'produce rec/s':>14} {'MB/s':>7} | "
+              f"{'consume rec/s':>14} {'MB/s':>7} | {'socket rec/s':>13} | "
+              f"{'file+fsync rec/s':>16} | {'prod/sock':>9} {'cons/sock':>9}")
+    print(header)
+    print("-" * len(header))
+    for size, count in runs:
+        produce, consume = results[size, count]
+        sock = socket_copy(size, count)
+        disk = file_write(directory, size, count)
+        mb = size * count / (1 << 20)
+        print(f"{size:>6} {count:>9} | {count / produce:>14,.0f} {mb / produce:>7.1f} | "
+              f"{count / consume:>14,.0f} {mb / consume:>7.1f} | {count / sock:>13,.0f} | "
+              f"{count / disk:>16,.0f} | {sock / produce:>9.2f} {sock / consume:>9.2f}")
+    if not args.data:
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""
+A client of the Styx HTTP API on treq: one method per endpoint, each
+returning a Deferred.  Errors answered by the server fail the Deferred with
+L{StyxAPIError} carrying the server's code.
+
+    client = StyxClient("https://styx.example:7443", reactor,
+                        tls_options=client_tls_options("styx.example", ca_certs="ca.pem",
+                                                       cert="me.pem", private_key="me.key"))
+    info = yield client.create_log("events", max_record_size=65536)
+    yield client.write_records("events", [b"a", b"b"])
+    records = yield client.read_records("events", whence="start")
+"""
+
+import json
+import urllib.parse
+
+import treq
+from treq.client import HTTPClient
+from twisted.internet import defer
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IPolicyForHTTPS
+from zope.interface import implementer
+
+from streamproto.styx import formats
+
+DEFAULT_URL = "http://localhost:7123"
+
+
+class StyxAPIError(Exception):
+    """
+    An error answered by the server.
+
+    @ivar code: the server's error code (e.g. C{log_not_found}).
+    @ivar message: its message.
+    @ivar status: the HTTP status.
+    """
+
+    def __init__(self, code, message, status):
+        super().__init__(f"{code}: {message} (HTTP {status})")
+        self.code = code
+        self.message = message
+        self.status = status
+
+
+@implementer(IPolicyForHTTPS)
+class _FixedTLSPolicy:
+    """Use the same client TLS options (CA, client certificate) for every host."""
+
+    def __init__(self, options):
+        self.options = options
+
+    def creatorForNetloc(self, hostname, port):
+        return self.options
+
+
+def base_url(host):
+    """C{localhost:7123} -> C{http://localhost:7123} (the CLI's -H)."""
+    if "://" not in host:
+        host = "http://" + host
+    return host.rstrip("/")
+
+
+class StyxClient:
+    """
+    @param base_url: e.g. C{http://localhost:7123} or C{https://host:7443}.
+    @param reactor: the reactor (default: the global one).
+    @param pool: an L{HTTPConnectionPool} to share; a persistent one is
+        made otherwise (close it with L{close}).
+    @param tls_options: client TLS options for https URLs (see
+        L{streamproto.core.tls.client_tls_options}: server verification with
+        service_identity, optional client certificate).
+    """
+
+    def __init__(self, base_url=DEFAULT_URL, reactor=None, pool=None, tls_options=None,
+                 agent=None):
+        if reactor is None:
+            from twisted.internet import reactor
+        self.reactor = reactor
+        self.base_url = base_url.rstrip("/")
+        self.tls_options = tls_options
+        self._own_pool = pool is None and agent is None
+        self.pool = pool if pool is not None else HTTPConnectionPool(reactor, persistent=True)
+        if agent is None:
+            kwargs = {"pool": self.pool}
+            if tls_options is not None:
+                kwargs["contextFactory"] = _FixedTLSPolicy(tls_options)
+            agent = Agent(reactor, **kwargs)
+        self.http = HTTPClient(agent)
+
+    def close(self):
+        """Close pooled connections (if the pool is ours)."""
+        if self._own_pool:
+            return self.pool.closeCachedConnections()
+        return defer.succeed(None)
+
+    # plumbing -------------------------------------------------------------
+    def _url(self, *segments, query=None):
+        path = "/".join(urllib.parse.quote(s, safe="") for s in segments)
+        url = f"{self.base_url}/{path}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        return url
+
+    @staticmethod
+    @defer.inlineCallbacks
+    def _check(response):
+        if response.code == 200:
+            return response
+        body = yield response.content()
+        try:
+            error = json.loads(body)
+            code, message = error["code"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            code, message = "unknown_error", body.decode("utf-8", "replace")[:200]
+        raise StyxAPIError(code, message, response.code)
+
+    @defer.inlineCallbacks
+    def _json(self, d):
+        response = yield d
+        response = yield self._check(response)
+        body = yield response.content()
+        return json.loads(body) if body.strip() else None
+
+    @defer.inlineCallbacks
+    def _empty(self, d):
+        response = yield d
+        response = yield self._check(response)
+        yield response.content()
+
+    # logs -----------------------------------------------------------------
+    def list_logs(self):
+        """@return: Deferred list of log-info dicts."""
+        return self._json(self.http.get(self._url("logs")))
+
+    def create_log(self, name, **config):
+        """
+        @param config: LogConfig fields (C{max_record_size=...}, ...).
+        @return: Deferred log-info dict.
+        """
+        form = {"name": name}
+        form.update({k: str(int(v)) for k, v in config.items() if v is not None})
+        return self._json(self.http.post(self._url("logs"), data=form))
+
+    def get_log(self, name):
+        return self._json(self.http.get(self._url("logs", name)))
+
+    def delete_log(self, name):
+        return self._empty(self.http.delete(self._url("logs", name)))
+
+    def truncate_log(self, name):
+        return self._empty(self.http.post(self._url("logs", name, "truncate")))
+
+    @defer.inlineCallbacks
+    def backup_log(self, name, sink=None):
+        """
+        @param sink: a callable taking each chunk of the tar.gz as it
+            arrives; without one the Deferred fires with the whole archive.
+        """
+        response = yield self.http.get(self._url("logs", name, "backup"))
+        response = yield self._check(response)
+        if sink is None:
+            return (yield response.content())
+        yield treq.collect(response, sink)
+        return None
+
+    def restore_log(self, name, archive):
+        """@param archive: the tar.gz as bytes or a file object."""
+        return self._empty(self.http.post(
+            self._url("logs", "restore", query={"name": name}), data=archive,
+            headers={"Content-Type": "application/gzip"}))
+
+    def metrics(self):
+        """@return: Deferred text of C{/metrics}."""
+        return self.http.get(self._url("metrics")).addCallback(self._check).addCallback(
+            lambda r: r.text())
+
+    # records ------------------------------------------------------------
+    def write_record(self, name, record):
+        """
+        Produce one record (octet-stream body).
+
+        @return: Deferred C{{"position": synced end, "count": 1}}.
+        """
+        return self._json(self.http.post(
+            self._url("logs", name, "records"), data=bytes(record),
+            headers={"Content-Type": formats.OCTET_STREAM}))
+
+    def write_records(self, name, records, fmt=formats.BINARY):
+        """
+        Produce records in one request.
+
+        @param fmt: L{formats.BINARY} (default) or L{formats.lines}(ending).
+        @return: Deferred C{{"position": synced end, "count": n}}, fired once
+            the records are durable.
+        """
+        if fmt.kind == "record":
+            if len(records) != 1:
+                raise ValueError("the octet-stream format carries exactly one record")
+            return self.write_record(name, records[0])
+        body = formats.encode_records(fmt, list(records))
+        return self._json(self.http.post(
+            self._url("logs", name, "records"), data=body,
+            headers={"Content-Type": fmt.media_type()}))
+
+    @staticmethod
+    def _read_query(whence, position, count, follow):
+        query = {"whence": whence, "position": str(position)}
+        if count is not None and count != -1:
+            query["count"] = str(count)
+        if follow:
+            query["follow"] = "true"
+        return query
+
+    @defer.inlineCallbacks
+    def read_record(self, name, whence="origin", position=0):
+        """
+        Consume one record (octet-stream).
+
+        @return: Deferred bytes, or None at the end of the log.
+        """
+        response = yield self.http.get(
+            self._url("logs", name, "records",
+                      query={"whence": whence, "position": str(position)}),
+            headers={"Accept": formats.OCTET_STREAM})
+        response = yield self._check(response)
+        body = yield response.content()
+        if not body and not response.headers.hasHeader(b"content-type"):
+            return None
+        return body
+
+    @defer.inlineCallbacks
+    def read_records(self, name, whence="origin", position=0, count=-1, follow=False,
+                     timeout=None, fmt=formats.BINARY, on_records=None, max_record_size=None):
+        """
+        Consume records in one streamed response.
+
+        @param timeout: the long-poll seconds (C{X-Styx-Timeout}, used by
+            the server with C{follow} only).
+        @param on_records: called with each list of records as they arrive;
+            without it the Deferred fires with the list of all records.
+        @return: Deferred: the records, or their count with C{on_records}.
+        """
+        if fmt.kind == "record":
+            raise ValueError("use read_record for the octet-stream format")
+        headers = {"Accept": fmt.media_type()}
+        if timeout is not None:
+            headers["X-Styx-Timeout"] = str(int(timeout))
+        response = yield self.http.get(
+            self._url("logs", name, "records",
+                      query=self._read_query(whence, position, count, follow)),
+            headers=headers)
+        response = yield self._check(response)
+        decoder = fmt.decoder(max_record_size or 0x7FFFFFFF)
+        collected = []
+        total = [0]
+
+        def deliver(records):
+            if not records:
+                return
+            total[0] += len(records)
+            if on_records is None:
+                collected.extend(records)
+            else:
+                on_records(records)
+
+        yield treq.collect(response, lambda chunk: deliver(decoder.feed(chunk)))
+        deliver(decoder.close())
+        return collected if on_records is None else total[0]

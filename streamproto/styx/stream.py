@@ -1,0 +1,691 @@
+"""
+The styx/0 stream on C{/logs/{name}/records}, server side.
+
+The HTTP resource calls L{upgrade} for a request carrying C{Upgrade:
+styx/0}: POST produces (the client sends records, the server acks them once
+durable), GET consumes (the server sends records as they become durable).
+L{upgrade} answers C{101 Switching Protocols} and takes the TCP (or TLS)
+connection over from twisted.web: from then on a L{ProducerStream} or
+L{ConsumerStream} is the transport's protocol, a thin layer between the
+sans-IO L{streamproto.styx.codec} and the log.
+
+Timeouts follow the reference: the server closes a stream that sent no
+message for its own timeout (announced in its C{X-Styx-Timeout}), and sends
+a heartbeat whenever it has sent nothing for half the client's timeout (the
+client's C{X-Styx-Timeout}).
+"""
+
+from automat import MethodicalMachine
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper
+from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
+
+from streamproto.log.errors import (
+    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+)
+from streamproto.styx.codec import (
+    ERROR, HEARTBEAT_BYTES, HEARTBEAT_TYPE, MAX_WIRE_RECORD_SIZE, RECORD, ErrorCode,
+    ErrorMessage, StyxDecoder, StyxProtocolError, encode_ack, encode_batch, encode_error,
+)
+from streamproto.styx.errors import APIError
+
+_log = Logger()
+
+PROTOCOL_NAME = b"styx/0"
+TIMEOUT_HEADER = b"X-Styx-Timeout"
+#: The reference's default X-Styx-Timeout, in seconds.
+DEFAULT_TIMEOUT = 30
+#: Never announce less: the Go client heartbeats every remote-timeout/2 and
+#: panics on a zero interval.
+MIN_TIMEOUT = 2
+
+#: A producer stream stops reading from its socket while this many bytes
+#: are decoded but not yet durable, and resumes below half of it.
+DEFAULT_MAX_PENDING_BYTES = 16 * 1024 * 1024
+#: A consumer stream reads the log in batches of at most this many bytes.
+DEFAULT_READ_BYTES = 1024 * 1024
+#: Delay between the 101 and the first record sent to a consumer.  The Go
+#: client reads the 101 through net/http, which keeps whatever arrived with
+#: the response in a buffer it never hands over: records in the same TCP
+#: segment as the 101 would be lost to it.
+DEFAULT_CONSUMER_START_DELAY = 0.01
+#: The User-Agent of L{streamproto.styx.stream_client}, which needs no delay.
+OWN_CLIENT_AGENT = b"streamproto-styx"
+
+
+def _clock():
+    from twisted.internet import reactor
+    return reactor
+
+
+def error_code_for(failure_or_exception):
+    """The styx/0 L{ErrorCode} for a log store error."""
+    exc = getattr(failure_or_exception, "value", failure_or_exception)
+    if isinstance(exc, LogNotFound):
+        return ErrorCode.LOG_NOT_FOUND
+    if isinstance(exc, (LogClosed, LogFailed, CorruptLog)):
+        return ErrorCode.LOG_NOT_AVAILABLE
+    if isinstance(exc, PositionOutOfRange):
+        return ErrorCode.POSITION_OUT_OF_RANGE
+    if isinstance(exc, RecordTooLarge):
+        return ErrorCode.RECORD_TOO_LARGE
+    return ErrorCode.UNKNOWN
+
+
+@implementer(IHalfCloseableProtocol)
+class _StyxStream(Protocol):
+    """
+    What producer and consumer streams share: the decoder, heartbeats, the
+    idle timeout, and the lifecycle::
+
+        streaming --end--> draining --drained--> closing --lost--> closed
+
+    C{end} stops reading input (end of input, a protocol error, a timeout,
+    a storage error); C{drained} comes once the work still pending (appends
+    not yet durable) is done, then the last messages (final ack, error) are
+    sent and the connection is closed.
+    """
+
+    _machine = MethodicalMachine()
+    _accept = ()
+    role = "stream"
+
+    def __init__(self, log, timeout=DEFAULT_TIMEOUT, remote_timeout=None, clock=None,
+                 metrics=None):
+        self._log = log
+        self._metrics = metrics
+        self.timeout = max(MIN_TIMEOUT, int(timeout))
+        remote = self.timeout if remote_timeout is None else remote_timeout
+        #: heartbeat period: half the peer's timeout, at least a second
+        self.heartbeat_interval = max(1.0, remote / 2.0)
+        self._clock = clock or _clock()
+        self._decoder = StyxDecoder(
+            min(log.config.max_record_size, MAX_WIRE_RECORD_SIZE), accept=self._accept)
+        self._error_code = None
+        self._idle_call = None
+        self._heartbeat_call = None
+        self._abort_call = None
+        #: fires (with None) once the connection is gone
+        self.closed = Deferred()
+        self._last_received = 0.0
+        self._last_sent = 0.0
+        self._reading_paused = False
+
+    # -- lifecycle (automat) ----------------------------------------------
+    @_machine.state(initial=True)
+    def streaming(self):
+        "Messages flow."
+
+    @_machine.state()
+    def draining(self):
+        "Input is over; waiting for pending work before the last messages."
+
+    @_machine.state()
+    def closing(self):
+        "The last messages are written; the transport is closing."
+
+    @_machine.state()
+    def closed(self):
+        "The connection is gone."
+
+    @_machine.input()
+    def end(self):
+        "No more input will be processed (the reason is in _error_code)."
+
+    @_machine.input()
+    def drained(self):
+        "Nothing is pending any more."
+
+    @_machine.input()
+    def lost(self):
+        "The connection is gone."
+
+    @_machine.output()
+    def _stop_input(self):
+        self._state = "draining"
+        self._stop_timers()
+        self._on_end()
+
+    @_machine.output()
+    def _send_last_and_close(self):
+        self._state = "closing"
+        self._on_drained()
+        if self._error_code is not None:
+            self._write(encode_error(self._error_code))
+        # from now on input is dropped; reading must go on so that a TLS
+        # close (the peer's close_notify) or the peer's FIN can complete it
+        self._resume_reading()
+        self.transport.loseConnection()
+        # a peer that never reads would keep the last bytes (and us) forever
+        self._abort_call = self._clock.callLater(self.timeout, self.transport.abortConnection)
+
+    @_machine.output()
+    def _release(self):
+        self._state = "closed"
+        self._stop_timers()
+        self._count_stream(-1)
+        self._on_lost()
+        self.closed.callback(None)
+
+    streaming.upon(end, enter=draining, outputs=[_stop_input])
+    streaming.upon(drained, enter=streaming, outputs=[])
+    streaming.upon(lost, enter=closed, outputs=[_release])
+    draining.upon(end, enter=draining, outputs=[])
+    draining.upon(drained, enter=closing, outputs=[_send_last_and_close])
+    draining.upon(lost, enter=closed, outputs=[_release])
+    closing.upon(end, enter=closing, outputs=[])
+    closing.upon(drained, enter=closing, outputs=[])
+    closing.upon(lost, enter=closed, outputs=[_release])
+    closed.upon(end, enter=closed, outputs=[])
+    closed.upon(drained, enter=closed, outputs=[])
+    closed.upon(lost, enter=closed, outputs=[])
+
+    # hooks for the subclasses
+    def _on_end(self):
+        pass
+
+    def _on_drained(self):
+        pass
+
+    def _on_lost(self):
+        pass
+
+    def _pending(self):
+        """True while work must finish before the stream may close."""
+        return False
+
+    def _maybe_drained(self):
+        if not self._pending():
+            self.drained()
+
+    def finish(self, code=None):
+        """End the stream: stop reading, finish pending work, send the
+        final messages (and an Error with C{code} if given), close."""
+        if code is not None and self._error_code is None:
+            self._error_code = ErrorCode(code)
+        self.end()
+        self._maybe_drained()
+
+    # -- Protocol ---------------------------------------------------------
+    def _count_stream(self, delta):
+        gauge = getattr(self._metrics, "active_streams", None)
+        if gauge is not None:
+            gauge.labels(f"styx0_{self.role}").inc(delta)
+
+    def connectionMade(self):
+        self._count_stream(1)
+        now = self._clock.seconds()
+        self._last_received = self._last_sent = now
+        self._idle_call = self._clock.callLater(self.timeout, self._check_idle)
+        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval,
+                                                     self._check_heartbeat)
+
+    def early_data_received(self, data):
+        """Bytes the client sent before the 101 was complete."""
+        if data:
+            _log.info("styx/0 {role} on {log}: {n} bytes before the 101 completed",
+                      role=self.role, log=self._log.name, n=len(data))
+            self.finish(ErrorCode.EARLY_DATA)
+
+    def dataReceived(self, data):
+        if self._state != "streaming":
+            return
+        self._last_received = self._clock.seconds()
+        try:
+            records, others = self._decoder.feed_split(data)
+        except StyxProtocolError as e:
+            records = [m for m in e.messages if type(m) is bytes]
+            others = [m for m in e.messages if type(m) is not bytes]
+            error = e
+        else:
+            error = None
+        if records:
+            self._records_received(records)
+        for message in others:
+            if isinstance(message, ErrorMessage):
+                _log.info("styx/0 {role} on {log}: client sent error {code}",
+                          role=self.role, log=self._log.name, code=message.code)
+                self.finish()
+                return
+            # heartbeats only refresh _last_received
+        if error is not None:
+            _log.info("styx/0 {role} on {log}: protocol error {code}: {error}",
+                      role=self.role, log=self._log.name, code=error.code.name, error=str(error))
+            self.finish(error.code)
+
+    def _records_received(self, records):
+        raise NotImplementedError
+
+    def readConnectionLost(self):
+        # the client half-closed (the Go producer's Close does): finish the
+        # pending appends and send the final ack before closing
+        self.finish()
+
+    def writeConnectionLost(self):
+        self.transport.loseConnection()
+
+    def connectionLost(self, reason=None):
+        self.lost()
+
+    # automat keeps its state private: the outputs of the transitions that
+    # change it mirror it here for cheap checks on the hot path
+    _state = "streaming"
+
+    # -- writing, timers --------------------------------------------------
+    def _write(self, data):
+        self._last_sent = self._clock.seconds()
+        self.transport.write(data)
+
+    def _check_idle(self):
+        self._idle_call = None
+        now = self._clock.seconds()
+        if self._reading_paused:
+            # we are not reading: the peer cannot be blamed for silence
+            self._last_received = now
+        elapsed = now - self._last_received
+        if elapsed >= self.timeout:
+            _log.info("styx/0 {role} on {log}: no message for {t} s, closing",
+                      role=self.role, log=self._log.name, t=self.timeout)
+            self.finish(ErrorCode.TIMEOUT)
+            return
+        self._idle_call = self._clock.callLater(self.timeout - elapsed, self._check_idle)
+
+    def _check_heartbeat(self):
+        self._heartbeat_call = None
+        now = self._clock.seconds()
+        elapsed = now - self._last_sent
+        if elapsed >= self.heartbeat_interval:
+            self._write(HEARTBEAT_BYTES)
+            elapsed = 0
+        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval - elapsed,
+                                                     self._check_heartbeat)
+
+    def _stop_timers(self):
+        for name in ("_idle_call", "_heartbeat_call", "_abort_call"):
+            call = getattr(self, name)
+            if call is not None and call.active():
+                call.cancel()
+            setattr(self, name, None)
+
+    def _pause_reading(self):
+        if not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pauseProducing()
+
+    def _resume_reading(self):
+        if self._reading_paused:
+            self._reading_paused = False
+            self._last_received = self._clock.seconds()
+            self.transport.resumeProducing()
+
+
+class ProducerStream(_StyxStream):
+    """
+    POST: the client sends records; they are appended to the log a whole
+    received chunk at a time, and acked after each fsync that covers them.
+
+    Ack(position, count): C{position} is the synced end of the log,
+    C{count} the records of this stream made durable so far.
+    """
+
+    role = "producer"
+    _accept = (RECORD, HEARTBEAT_TYPE, ERROR)
+
+    def __init__(self, log, timeout=DEFAULT_TIMEOUT, remote_timeout=None, clock=None,
+                 metrics=None, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES):
+        super().__init__(log, timeout, remote_timeout, clock, metrics)
+        self.max_pending_bytes = max_pending_bytes
+        self.received_count = 0       # records decoded
+        self.synced_count = 0         # records durable
+        self.synced_position = log.end_position
+        self._pending_bytes = 0       # decoded, not yet durable
+        self._appends_in_flight = 0
+        self._acked_count = 0
+        self._ack_call = None
+
+    def _records_received(self, records):
+        count = len(records)
+        nbytes = sum(map(len, records))
+        self.received_count += count
+        self._pending_bytes += nbytes
+        self._appends_in_flight += 1
+        d = self._log.append(records)
+        d.addCallbacks(self._appended, self._append_failed,
+                       callbackArgs=(count, nbytes), errbackArgs=(nbytes,))
+        if self._pending_bytes > self.max_pending_bytes:
+            # storage lags: let TCP slow the client down
+            self._pause_reading()
+
+    def _appended(self, result, count, nbytes):
+        self._appends_in_flight -= 1
+        self._pending_bytes -= nbytes
+        self.synced_count += count
+        if self._metrics is not None:
+            self._metrics.produced(self._log.name, count, nbytes)
+        if result.end_position > self.synced_position:
+            self.synced_position = result.end_position
+        if self._state == "streaming":
+            if self._pending_bytes <= self.max_pending_bytes // 2:
+                self._resume_reading()
+            # every append completed by one fsync fires in the same reactor
+            # turn: one ack after them covers the whole group
+            if self._ack_call is None:
+                self._ack_call = self._clock.callLater(0, self._send_ack)
+        else:
+            self._maybe_drained()
+
+    def _append_failed(self, failure, nbytes):
+        self._appends_in_flight -= 1
+        self._pending_bytes -= nbytes
+        code = error_code_for(failure)
+        _log.failure("styx/0 producer on {log}: append failed", failure, log=self._log.name)
+        self.finish(code)
+
+    def _send_ack(self):
+        self._ack_call = None
+        if self._state == "streaming" and self._acked_count != self.synced_count:
+            self._acked_count = self.synced_count
+            self._write(encode_ack(self.synced_position, self.synced_count))
+
+    def _pending(self):
+        return self._appends_in_flight > 0
+
+    def _on_drained(self):
+        if self._ack_call is not None and self._ack_call.active():
+            self._ack_call.cancel()
+        self._ack_call = None
+        if self._acked_count != self.synced_count or self._error_code is None:
+            # the final ack: the client learns exactly what is durable
+            self._acked_count = self.synced_count
+            self._write(encode_ack(self.synced_position, self.synced_count))
+
+    def _on_lost(self):
+        if self._ack_call is not None and self._ack_call.active():
+            self._ack_call.cancel()
+        self._ack_call = None
+
+
+@implementer(IPushProducer)
+class ConsumerStream(_StyxStream):
+    """
+    GET: the server sends the log's records from a position, as they become
+    durable, in batches of whole records, as fast as the client reads them.
+
+    Registered as a streaming producer on the transport: while the socket's
+    send buffer is full it holds at most one batch read ahead (so the next
+    write does not wait for the disk) and reads nothing more, so a slow
+    consumer never makes the server buffer the log.
+    """
+
+    role = "consumer"
+    _accept = (HEARTBEAT_TYPE, ERROR)
+
+    def __init__(self, log, position, count=-1, follow=False, timeout=DEFAULT_TIMEOUT,
+                 remote_timeout=None, clock=None, metrics=None, read_bytes=DEFAULT_READ_BYTES,
+                 start_delay=DEFAULT_CONSUMER_START_DELAY):
+        super().__init__(log, timeout, remote_timeout, clock, metrics)
+        self.position = position    # the next record to read
+        self.remaining = count      # records still to read; -1: no limit
+        self.follow = follow
+        self.sent_count = 0
+        self.read_bytes = read_bytes
+        self._start_delay = start_delay
+        self._start_call = None
+        self._started = False
+        self._paused = False        # by the transport (send buffer full)
+        self._reading = False       # a log.read or log.wait is in flight
+        self._ready = None          # a batch read ahead, not yet written
+        self._at_end = False        # read to the end and not following
+        self._wait = None
+        self._in_pump = False
+
+    def connectionMade(self):
+        super().connectionMade()
+        self.transport.registerProducer(self, True)
+        if self._start_delay > 0:
+            self._start_call = self._clock.callLater(self._start_delay, self._start)
+        else:
+            self._start()
+
+    def _start(self):
+        self._start_call = None
+        self._started = True
+        self._pump()
+
+    # IPushProducer, driven by the transport
+    def pauseProducing(self):
+        self._paused = True
+
+    def resumeProducing(self):
+        self._paused = False
+        self._pump()
+
+    def stopProducing(self):
+        self._paused = True
+
+    def _records_received(self, records):
+        raise AssertionError("the decoder refuses records on a consumer stream")
+
+    def _pump(self):
+        """
+        Write the batch read ahead unless paused, keep one batch read ahead,
+        finish at the end.  A loop rather than recursion: reads may complete
+        synchronously (their callbacks call back in here).
+        """
+        if self._in_pump:
+            return
+        self._in_pump = True
+        try:
+            while self._state == "streaming" and self._started:
+                if self._ready is not None:
+                    if self._paused:
+                        return
+                    batch, self._ready = self._ready, None
+                    self._send(batch)
+                    continue
+                if self._reading:
+                    return
+                if self.remaining == 0 or self._at_end:
+                    self.finish()
+                    return
+                self._reading = True
+                max_records = self.remaining if self.remaining > 0 else -1
+                self._log.read(self.position, max_records, self.read_bytes).addCallbacks(
+                    self._got_batch, self._failed)
+        finally:
+            self._in_pump = False
+
+    def _send(self, batch):
+        n = len(batch)
+        self.sent_count += n
+        self._write(encode_batch(batch))
+        if self._metrics is not None:
+            self._metrics.consumed(self._log.name, n, batch.nbytes)
+
+    def _got_batch(self, batch):
+        self._reading = False
+        if self._state != "streaming":
+            return
+        n = len(batch)
+        if n:
+            self.position = batch.next_position
+            if self.remaining > 0:
+                self.remaining -= n
+            self._ready = batch
+        elif not self.follow:
+            self._at_end = True
+        else:
+            # at the synced end: woken by the fsync that makes more visible
+            self._reading = True
+            self._wait = self._log.wait(self.position)
+            self._wait.addCallbacks(self._waited, self._failed)
+            return
+        self._pump()
+
+    def _waited(self, _end_position):
+        self._wait = None
+        self._reading = False
+        self._pump()
+
+    def _failed(self, failure):
+        self._reading = False
+        self._wait = None
+        if self._state != "streaming":
+            return None
+        if self._ready is not None:
+            # what was read before the failure still goes out
+            batch, self._ready = self._ready, None
+            self._send(batch)
+        code = error_code_for(failure)
+        _log.failure("styx/0 consumer on {log} failed at {position}", failure,
+                     log=self._log.name, position=self.position)
+        self.finish(code)
+
+    def _on_end(self):
+        if self._start_call is not None and self._start_call.active():
+            self._start_call.cancel()
+        self._start_call = None
+        if self._wait is not None:
+            wait, self._wait = self._wait, None
+            wait.addErrback(lambda f: None)
+            wait.cancel()
+
+    def _on_drained(self):
+        self.transport.unregisterProducer()
+
+    def _on_lost(self):
+        self._on_end()
+        self.transport.unregisterProducer()
+
+
+# -- the upgrade --------------------------------------------------------
+
+def _error_response(request, error):
+    request.setResponseCode(error.status)
+    request.setHeader(b"content-type", b"application/json")
+    request.write(error.to_json())
+    request.finish()
+    return NOT_DONE_YET
+
+
+def is_styx_upgrade(request):
+    """Whether a twisted.web request asks for the styx/0 upgrade."""
+    upgrade = request.getHeader(b"upgrade")
+    return upgrade is not None and upgrade.strip().lower() == PROTOCOL_NAME
+
+
+def _early_bytes(request):
+    """Bytes the client sent after its request, before our 101: a request
+    body, and whatever twisted.web buffered while the request was handled."""
+    early = []
+    content = getattr(request, "content", None)
+    if content is not None:
+        content.seek(0)
+        body = content.read()
+        if body:
+            early.append(body)
+    channel = request.channel
+    buffered = getattr(channel, "_dataBuffer", None)
+    if buffered:
+        early.extend(buffered)
+        channel._dataBuffer = []
+    return b"".join(early)
+
+
+def take_over(request, protocol):
+    """
+    Detach the request's connection from twisted.web and make C{protocol}
+    its protocol (over TCP or TLS).  Bytes twisted.web still holds, or
+    receives later in the same read, are handed to
+    C{protocol.early_data_received}.
+
+    @return: the transport.
+    """
+    channel = request.channel
+    transport, channel.transport = channel.transport, None
+    # the channel registered itself as the transport's producer
+    transport.unregisterProducer()
+    if isinstance(transport, ProtocolWrapper):       # TLS: TLSMemoryBIOProtocol
+        transport.wrappedProtocol = protocol
+    elif isinstance(getattr(transport, "protocol", None), ProtocolWrapper):
+        transport.protocol.wrappedProtocol = protocol
+    else:
+        transport.protocol = protocol
+    # if render ran from inside the channel's dataReceived, the rest of that
+    # read is still in its line buffer and comes to rawDataReceived next
+    channel.rawDataReceived = protocol.early_data_received
+    channel.lineReceived = lambda line: protocol.early_data_received(line + b"\r\n")
+    return transport
+
+
+def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metrics=None,
+            **options):
+    """
+    Answer a styx/0 upgrade request on C{/logs/{name}/records}.
+
+    POST starts a L{ProducerStream}, GET a L{ConsumerStream} reading from
+    C{params} (a L{streamproto.styx.params.ReadParams}).  Errors found
+    before the 101 (a malformed C{X-Styx-Timeout}, an out-of-range position)
+    are answered as the HTTP API's JSON errors.  Call it from a resource's
+    C{render} (or later, from a Deferred); it finishes the request itself.
+
+    @param timeout: the server's X-Styx-Timeout (seconds, at least 2).
+    @param metrics: a L{streamproto.styx.metrics.StyxMetrics} or None.
+    @param options: passed to the stream (C{max_pending_bytes},
+        C{read_bytes}, C{start_delay}); others (C{protocol}) are ignored.
+    @return: C{NOT_DONE_YET}.
+    """
+    timeout = max(MIN_TIMEOUT, int(timeout))
+    raw_timeout = request.getHeader(TIMEOUT_HEADER)
+    remote_timeout = timeout
+    if raw_timeout is not None and raw_timeout.strip():
+        try:
+            remote_timeout = int(raw_timeout.strip(), 10)
+        except ValueError:
+            # the reference answers a malformed timeout with unknown_error
+            return _error_response(request, APIError("unknown_error", status=400))
+    if request.channel is None or request.channel.transport is None:
+        return _error_response(request, APIError("not_supported",
+                                                 "api: styx/0 needs an HTTP/1.1 connection"))
+    if request.method == b"POST":
+        protocol = ProducerStream(log, timeout, remote_timeout, clock, metrics,
+                                  **{k: v for k, v in options.items()
+                                     if k == "max_pending_bytes"})
+    elif request.method == b"GET":
+        if params is None:
+            from streamproto.styx.params import ReadParams
+            params = ReadParams()
+        position = params.resolve_log(log)
+        if not log.start_position <= position <= log.end_position:
+            return _error_response(request, APIError(
+                "invalid_params",
+                f"api: params: position {position} outside "
+                f"[{log.start_position}, {log.end_position}]"))
+        stream_options = {k: v for k, v in options.items()
+                          if k in ("read_bytes", "start_delay")}
+        agent = request.getHeader(b"user-agent") or b""
+        if agent.startswith(OWN_CLIENT_AGENT) and "start_delay" not in stream_options:
+            # our client takes records arriving with the 101: no need to wait
+            stream_options["start_delay"] = 0
+        protocol = ConsumerStream(log, position, params.count, params.follow, timeout,
+                                  remote_timeout, clock, metrics, **stream_options)
+    else:
+        return _error_response(request, APIError("method_not_allowed"))
+
+    early = _early_bytes(request)
+    transport = take_over(request, protocol)
+    transport.write(b"HTTP/1.1 101 Switching Protocols\r\n"
+                    b"Upgrade: styx/0\r\n"
+                    b"Connection: Upgrade\r\n"
+                    b"X-Styx-Timeout: %d\r\n\r\n" % timeout)
+    # twisted.web may have paused reading while it handled the request (the
+    # stream may pause it again, and may even be done, once connected)
+    transport.resumeProducing()
+    protocol.makeConnection(transport)
+    _log.debug("styx/0 {role} stream on {log} started", role=protocol.role, log=log.name)
+    protocol.early_data_received(early)
+    return NOT_DONE_YET

@@ -1,0 +1,644 @@
+"""
+styx/0 clients: L{StyxProducer} writes records and learns when they are
+durable, L{StyxConsumer} receives records in batches.
+
+Both open a TCP (or TLS) connection, send the HTTP upgrade request for
+C{/logs/{name}/records} (POST to produce, GET to consume), and switch to the
+styx/0 codec once the server answers 101.  A server that refuses the
+upgrade answers an HTTP API JSON error, raised here as
+L{streamproto.styx.errors.APIError} with the server's code and status.
+
+Example::
+
+    producer = yield StyxProducer.connect(reactor, "127.0.0.1", 7123, "mylog")
+    ack = yield producer.writeMany([b"a", b"b"])     # durable now
+    yield producer.whenWritable()                     # backpressure
+    final = yield producer.close()
+
+    def got(records):
+        ...                      # a list of bytes; may return a Deferred
+    consumer = yield StyxConsumer.connect(reactor, "127.0.0.1", 7123, "mylog", got,
+                                          whence="start", follow=True)
+    total = yield consumer.done   # when the server ends the stream
+"""
+
+import json
+from collections import deque
+from urllib.parse import quote, urlencode, urlsplit
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+
+from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.log.batch import RecordBatch
+from streamproto.styx.codec import (
+    ACK, ERROR, HEARTBEAT_BYTES, HEARTBEAT_TYPE, MAX_WIRE_RECORD_SIZE, RECORD, Ack, ErrorCode,
+    ErrorMessage, StyxDecoder, StyxProtocolError, encode_error, encode_records,
+)
+from streamproto.styx.errors import APIError
+
+_log = Logger()
+
+DEFAULT_TIMEOUT = 30
+#: Bytes of records written but not yet acked before writes are held back.
+DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
+#: The HTTP response head (101 or error) may not exceed this.
+MAX_RESPONSE_HEAD = 65536
+MAX_ERROR_BODY = 1024 * 1024
+
+
+class StyxStreamError(Exception):
+    """The server ended the stream with an Error message (or we did)."""
+
+    def __init__(self, code, message=None):
+        try:
+            self.code = ErrorCode(code)
+            name = self.code.name
+        except ValueError:
+            self.code = code
+            name = f"code {code}"
+        super().__init__(message or f"styx/0 stream error: {name}")
+
+
+class StyxConnectionLost(Exception):
+    """The connection closed before the stream completed."""
+
+
+def _request_head(method, host, name, query, timeout):
+    path = "/logs/" + quote(name, safe="") + "/records"
+    if query:
+        path += "?" + urlencode(query)
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: {host}",
+        "Connection: Upgrade",
+        "Upgrade: styx/0",
+        f"X-Styx-Timeout: {int(timeout)}",
+        "User-Agent: streamproto-styx",
+    ]
+    if method == "POST":
+        lines.append("Content-Length: 0")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+
+def _parse_head(head):
+    """@return: (status, {lowercase name: value})."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
+        raise ValueError(f"not an HTTP response: {lines[0]!r}")
+    status = int(parts[1])
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            key, value = line.split(":", 1)
+            headers[key.strip().lower()] = value.strip()
+    return status, headers
+
+
+def _dechunk(body):
+    """@return: the decoded body, or None while incomplete."""
+    out = []
+    pos = 0
+    while True:
+        eol = body.find(b"\r\n", pos)
+        if eol < 0:
+            return None
+        size = int(body[pos:eol].split(b";")[0], 16)
+        if size == 0:
+            return b"".join(out)
+        start = eol + 2
+        if len(body) < start + size + 2:
+            return None
+        out.append(body[start:start + size])
+        pos = start + size + 2
+
+
+def _api_error(status, body):
+    try:
+        value = json.loads(body.decode("utf-8"))
+        return APIError(value.get("code", "unknown_error"), value.get("message"), status=status)
+    except (ValueError, AttributeError):
+        return APIError("unknown_error", f"HTTP {status}", status=status)
+
+
+class _StyxClientProtocol(Protocol):
+    """
+    The client side of one styx/0 connection: the HTTP handshake, then the
+    codec, heartbeats and the idle timeout.  The owner (L{StyxProducer} or
+    L{StyxConsumer}) gets C{_messages(records, others)} and
+    C{_ended(reason)}.
+    """
+
+    def __init__(self, owner, head, accept, timeout, clock):
+        self._owner = owner
+        self._head = head
+        self.timeout = timeout
+        self._clock = clock
+        self._response = bytearray()
+        self._status = None
+        self._headers = None
+        self._decoder = StyxDecoder(MAX_WIRE_RECORD_SIZE, accept=accept)
+        self.upgraded = False
+        self.reading_paused = False
+        #: hand records over as (lengths, payloads) batches
+        self.batch_mode = False
+        self.ready = Deferred()
+        self.heartbeat_interval = None
+        self._last_received = self._last_sent = 0.0
+        self._idle_call = self._heartbeat_call = None
+        self._failure = None
+
+    def connectionMade(self):
+        self.transport.write(self._head)
+
+    def dataReceived(self, data):
+        if self.upgraded:
+            self._last_received = self._clock.seconds()
+            self._feed(data)
+            return
+        self._response += data
+        if self._status is None:
+            end = self._response.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._response) > MAX_RESPONSE_HEAD:
+                    self._fail_handshake(APIError("unknown_error", "response head too large"))
+                return
+            try:
+                self._status, self._headers = _parse_head(bytes(self._response[:end]))
+            except ValueError as e:
+                self._fail_handshake(APIError("unknown_error", str(e)))
+                return
+            del self._response[:end + 4]
+            if self._status == 101:
+                if self._headers.get("upgrade", "").lower() != "styx/0":
+                    self._fail_handshake(APIError("unknown_error", "server did not switch to styx/0"))
+                    return
+                self._switch()
+                return
+        self._maybe_error_body()
+
+    def _maybe_error_body(self):
+        body = bytes(self._response)
+        if len(body) > MAX_ERROR_BODY:
+            self._fail_handshake(_api_error(self._status, b""))
+            return
+        if "chunked" in self._headers.get("transfer-encoding", "").lower():
+            try:
+                decoded = _dechunk(body)
+            except ValueError:
+                decoded = body
+            if decoded is not None:
+                self._fail_handshake(_api_error(self._status, decoded))
+            return
+        length = self._headers.get("content-length")
+        if length is not None and len(body) >= int(length):
+            self._fail_handshake(_api_error(self._status, body[:int(length)]))
+
+    def _fail_handshake(self, error):
+        self._failure = error
+        self.transport.loseConnection()
+
+    def _switch(self):
+        self.upgraded = True
+        try:
+            remote = int(self._headers.get("x-styx-timeout", "") or DEFAULT_TIMEOUT)
+        except ValueError:
+            remote = DEFAULT_TIMEOUT
+        self.remote_timeout = remote
+        self.heartbeat_interval = max(1.0, remote / 2.0)
+        now = self._clock.seconds()
+        self._last_received = self._last_sent = now
+        self._idle_call = self._clock.callLater(self.timeout, self._check_idle)
+        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval,
+                                                     self._check_heartbeat)
+        leftover = bytes(self._response)
+        self._response = None
+        ready, self.ready = self.ready, None
+        ready.callback(self)
+        if leftover and self.transport is not None and not self.transport.disconnecting:
+            self._feed(leftover)
+
+    def _feed(self, data):
+        try:
+            if self.batch_mode:
+                lengths, payload, others = self._decoder.feed_batch(data)
+                self._owner._batch(lengths, payload, others)
+                return
+            records, others = self._decoder.feed_split(data)
+        except StyxProtocolError as e:
+            _log.info("styx/0 client: protocol error from server: {e}", e=e)
+            messages = e.messages
+            self._owner._messages([m for m in messages if type(m) is bytes],
+                                  [m for m in messages if type(m) is not bytes])
+            self.abort(e.code, StyxStreamError(e.code, str(e)))
+            return
+        self._owner._messages(records, others)
+
+    def write(self, data):
+        self._last_sent = self._clock.seconds()
+        self.transport.write(data)
+
+    def abort(self, code, failure):
+        """Send an Error message and close."""
+        if self._failure is None:
+            self._failure = failure
+        if self.transport is not None and self.transport.connected:
+            self.transport.write(encode_error(code))
+            self.transport.loseConnection()
+
+    def _check_idle(self):
+        self._idle_call = None
+        now = self._clock.seconds()
+        if self.reading_paused:
+            # we are not reading: the server's silence is ours
+            self._last_received = now
+        elapsed = now - self._last_received
+        if elapsed >= self.timeout:
+            self.abort(ErrorCode.TIMEOUT, StyxStreamError(
+                ErrorCode.TIMEOUT, f"no message from the server for {self.timeout} s"))
+            return
+        self._idle_call = self._clock.callLater(self.timeout - elapsed, self._check_idle)
+
+    def _check_heartbeat(self):
+        self._heartbeat_call = None
+        elapsed = self._clock.seconds() - self._last_sent
+        if elapsed >= self.heartbeat_interval:
+            self.write(HEARTBEAT_BYTES)
+            elapsed = 0
+        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval - elapsed,
+                                                     self._check_heartbeat)
+
+    def connectionLost(self, reason=None):
+        for call in (self._idle_call, self._heartbeat_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._idle_call = self._heartbeat_call = None
+        if self.ready is not None:
+            ready, self.ready = self.ready, None
+            ready.errback(self._failure or StyxConnectionLost(
+                f"connection closed during the handshake: {reason.getErrorMessage()}"))
+            return
+        self._owner._ended(self._failure, reason)
+
+
+class _OneShotFactory(Factory):
+    def __init__(self, protocol):
+        self._protocol = protocol
+
+    def buildProtocol(self, addr):
+        return self._protocol
+
+
+def _connect(reactor, host, port, tls, protocol):
+    endpoint = client_endpoint(reactor, host, port, tls)
+    d = endpoint.connect(_OneShotFactory(protocol))
+    d.addCallback(lambda _: protocol.ready)
+    return d
+
+
+def split_url(url, tls=None):
+    """
+    C{http://host:port} or C{https://host:port} -> C{(host, port, tls)};
+    https without explicit C{tls} options verifies the server against the
+    platform's trust store.
+    """
+    parts = urlsplit(url if "//" in url else "http://" + url)
+    secure = parts.scheme == "https"
+    host = parts.hostname or "localhost"
+    port = parts.port or (443 if secure else 80)
+    if secure and tls is None:
+        tls = client_tls_options(host)
+    return host, port, tls
+
+
+class StyxProducer:
+    """
+    Writes records over styx/0; each write's Deferred fires with the
+    L{Ack} that made it durable.
+
+    At most C{window_bytes} of records are on the wire unacknowledged;
+    further writes wait in a local backlog until acks open the window.
+    Callers that produce faster than the server syncs should wait for
+    L{whenWritable} (or L{registerProducer} an C{IPushProducer}, paused
+    while the window is full) so that the backlog stays small.
+    """
+
+    def __init__(self, name, timeout=DEFAULT_TIMEOUT, window_bytes=DEFAULT_WINDOW_BYTES,
+                 clock=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.name = name
+        self.window_bytes = window_bytes
+        self.sent_count = 0          # records handed to the transport
+        self.written_count = 0       # records accepted by write/writeMany
+        self.acked_count = 0
+        self.last_ack = None
+        self._sent_bytes = 0
+        self._acked_bytes = 0
+        self._inflight = deque()     # (count threshold, cumulative bytes, deferred)
+        self._backlog = deque()      # (encoded, count, nbytes, deferred)
+        self._backlog_bytes = 0
+        self._writable_waiters = []
+        self._producer = None
+        self._producer_paused = False
+        self._closing = None
+        self._error = None
+        self._protocol = None
+        self._timeout = timeout
+        self._clock = clock
+        self._close_waiters = []
+        self._ended_with = None      # (error or None,) once the connection is gone
+
+    @classmethod
+    def connect(cls, reactor, host, port, name, tls=None, timeout=DEFAULT_TIMEOUT,
+                window_bytes=DEFAULT_WINDOW_BYTES):
+        """
+        @param tls: client TLS options (L{streamproto.core.tls.client_tls_options})
+            or None for plain TCP.
+        @return: Deferred firing with a connected L{StyxProducer}; fails with
+            L{APIError} if the server refuses the upgrade.
+        """
+        self = cls(name, timeout, window_bytes, reactor)
+        head = _request_head("POST", f"{host}:{port}", name, None, timeout)
+        self._protocol = _StyxClientProtocol(self, head, (ACK, HEARTBEAT_TYPE, ERROR),
+                                             timeout, reactor)
+        d = _connect(reactor, host, port, tls, self._protocol)
+        d.addCallback(lambda _: self)
+        return d
+
+    @classmethod
+    def connect_url(cls, reactor, url, name, tls=None, **kwargs):
+        host, port, tls = split_url(url, tls)
+        return cls.connect(reactor, host, port, name, tls, **kwargs)
+
+    # -- writing ---------------------------------------------------------
+    @property
+    def in_flight_bytes(self):
+        return self._sent_bytes - self._acked_bytes
+
+    @property
+    def writable(self):
+        return not self._backlog and self.in_flight_bytes < self.window_bytes
+
+    def write(self, record):
+        """@return: Deferred firing with the L{Ack} covering C{record}."""
+        return self.writeMany([record])
+
+    def writeMany(self, records):
+        """
+        @param records: a list of bytes-like records.
+        @return: Deferred firing with the first L{Ack} covering all of them.
+        """
+        if self._error is not None:
+            return fail(self._error)
+        if self._closing is not None:
+            return fail(StyxConnectionLost("producer is closing"))
+        if not records:
+            return succeed(self.last_ack)
+        records = list(records)
+        d = Deferred()
+        nbytes = sum(map(len, records))
+        self.written_count += len(records)
+        encoded = encode_records(records)
+        if not self._backlog and (self.in_flight_bytes + nbytes <= self.window_bytes
+                                  or self.in_flight_bytes == 0):
+            self._send(encoded, len(records), nbytes, d)
+        else:
+            self._backlog.append((encoded, len(records), nbytes, d))
+            self._backlog_bytes += nbytes
+        self._update_producer()
+        return d
+
+    def _send(self, encoded, count, nbytes, d):
+        self.sent_count += count
+        self._sent_bytes += nbytes
+        self._inflight.append((self.sent_count, self._sent_bytes, d))
+        self._protocol.write(encoded)
+
+    def whenWritable(self):
+        """@return: Deferred firing once the window has room."""
+        if self._error is not None:
+            return fail(self._error)
+        if self.writable:
+            return succeed(None)
+        d = Deferred()
+        self._writable_waiters.append(d)
+        return d
+
+    def registerProducer(self, producer, streaming=True):
+        """C{producer} is paused while the window is full."""
+        self._producer = producer
+        self._producer_paused = False
+        self._update_producer()
+
+    def unregisterProducer(self):
+        self._producer = None
+
+    def _update_producer(self):
+        if self._producer is None:
+            return
+        if self.writable:
+            if self._producer_paused:
+                self._producer_paused = False
+                self._producer.resumeProducing()
+        elif not self._producer_paused:
+            self._producer_paused = True
+            self._producer.pauseProducing()
+
+    # -- from the protocol -----------------------------------------------
+    def _messages(self, records, others):
+        if records:
+            self._protocol.abort(ErrorCode.UNEXPECTED_MESSAGE, StyxStreamError(
+                ErrorCode.UNEXPECTED_MESSAGE, "server sent records to a producer"))
+            return
+        for message in others:
+            if isinstance(message, Ack):
+                self._acked(message)
+            elif isinstance(message, ErrorMessage):
+                self._error = StyxStreamError(message.code)
+                self._protocol._failure = self._error
+
+    def _acked(self, ack):
+        self.last_ack = ack
+        self.acked_count = ack.count
+        inflight = self._inflight
+        fire = []
+        while inflight and inflight[0][0] <= ack.count:
+            _, cumulative, d = inflight.popleft()
+            self._acked_bytes = cumulative
+            fire.append(d)
+        while self._backlog and (self.in_flight_bytes + self._backlog[0][2] <= self.window_bytes
+                                 or self.in_flight_bytes == 0):
+            encoded, count, nbytes, d = self._backlog.popleft()
+            self._backlog_bytes -= nbytes
+            self._send(encoded, count, nbytes, d)
+        for d in fire:
+            d.callback(ack)
+        if self.writable:
+            waiters, self._writable_waiters = self._writable_waiters, []
+            for d in waiters:
+                d.callback(None)
+        self._update_producer()
+        self._maybe_closed()
+
+    def _maybe_closed(self):
+        if (self._closing is not None and not self._backlog
+                and self.acked_count >= self.sent_count and self._protocol.transport):
+            self._protocol.transport.loseConnection()
+
+    def close(self):
+        """
+        Wait until every record written is acked, then close.
+
+        @return: Deferred firing with the final L{Ack} (None if nothing was
+            ever acked).
+        """
+        if self._ended_with is not None:
+            error = self._ended_with[0]
+            return fail(error) if error is not None else succeed(self.last_ack)
+        d = Deferred()
+        self._close_waiters.append(d)
+        if self._closing is None:
+            self._closing = True
+            if self._error is None:
+                self._maybe_closed()
+            else:
+                self._protocol.transport.loseConnection()
+        return d
+
+    def abort(self):
+        """Close now; unacked writes fail."""
+        self._protocol.abort(ErrorCode.UNKNOWN, StyxConnectionLost("aborted by the client"))
+
+    def _ended(self, failure, reason):
+        error = failure or self._error
+        unacked = bool(self._inflight or self._backlog)
+        if error is None and unacked:
+            error = StyxConnectionLost(
+                f"connection closed with {self.sent_count - self.acked_count} records unacked")
+        if error is None and self._closing is None and not reason.check(ConnectionDone):
+            error = StyxConnectionLost(reason.getErrorMessage())
+        if error is not None:
+            self._error = error
+            pending = [d for _, _, d in self._inflight] + [e[3] for e in self._backlog]
+            self._inflight.clear()
+            self._backlog.clear()
+            for d in pending + self._writable_waiters:
+                d.errback(error)
+            self._writable_waiters = []
+        self._ended_with = (error,)
+        waiters, self._close_waiters = self._close_waiters, []
+        for d in waiters:
+            if error is not None:
+                d.errback(error)
+            else:
+                d.callback(self.last_ack)
+
+
+class StyxConsumer:
+    """
+    Receives records over styx/0 and hands them to C{on_records} a batch (a
+    list of bytes) at a time.  If C{on_records} returns a Deferred, reading
+    from the socket stops until it fires: a slow consumer slows the server
+    down through TCP instead of buffering.
+
+    @ivar done: Deferred firing with the number of records received when
+        the server ends the stream (after C{count} records, or at the end of
+        the log when not following), or failing with L{StyxStreamError}.
+    """
+
+    def __init__(self, name, on_records, clock=None, batches=False):
+        self.name = name
+        self._on_records = on_records
+        self._batches = batches
+        self.received_count = 0
+        self.done = Deferred()
+        self._protocol = None
+        self._error = None
+        self._closing = False
+        self._blocked = 0
+
+    @classmethod
+    def connect(cls, reactor, host, port, name, on_records, whence="origin", position=0,
+                count=-1, follow=False, tls=None, timeout=DEFAULT_TIMEOUT, batches=False):
+        """
+        @param batches: hand C{on_records} a L{RecordBatch} (an
+            C{array('I')} of sizes plus the concatenated payloads, see
+            L{streamproto.log.batch}) rather than a list of bytes: no Python
+            code runs per record (with the C accelerator).  Its C{position}
+            counts records from the start of this stream.
+        @return: Deferred firing with a connected L{StyxConsumer}.
+        """
+        self = cls(name, on_records, reactor, batches)
+        query = {"whence": whence, "position": str(position), "count": str(count),
+                 "follow": "true" if follow else "false"}
+        head = _request_head("GET", f"{host}:{port}", name, query, timeout)
+        self._protocol = _StyxClientProtocol(self, head, (RECORD, HEARTBEAT_TYPE, ERROR),
+                                             timeout, reactor)
+        self._protocol.batch_mode = batches
+        d = _connect(reactor, host, port, tls, self._protocol)
+        d.addCallback(lambda _: self)
+        return d
+
+    @classmethod
+    def connect_url(cls, reactor, url, name, on_records, tls=None, **kwargs):
+        host, port, tls = split_url(url, tls)
+        return cls.connect(reactor, host, port, name, on_records, tls=tls, **kwargs)
+
+    def _batch(self, lengths, payload, others):
+        if lengths:
+            batch = RecordBatch(self.received_count, lengths, payload)
+            self._deliver(batch, len(lengths))
+        self._others(others)
+
+    def _messages(self, records, others):
+        if records:
+            self._deliver(records, len(records))
+        self._others(others)
+
+    def _deliver(self, records, count):
+        self.received_count += count
+        result = self._on_records(records)
+        if isinstance(result, Deferred):
+            self._blocked += 1
+            if self._blocked == 1:
+                self._protocol.reading_paused = True
+                self._protocol.transport.pauseProducing()
+            result.addBoth(self._unblock)
+
+    def _others(self, others):
+        for message in others:
+            if isinstance(message, ErrorMessage):
+                self._error = StyxStreamError(message.code)
+                self._protocol._failure = self._error
+
+    def _unblock(self, result):
+        self._blocked -= 1
+        if self._blocked == 0 and self._protocol.transport is not None:
+            self._protocol.reading_paused = False
+            # the idle clock must not count the time we were paused
+            self._protocol._last_received = self._protocol._clock.seconds()
+            self._protocol.transport.resumeProducing()
+        if isinstance(result, Exception) or hasattr(result, "getErrorMessage"):
+            _log.failure("styx/0 consumer callback failed", result)
+            self.close()
+        return None
+
+    def close(self):
+        """Stop consuming now."""
+        self._closing = True
+        if self._protocol.transport is not None:
+            self._protocol.transport.loseConnection()
+        return self.done
+
+    def _ended(self, failure, reason):
+        error = failure or self._error
+        if error is None and not self._closing and not reason.check(ConnectionDone):
+            error = StyxConnectionLost(reason.getErrorMessage())
+        if error is not None and not self._closing:
+            self.done.errback(error)
+        else:
+            self.done.callback(self.received_count)
