@@ -27,6 +27,7 @@ from zope.interface import implementer
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
 )
+from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
     ERROR, HEARTBEAT_BYTES, HEARTBEAT_TYPE, MAX_WIRE_RECORD_SIZE, RECORD, ErrorCode,
     ErrorMessage, StyxDecoder, StyxProtocolError, encode_ack, encode_batch, encode_error,
@@ -236,14 +237,16 @@ class _StyxStream(Protocol):
             return
         self._last_received = self._clock.seconds()
         try:
-            records, others = self._decoder.feed_split(data)
+            # lengths + one buffer, handed to the store as is: no per-record work
+            lengths, payload, others = self._decoder.feed_batch(data)
+            records = RecordBatch(0, lengths, payload)
         except StyxProtocolError as e:
-            records = [m for m in e.messages if type(m) is bytes]
+            records = RecordBatch.from_records(0, [m for m in e.messages if type(m) is bytes])
             others = [m for m in e.messages if type(m) is not bytes]
             error = e
         else:
             error = None
-        if records:
+        if len(records):
             self._records_received(records)
         for message in others:
             if isinstance(message, ErrorMessage):
@@ -349,7 +352,7 @@ class ProducerStream(_StyxStream):
 
     def _records_received(self, records):
         count = len(records)
-        nbytes = sum(map(len, records))
+        nbytes = records.nbytes
         self.received_count += count
         self._pending_bytes += nbytes
         self._appends_in_flight += 1
