@@ -1,0 +1,861 @@
+"""
+Pravega segment-store client: admin calls, a segment writer and a segment
+reader, all over one codec (L{streamproto.pravega.codec}).
+
+    proto = yield connect(endpoint)
+    yield proto.create_segment("scope/stream/0.#epoch.0")
+
+    writer = SegmentWriter(endpoint, "scope/stream/0.#epoch.0")
+    yield writer.write(b"event")                 # one Deferred per event
+    yield writer.write_batch([b"a", b"b", b"c"])  # or per batch
+    yield writer.close()
+
+    reader = SegmentReader(endpoint, "scope/stream/0.#epoch.0")
+    events = yield reader.read()                 # waits at the tail
+
+The writer numbers its events (per writer id) and keeps every event until
+the server's DataAppended covers it.  After a dropped connection it
+reconnects, learns the last durable event number from AppendSetup, forgets
+what that covers and resends the rest with the same numbers: the server
+drops anything at or below its stored number, so nothing is lost or
+duplicated.
+"""
+
+import bisect
+import operator
+import struct
+import uuid
+from collections import deque
+from itertools import accumulate, repeat
+
+from automat import MethodicalMachine
+from twisted.internet import defer, task
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+
+from streamproto.pravega import codec
+from streamproto.pravega.codec import NULL_EVENT_NUMBER
+
+_EVENT_HEADER = struct.Struct(">ii").pack
+_LENGTH_AS_HEADER = struct.Struct(">q").pack
+#: The reference's largest event.
+MAX_EVENT_SIZE = 8 * 1024 * 1024
+
+
+class PravegaError(Exception):
+    """An error reply from the server; C{reply} is the decoded command."""
+
+    def __init__(self, reply):
+        super().__init__(repr(reply))
+        self.reply = reply
+
+
+class NoSuchSegmentError(PravegaError):
+    pass
+
+
+class SegmentExistsError(PravegaError):
+    pass
+
+
+class SegmentSealedError(PravegaError):
+    pass
+
+
+class SegmentTruncatedError(PravegaError):
+    pass
+
+
+class ConditionalCheckFailedError(PravegaError):
+    pass
+
+
+class InvalidEventNumberError(PravegaError):
+    pass
+
+
+class OperationUnsupportedError(PravegaError):
+    pass
+
+
+class WrongHostError(PravegaError):
+    pass
+
+
+class AuthTokenCheckFailedError(PravegaError):
+    pass
+
+
+class ServerError(PravegaError):
+    pass
+
+
+class IncompatibleVersionError(Exception):
+    pass
+
+
+class WriterClosed(Exception):
+    """The writer was closed: nothing more can be written with it."""
+
+
+ERRORS = {
+    codec.NoSuchSegment: NoSuchSegmentError,
+    codec.SegmentAlreadyExists: SegmentExistsError,
+    codec.SegmentIsSealed: SegmentSealedError,
+    codec.SegmentIsTruncated: SegmentTruncatedError,
+    codec.ConditionalCheckFailed: ConditionalCheckFailedError,
+    codec.InvalidEventNumber: InvalidEventNumberError,
+    codec.OperationUnsupported: OperationUnsupportedError,
+    codec.WrongHost: WrongHostError,
+    codec.AuthTokenCheckFailed: AuthTokenCheckFailedError,
+    codec.ErrorMessage: ServerError,
+}
+
+
+class PravegaClientProtocol(Protocol):
+    """
+    One connection to a segment store.  Sends Hello on connect; C{ready}
+    fires with the protocol once the server's Hello arrived and the
+    versions overlap.  Replies are matched to requests by request id;
+    replies about a writer (DataAppended, ...) go to the writer registered
+    for that writer id.
+    """
+
+    log = Logger()
+
+    def __init__(self):
+        self.decoder = codec.Decoder()
+        self.ready = defer.Deferred()
+        self.closed = defer.Deferred()
+        self.server_versions = None
+        self._requests = {}
+        self._next_request_id = 1
+        self.writers = {}     # writer id -> object with reply(cmd)
+        self.writer_requests = {}   # SetupAppend request id -> writer
+
+    def connectionMade(self):
+        self.send(codec.Hello(codec.WIRE_VERSION, codec.OLDEST_COMPATIBLE_VERSION))
+
+    def send(self, cmd):
+        self.transport.write(codec.encode(cmd))
+
+    def next_request_id(self):
+        rid = self._next_request_id
+        self._next_request_id += 1
+        return rid
+
+    def request(self, cmd):
+        """Send C{cmd} (with a request id); fire with its reply."""
+        d = defer.Deferred()
+        self._requests[cmd.request_id] = d
+        self.send(cmd)
+        return d
+
+    def dataReceived(self, data):
+        try:
+            replies = self.decoder.feed(data)
+        except codec.ProtocolError as e:
+            self.log.warn("protocol error from server: {error}", error=str(e))
+            self.transport.loseConnection()
+            return
+        for reply in replies:
+            self._reply(reply)
+
+    def _reply(self, reply):
+        t = type(reply)
+        if t is codec.Hello:
+            self.server_versions = (reply.high_version, reply.low_version)
+            if reply.low_version > codec.WIRE_VERSION or \
+                    reply.high_version < codec.OLDEST_COMPATIBLE_VERSION:
+                if not self.ready.called:
+                    self.ready.errback(IncompatibleVersionError(repr(reply)))
+                self.transport.loseConnection()
+            elif not self.ready.called:
+                self.ready.callback(self)
+            return
+        if t is codec.KeepAlive:
+            return
+        rid = getattr(reply, "request_id", None)
+        d = self._requests.pop(rid, None)
+        if d is not None:
+            if t in ERRORS:
+                d.errback(ERRORS[t](reply))
+            else:
+                d.callback(reply)
+            return
+        # DataAppended and append errors: by writer id, or by the request id
+        # of the writer's SetupAppend (what the server echoes)
+        writer = self.writers.get(getattr(reply, "writer_id", None)) or \
+            self.writer_requests.get(rid)
+        if writer is not None:
+            writer.reply(reply)
+        else:
+            self.log.debug("unmatched reply {reply!r}", reply=reply)
+
+    def connectionLost(self, reason):
+        requests, self._requests = self._requests, {}
+        for d in requests.values():
+            d.errback(reason)
+        if not self.ready.called:
+            self.ready.errback(reason)
+        for writer in list(self.writers.values()):
+            writer.lost(self, reason)
+        self.closed.callback(None)
+
+    # -- admin -----------------------------------------------------------
+    def create_segment(self, segment, token=""):
+        return self.request(codec.CreateSegment(self.next_request_id(), segment, 0, 0, token, 0))
+
+    def segment_info(self, segment, token=""):
+        """Fire with the L{codec.StreamSegmentInfo} reply."""
+        return self.request(codec.GetStreamSegmentInfo(self.next_request_id(), segment, token))
+
+    def seal_segment(self, segment, token=""):
+        return self.request(codec.SealSegment(self.next_request_id(), segment, token))
+
+    def truncate_segment(self, segment, offset, token=""):
+        return self.request(codec.TruncateSegment(self.next_request_id(), segment, offset, token))
+
+    def delete_segment(self, segment, token=""):
+        return self.request(codec.DeleteSegment(self.next_request_id(), segment, token))
+
+    def get_attribute(self, segment, attribute_id, token=""):
+        """Fire with the L{codec.SegmentAttribute} reply (Long.MIN_VALUE if unset)."""
+        return self.request(codec.GetSegmentAttribute(self.next_request_id(), segment,
+                                                      attribute_id, token))
+
+    def update_attribute(self, segment, attribute_id, new_value,
+                         expected_value=codec.NULL_ATTRIBUTE_VALUE, token=""):
+        """Compare-and-set; fire with the L{codec.SegmentAttributeUpdated} reply."""
+        return self.request(codec.UpdateSegmentAttribute(self.next_request_id(), segment,
+                                                         attribute_id, new_value,
+                                                         expected_value, token))
+
+    def read_segment(self, segment, offset, suggested_length=1024 * 1024, token=""):
+        """Fire with the L{codec.SegmentRead} reply."""
+        return self.request(codec.ReadSegment(segment, offset, suggested_length, token,
+                                              self.next_request_id()))
+
+    def setup_append(self, writer_id, segment, token=""):
+        """Fire with the L{codec.AppendSetup} reply."""
+        return self.request(codec.SetupAppend(self.next_request_id(), writer_id, segment, token))
+
+
+@defer.inlineCallbacks
+def connect(endpoint):
+    """Connect and exchange Hellos; fire with the L{PravegaClientProtocol}."""
+    proto = yield endpoint.connect(Factory.forProtocol(PravegaClientProtocol))
+    try:
+        yield proto.ready
+    except Exception:
+        proto.transport.loseConnection()
+        raise
+    return proto
+
+
+class _Chunk:
+    """
+    Events queued together (one write or one write_batch): C{data} is their
+    Event frames back to back, C{ends} the end offset of each frame in
+    C{data}.  Acknowledged events at the front are skipped by moving
+    C{start} (the index of the first unacknowledged event) and C{base} (its
+    offset), never by copying.
+    """
+
+    __slots__ = ("data", "ends", "start", "base", "last", "deferred", "expected_offset")
+
+    def __init__(self, data, ends, deferred, expected_offset=None):
+        self.data = data
+        self.ends = ends
+        self.start = 0
+        self.base = 0
+        self.last = None
+        self.deferred = deferred
+        self.expected_offset = expected_offset
+
+    @property
+    def count(self):
+        return len(self.ends) - self.start
+
+    @property
+    def size(self):
+        return len(self.data) - self.base
+
+    @property
+    def first(self):
+        return self.last - self.count + 1
+
+    def drop_first(self, k):
+        """Forget the first C{k} events (acknowledged)."""
+        self.start += k
+        self.base = self.ends[self.start - 1]
+
+
+def pack_blocks(chunks, writer_id, request_id, block_size):
+    """
+    Sans-IO: the frames that send numbered C{chunks} (a list of L{_Chunk})
+    as AppendBlock / AppendBlockEnd pairs of C{block_size} bytes of events,
+    and conditional chunks as ConditionalAppend.
+
+    An event crossing a block end is split as the reference does: its head
+    fills the block as a PartialEvent frame, its tail is the AppendBlockEnd's
+    data.  The last block is cut to what it holds.
+
+    @return: a list of bytes-like parts to concatenate.
+    """
+    out = []
+    wid = writer_id
+    B = block_size
+    parts, whole, events, last = [], 0, 0, None
+
+    def end_block(partial=None, tail=b""):
+        block_len = whole + (codec.HEADER_SIZE + len(partial) if partial is not None else 0)
+        out.append(codec.encode_append_block_header(wid, block_len))
+        out.extend(parts)
+        if partial is not None:
+            out.append(codec.pack_header(codec.PARTIAL_EVENT, len(partial)))
+            out.append(partial)
+        out.append(codec.encode(codec.AppendBlockEnd(wid, whole, bytes(tail), events, last,
+                                                     request_id)))
+
+    for chunk in chunks:
+        if chunk.expected_offset is not None:
+            if parts:
+                end_block()
+                parts, whole, events = [], 0, 0
+            payload = memoryview(chunk.data)[chunk.base + codec.HEADER_SIZE:]
+            out.append(codec.encode(codec.ConditionalAppend(
+                wid, chunk.last, chunk.expected_offset, bytes(payload), request_id)))
+            continue
+        data = memoryview(chunk.data)
+        ends = chunk.ends
+        first = chunk.last - len(ends) + 1      # number of the event at index 0
+        off, index, n = chunk.base, chunk.start, len(data)
+        while off < n:
+            room = B - whole
+            if n - off <= room:
+                parts.append(data[off:])
+                whole += n - off
+                events += len(ends) - index
+                last = chunk.last
+                off = n
+                if whole == B:
+                    end_block()
+                    parts, whole, events = [], 0, 0
+                break
+            cut = off + room
+            k = bisect.bisect_right(ends, cut, index)
+            boundary = ends[k - 1] if k > index else off
+            if boundary > off:
+                parts.append(data[off:boundary])
+                whole += boundary - off
+            events += k - index
+            if boundary == cut:
+                last = first + k - 1
+                end_block()
+                off, index = cut, k
+            else:
+                # event k crosses the block end: head in the block, tail after it
+                events += 1
+                last = first + k
+                end_block(data[boundary:cut], data[cut:ends[k]])
+                off, index = ends[k], k + 1
+            parts, whole, events = [], 0, 0
+    if parts:
+        end_block()
+    return out
+
+
+def _fire(done):
+    for d, value in done:
+        d.callback(value)
+
+
+class SegmentWriter:
+    """
+    Appends events to one segment with one writer id, packing many events
+    per AppendBlock.
+
+    @param endpoint: client endpoint of the segment store (reconnected on
+        failure).
+    @param block_size: bytes of events per AppendBlock; an event crossing
+        the block end is split: its head ends the block as a PartialEvent,
+        its tail travels in the AppendBlockEnd (as the reference does).
+    @param window_events, window_bytes: at most this many events / bytes sent
+        and not yet acknowledged (one chunk may exceed it alone).
+    @param max_retries: consecutive failed connection attempts before every
+        pending Deferred fails.
+    """
+
+    log = Logger()
+    _machine = MethodicalMachine()
+
+    def __init__(self, endpoint, segment, writer_id=None, clock=None, block_size=256 * 1024,
+                 window_events=100000, window_bytes=16 * 1024 * 1024, max_retries=20,
+                 retry_delay=0.05, max_retry_delay=2.0, keepalive_interval=10.0, token=""):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        if not 8 <= block_size <= codec.MAX_FRAME_SIZE - 64:
+            raise ValueError("block_size out of range")
+        self.endpoint = endpoint
+        self.segment = segment
+        self.writer_id = writer_id or uuid.uuid4()
+        self.clock = clock
+        self.block_size = block_size
+        self.window_events = window_events
+        self.window_bytes = window_bytes
+        self.max_retries = max_retries
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self.token = token
+        self.keepalive_interval = keepalive_interval
+        self._keepalive = None
+        self.next_event_number = 0
+        self.acked_event_number = NULL_EVENT_NUMBER
+        self.connections = 0          # successful setups, for tests and stats
+        self.setups = []              # last event number each AppendSetup reported
+        self._queue = deque()         # chunks not yet numbered / sent
+        self._unacked = deque()       # chunks sent, waiting for DataAppended
+        self._unacked_events = 0
+        self._unacked_bytes = 0
+        self._proto = None            # set while ready
+        self._setup_request = -1
+        self._flush_call = None
+        self._failures = 0
+        self._delay = retry_delay
+        self._retry_call = None
+        self._connecting = None
+        self._idle_waiters = []
+        self.error = None
+        self.start()
+
+    # -- state machine -----------------------------------------------------
+    @_machine.state(initial=True)
+    def idle(self):
+        "Not started."
+
+    @_machine.state()
+    def connecting(self):
+        "Connecting and exchanging Hellos."
+
+    @_machine.state()
+    def setting_up(self):
+        "SetupAppend sent, waiting for AppendSetup."
+
+    @_machine.state()
+    def ready(self):
+        "Appending."
+
+    @_machine.state()
+    def backing_off(self):
+        "Waiting before the next connection attempt."
+
+    @_machine.state()
+    def stopped(self):
+        "Closed or failed for good."
+
+    @_machine.input()
+    def start(self):
+        "Begin connecting."
+
+    @_machine.input()
+    def connected(self, proto):
+        "The connection and Hello exchange succeeded."
+
+    @_machine.input()
+    def connect_failed(self, reason):
+        "The connection attempt failed."
+
+    @_machine.input()
+    def setup_done(self, reply):
+        "AppendSetup arrived."
+
+    @_machine.input()
+    def connection_lost(self, reason):
+        "The connection dropped."
+
+    @_machine.input()
+    def retry(self):
+        "The back-off delay passed."
+
+    @_machine.input()
+    def stop(self, error):
+        "Close (error None) or fail for good."
+
+    @_machine.output()
+    def _connect(self):
+        d = self._connecting = connect(self.endpoint)
+        d.addCallbacks(self.connected, self.connect_failed)
+
+    @_machine.output()
+    def _send_setup(self, proto):
+        self._connecting = None
+        proto.writers[self.writer_id] = self
+        self._setup_proto = proto
+        rid = proto.next_request_id()
+        proto.writer_requests[rid] = self
+        d = proto.request(codec.SetupAppend(rid, self.writer_id, self.segment, self.token))
+        self._setup_request = -1
+        d.addCallbacks(self.setup_done, self._setup_failed, errbackArgs=(proto,))
+
+    def _setup_failed(self, f, proto):
+        if isinstance(f.value, PravegaError):
+            self.stop(f.value)
+        # a lost connection arrives through lost()
+
+    @_machine.output()
+    def _start_appending(self, reply):
+        proto = self._setup_proto
+        if not self._unacked:
+            # nothing to prove: a setup is progress enough.  Otherwise only a
+            # DataAppended resets the count, so a server that takes the
+            # connection but never the data cannot hold us in a loop
+            self._failures = 0
+            self._delay = self.retry_delay
+        self.connections += 1
+        self._setup_request = reply.request_id
+        last = reply.last_event_number
+        self.setups.append(last)
+        done = []
+        if last != NULL_EVENT_NUMBER:
+            done = self._acknowledge(last, fire=False)
+            self.next_event_number = max(self.next_event_number, last + 1)
+        self._proto = proto
+        if self.keepalive_interval:
+            # like the Java client, so that idle writers are not timed out
+            self._keepalive = task.LoopingCall(proto.send, codec.KeepAlive())
+            self._keepalive.clock = self.clock
+            self._keepalive.start(self.keepalive_interval, now=False)
+        # resend what the server has not made durable, same event numbers
+        self._send(list(self._unacked))
+        self._flush()
+        # last: callbacks may write, flush or close the writer
+        _fire(done)
+
+    def _stop_keepalive(self):
+        if self._keepalive is not None and self._keepalive.running:
+            self._keepalive.stop()
+        self._keepalive = None
+
+    @_machine.output()
+    def _schedule_retry(self, reason):
+        self._stop_keepalive()
+        self._proto = None
+        self._connecting = None
+        self._failures += 1
+        if self._failures > self.max_retries:
+            self.log.warn("writer {writer}: giving up after {n} attempts: {reason}",
+                          writer=self.writer_id, n=self._failures, reason=reason)
+            self._retry_call = self.clock.callLater(0, self.stop, ConnectionError(str(reason)))
+            return
+        delay = self._delay
+        self._delay = min(self._delay * 2, self.max_retry_delay)
+        self.log.info("writer {writer}: reconnecting in {delay}s", writer=self.writer_id,
+                      delay=delay)
+        self._retry_call = self.clock.callLater(delay, self.retry)
+
+    @_machine.output()
+    def _halt(self, error):
+        self.error = error or WriterClosed(f"writer {self.writer_id} closed")
+        self._stop_keepalive()
+        self._proto = None
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        if self._connecting is not None:
+            self._connecting.cancel()
+        proto = getattr(self, "_setup_proto", None)
+        if proto is not None:
+            proto.writers.pop(self.writer_id, None)
+            for rid in [r for r, w in proto.writer_requests.items() if w is self]:
+                del proto.writer_requests[rid]
+            if proto.transport is not None and proto.transport.connected:
+                proto.transport.loseConnection()
+        self._fail_all(self.error)
+
+    @_machine.output()
+    def _drop_late(self, proto):
+        proto.transport.loseConnection()
+
+    idle.upon(start, enter=connecting, outputs=[_connect])
+    idle.upon(stop, enter=stopped, outputs=[_halt])
+    connecting.upon(connected, enter=setting_up, outputs=[_send_setup])
+    connecting.upon(connect_failed, enter=backing_off, outputs=[_schedule_retry])
+    connecting.upon(stop, enter=stopped, outputs=[_halt])
+    setting_up.upon(setup_done, enter=ready, outputs=[_start_appending])
+    setting_up.upon(connection_lost, enter=backing_off, outputs=[_schedule_retry])
+    setting_up.upon(stop, enter=stopped, outputs=[_halt])
+    ready.upon(connection_lost, enter=backing_off, outputs=[_schedule_retry])
+    ready.upon(stop, enter=stopped, outputs=[_halt])
+    backing_off.upon(retry, enter=connecting, outputs=[_connect])
+    backing_off.upon(stop, enter=stopped, outputs=[_halt])
+    stopped.upon(connected, enter=stopped, outputs=[_drop_late])
+    stopped.upon(connect_failed, enter=stopped, outputs=[])
+    stopped.upon(setup_done, enter=stopped, outputs=[])
+    stopped.upon(connection_lost, enter=stopped, outputs=[])
+    stopped.upon(stop, enter=stopped, outputs=[])
+
+    # -- called by the protocol ------------------------------------------
+    def lost(self, proto, reason):
+        if proto is getattr(self, "_setup_proto", None):
+            proto.writers.pop(self.writer_id, None)
+            self.connection_lost(reason)
+
+    def reply(self, reply):
+        t = type(reply)
+        if t is codec.DataAppended:
+            self._failures = 0
+            self._delay = self.retry_delay
+            self._acknowledge(reply.event_number)
+            self._flush()
+        elif t is codec.ConditionalCheckFailed:
+            self._conditional_failed(reply)
+        elif t in ERRORS:
+            self.stop(ERRORS[t](reply))
+        else:
+            self.log.debug("writer {writer}: unexpected {reply!r}", writer=self.writer_id,
+                           reply=reply)
+
+    # -- public API --------------------------------------------------------
+    def write(self, event):
+        """
+        Queue one event (bytes-like, not to be modified afterwards); the
+        Deferred fires with its event number once it is durable.
+        """
+        return self._enqueue([event])
+
+    def write_batch(self, events):
+        """
+        Queue many events; one Deferred fires (with the last event number)
+        once all are durable.
+        """
+        return self._enqueue(events if isinstance(events, list) else list(events))
+
+    def write_conditional(self, event, expected_offset):
+        """
+        Append one event only if the segment is C{expected_offset} bytes
+        long; fails with L{ConditionalCheckFailedError} otherwise.
+        """
+        return self._enqueue([event], expected_offset)
+
+    def flush(self):
+        """Fire once everything written so far is acknowledged."""
+        if self.error is not None:
+            return defer.fail(self.error)
+        if not self._queue and not self._unacked:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._idle_waiters.append(d)
+        return d
+
+    @defer.inlineCallbacks
+    def close(self):
+        """Wait for every event to be acknowledged, then disconnect."""
+        if isinstance(self.error, WriterClosed):
+            return
+        try:
+            yield self.flush()
+        finally:
+            self.stop(None)
+            proto = getattr(self, "_setup_proto", None)
+            if proto is not None and not proto.closed.called:
+                yield proto.closed
+
+    @property
+    def pending(self):
+        """Events written and not yet acknowledged."""
+        return self._unacked_events + sum(c.count for c in self._queue)
+
+    # -- internals -----------------------------------------------------------
+    def _enqueue(self, events, expected_offset=None):
+        if self.error is not None:
+            return defer.fail(self.error)
+        if not events:
+            return defer.succeed(None)
+        lens = list(map(len, events))
+        if max(lens) > MAX_EVENT_SIZE:
+            return defer.fail(ValueError(f"event of {max(lens)} bytes exceeds {MAX_EVENT_SIZE}"))
+        d = defer.Deferred()
+        if len(events) == 1:
+            data = _EVENT_HEADER(0, lens[0]) + events[0]
+            ends = [len(data)]
+        else:
+            # Event header = int32 0 + int32 length = one int64 equal to the
+            # length: build headers and frames with C-level map/join only
+            n = len(events)
+            parts = [None] * (2 * n)
+            parts[1::2] = events
+            size = lens[0]
+            if lens.count(size) == n:
+                # all events the same size (the common case): one header,
+                # and the frame ends are a range (indexable, bisectable)
+                parts[::2] = [_LENGTH_AS_HEADER(size)] * n
+                step = size + codec.HEADER_SIZE
+                ends = range(step, step * n + 1, step)
+            else:
+                parts[::2] = map(_LENGTH_AS_HEADER, lens)
+                ends = list(accumulate(map(operator.add, lens, repeat(codec.HEADER_SIZE))))
+            data = b"".join(parts)
+        self._queue.append(_Chunk(data, ends, d, expected_offset))
+        if self._proto is not None and self._flush_call is None:
+            self._flush_call = self.clock.callLater(0, self._flush)
+        return d
+
+    def _flush(self):
+        self._flush_call = None
+        proto = self._proto
+        if proto is None:
+            return
+        batch = []
+        queue = self._queue
+        while queue and (not self._unacked or (
+                self._unacked_events < self.window_events and
+                self._unacked_bytes < self.window_bytes)):
+            chunk = queue.popleft()
+            chunk.last = self.next_event_number + chunk.count - 1
+            self.next_event_number = chunk.last + 1
+            self._unacked.append(chunk)
+            self._unacked_events += chunk.count
+            self._unacked_bytes += chunk.size
+            batch.append(chunk)
+        if batch:
+            self._send(batch)
+
+    def _send(self, chunks):
+        """Write C{chunks} as blocks (conditional ones as ConditionalAppend)."""
+        proto = self._proto
+        if proto is None or not chunks:
+            return
+        proto.transport.write(b"".join(
+            pack_blocks(chunks, self.writer_id, self._setup_request, self.block_size)))
+
+    def _acknowledge(self, event_number, fire=True):
+        """
+        Forget what C{event_number} covers.  The Deferreds to fire are fired
+        after the bookkeeping (their callbacks may write or close), or
+        returned when C{fire} is false.
+        """
+        done = []
+        if event_number > self.acked_event_number:
+            self.acked_event_number = event_number
+            unacked = self._unacked
+            while unacked:
+                chunk = unacked[0]
+                if chunk.last <= event_number:
+                    unacked.popleft()
+                    self._unacked_events -= chunk.count
+                    self._unacked_bytes -= chunk.size
+                    done.append((chunk.deferred, chunk.last))
+                elif chunk.first <= event_number:
+                    k = event_number - chunk.first + 1
+                    before = chunk.size
+                    chunk.drop_first(k)
+                    self._unacked_events -= k
+                    self._unacked_bytes -= before - chunk.size
+                    break
+                else:
+                    break
+            if not unacked and not self._queue:
+                done.extend((d, None) for d in self._idle_waiters)
+                self._idle_waiters = []
+        if not fire:
+            return done
+        _fire(done)
+
+    def _conditional_failed(self, reply):
+        failed = None
+        for chunk in self._unacked:
+            if chunk.last == reply.event_number and chunk.expected_offset is not None:
+                failed = chunk
+                break
+        idle = []
+        if failed is not None:
+            self._unacked.remove(failed)
+            self._unacked_events -= failed.count
+            self._unacked_bytes -= failed.size
+            if not self._unacked and not self._queue:
+                idle, self._idle_waiters = self._idle_waiters, []
+        self._flush()
+        if failed is not None:
+            failed.deferred.errback(ConditionalCheckFailedError(reply))
+        _fire([(d, None) for d in idle])
+
+    def _fail_all(self, error):
+        chunks = list(self._unacked) + list(self._queue)
+        self._unacked.clear()
+        self._queue.clear()
+        self._unacked_events = self._unacked_bytes = 0
+        for chunk in chunks:
+            chunk.deferred.errback(error)
+        waiters, self._idle_waiters = self._idle_waiters, []
+        for d in waiters:
+            d.errback(error)
+
+
+class SegmentReader:
+    """
+    Reads the events of a segment from C{offset}, following the tail: each
+    L{read} fires with the next events (waiting at the tail for new ones),
+    or with an empty list once the segment is sealed and fully read
+    (C{end_of_segment} is then true).  Reconnects after a dropped
+    connection and carries on from the same offset.
+    """
+
+    log = Logger()
+
+    def __init__(self, endpoint, segment, offset=0, read_size=1024 * 1024, token="",
+                 max_retries=5):
+        self.endpoint = endpoint
+        self.segment = segment
+        self.offset = offset          # offset of the next unread event
+        self.read_size = read_size
+        self.token = token
+        self.max_retries = max_retries
+        self.end_of_segment = False
+        self._buffer = b""
+        self._proto = None
+
+    @defer.inlineCallbacks
+    def _connection(self):
+        if self._proto is None or self._proto.closed.called:
+            self._proto = yield connect(self.endpoint)
+        return self._proto
+
+    @defer.inlineCallbacks
+    def read(self):
+        failures = 0
+        while True:
+            if self.end_of_segment:
+                return []
+            try:
+                proto = yield self._connection()
+                reply = yield proto.read_segment(self.segment, self.offset + len(self._buffer),
+                                                 self.read_size, self.token)
+            except (ConnectionLost, ConnectionDone, ConnectionError) as e:
+                failures += 1
+                if failures > self.max_retries:
+                    raise
+                self.log.info("reader of {segment}: reconnecting after {error}",
+                              segment=self.segment, error=e)
+                self._proto = None
+                continue
+            buf = self._buffer + reply.data if self._buffer else reply.data
+            events, used = codec.split_events(buf)
+            self._buffer = buf[used:]
+            self.offset += used
+            if events:
+                return events
+            if reply.end_of_segment and not reply.data:
+                self.end_of_segment = True
+                if self._buffer:
+                    raise codec.ProtocolError("segment ends inside an event")
+                return []
+
+    def close(self):
+        proto, self._proto = self._proto, None
+        if proto is not None and not proto.closed.called:
+            proto.transport.loseConnection()
+            return proto.closed
+        return defer.succeed(None)
