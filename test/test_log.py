@@ -397,6 +397,23 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         self.assertRaises(PositionOutOfRange, list, reader.read("events", 0, 5))
         self.assertRaises(LogNotFound, reader.bounds, "nope")
 
+    def test_directory_reader_sees_appends_after_a_cached_scan(self):
+        log = self.log()
+        self.successResultOf(log.append([b"a", b"b"]))
+        reader = LogDirectoryReader(self.path)
+        self.assertEqual(reader.bounds("events"), (0, 2))
+        self.successResultOf(log.append([b"c"]))
+        self.successResultOf(log.append([b"d", b"e"]))
+        self.assertEqual(reader.bounds("events"), (0, 5))  # resumed, not rescanned
+        got = [r for b in reader.read("events", 1, 5) for r in b.records()]
+        self.assertEqual(got, [b"b", b"c", b"d", b"e"])
+        # a torn batch after the cached part ends what a reader sees
+        seg = os.path.join(self.path, "events", "%020d.seg" % 0)
+        self.successResultOf(log.append([b"f"]))
+        with open(seg, "r+b") as f:
+            f.truncate(os.path.getsize(seg) - 1)
+        self.assertEqual(reader.bounds("events"), (0, 5))
+
     def test_big_append_splits_into_batches(self):
         from streamproto.log import format as fmt
         self.patch(fmt, "MAX_BATCH_DATA", 100)

@@ -10,8 +10,10 @@ reads by positions the server reported as synced (a styx-server's
 C{end_position}).
 """
 
+import copy
 import json
 import os
+from collections import OrderedDict
 
 from streamproto.log.config import validate_name
 from streamproto.log.errors import LogNotFound, PositionOutOfRange
@@ -19,6 +21,44 @@ from streamproto.log.format import (
     SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header, index_file_name,
 )
 from streamproto.log.segments import FileIO, Segment, read_records, recover_segment
+
+
+#: Segments already scanned and verified, by (path, inode): a later snapshot
+#: only scans what was appended since (readers are called per Spark task and
+#: per offset query; re-verifying a large last segment each time is costly).
+_SCANNED = OrderedDict()
+_SCANNED_MAX = 4096
+
+
+def _remember(key, seg):
+    state = copy.copy(seg)
+    state.fd = None
+    state.idx_pos, state.idx_off, state.idx_file = \
+        state.idx_pos[:], state.idx_off[:], state.idx_file[:]
+    _SCANNED[key] = state
+    _SCANNED.move_to_end(key)
+    while len(_SCANNED) > _SCANNED_MAX:
+        _SCANNED.popitem(last=False)
+
+
+def _scan(io, seg, key, last):
+    """Bring C{seg} up to date with its file, reusing an earlier scan."""
+    known = _SCANNED.get(key)
+    size = io.fstat_size(seg.fd)
+    if known is not None and known.size <= size and known.position == seg.position:
+        fd = seg.fd
+        seg.__dict__.update(copy.copy(known).__dict__)
+        seg.fd = fd
+        seg.idx_pos, seg.idx_off, seg.idx_file = \
+            known.idx_pos[:], known.idx_off[:], known.idx_file[:]
+        if seg.size == size:
+            return None
+        problem = recover_segment(io, seg, verify=True, attributes={}, resume=True)
+    else:
+        problem = recover_segment(io, seg, verify=last, attributes={})
+    if problem is None:
+        _remember(key, seg)
+    return problem
 
 
 class _Snapshot:
@@ -51,7 +91,7 @@ class _Snapshot:
             seg = Segment(seg_path, fd, pos, off, created, 1 << 20)
             last = i == len(names) - 1
             if not (not last and self._load_index(io, path, seg)):
-                problem = recover_segment(io, seg, verify=last, attributes={})
+                problem = _scan(io, seg, (seg_path, os.fstat(fd).st_ino), last)
                 if problem is not None and not last:
                     self.segments.append(seg)
                     break

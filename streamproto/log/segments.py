@@ -299,18 +299,22 @@ def offset_in_segment(io, seg, position):
     return seg.end_offset
 
 
-def recover_segment(io, seg, verify, attributes):
+def recover_segment(io, seg, verify, attributes, resume=False):
     """
     Blocking: scan a segment's batches, rebuilding its index and folding
     their attributes into C{attributes}.
 
+    @param resume: continue after what C{seg} already accounts for (its
+        C{size}, C{end_position}, C{end_offset}) instead of from the start.
     @return: None if the whole file is valid, else (good_size, reason): the
         caller decides whether to cut the file there (the tail) or call the
         log corrupt.
     """
     end_file = io.fstat_size(seg.fd)
-    pos = SEGMENT_HEADER_SIZE
-    position, offset = seg.position, seg.offset
+    if resume:
+        pos, position, offset = seg.size, seg.end_position, seg.end_offset
+    else:
+        pos, position, offset = SEGMENT_HEADER_SIZE, seg.position, seg.offset
     try:
         for buf, h, at in iter_batches(io, seg.fd, pos, position, offset, end_file,
                                        verify=verify):
