@@ -399,6 +399,12 @@ class LogsRouteTests(HTTPTestBase):
 
     @defer.inlineCallbacks
     def test_metrics(self):
+        from prometheus_client import REGISTRY
+
+        def suite(name):
+            return REGISTRY.get_sample_value(name, {"server": "styx-server"}) or 0.0
+        before_in = suite("streamproto_records_in_total")
+        before_out = suite("streamproto_records_out_total")
         yield self.make_log("events")
         yield self.call("POST", "/logs/events/records", body=binary([b"ab", b"cd", b"e"]),
                         headers={"Content-Type": BINARY})
@@ -415,6 +421,10 @@ class LogsRouteTests(HTTPTestBase):
         self.assertIn('styx_http_errors_total{code="log_not_found"} 1.0', text)
         self.assertTrue(response.headers.getRawHeaders("content-type")[0].startswith(
             "text/plain"))
+        # the suite-wide metrics are served too, and counted these records
+        self.assertIn("streamproto_fsync_seconds", text)
+        self.assertEqual(suite("streamproto_records_in_total") - before_in, 3)
+        self.assertEqual(suite("streamproto_records_out_total") - before_out, 2)
 
 
 class CORSTests(HTTPTestBase):

@@ -7,8 +7,13 @@ C{log_record_count} and C{log_file_size} with a C{log} label, read from the
 store at scrape time.
 """
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
+
+from streamproto.core import metrics as core_metrics
+
+#: this server's label in the suite-wide metrics (streamproto.core.metrics)
+SERVER = "styx-server"
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -61,14 +66,17 @@ class StyxMetrics:
         if count:
             self.records_produced.labels(log).inc(count)
             self.bytes_produced.labels(log).inc(nbytes)
+            core_metrics.RECORDS_IN.labels(SERVER).inc(count)
 
     def consumed(self, log, count, nbytes):
         if count:
             self.records_consumed.labels(log).inc(count)
             self.bytes_consumed.labels(log).inc(nbytes)
+            core_metrics.RECORDS_OUT.labels(SERVER).inc(count)
 
     def error(self, code):
         self.http_errors.labels(code).inc()
+        core_metrics.ERRORS.labels(SERVER, code).inc()
 
     def forget(self, log):
         """Drop the series of a deleted log."""
@@ -80,9 +88,13 @@ class StyxMetrics:
                 pass
 
     def render(self, infos):
-        """The text exposition, with C{infos} (log info dicts) as log sizes."""
+        """
+        The text exposition: this server's metrics (the reference's names,
+        with C{infos} (log info dicts) as log sizes), then the suite-wide
+        ones (connections, bytes, fsync, store; see doc/operations.rst).
+        """
         self._sizes.infos = list(infos)
         try:
-            return generate_latest(self.registry)
+            return generate_latest(self.registry) + generate_latest(REGISTRY)
         finally:
             self._sizes.infos = []
