@@ -111,7 +111,35 @@ done:
     return result;
 }
 
+/*
+ * The first genrand_int32() after init_genrand(seed >>> 0), as npm
+ * mersenne-twister 1.1.0's `new Twister(seed).random_int()`: only state
+ * words 0, 1 and 397 matter for the first output, so seeding stops at 397
+ * and one twist step is computed instead of 624.
+ */
+static uint32_t mt19937_first_u32(uint32_t s) {
+    uint32_t x = s, m1, y;
+    x = 1812433253u * (x ^ (x >> 30)) + 1u;
+    m1 = x;
+    for (uint32_t i = 2; i <= 397; i++) x = 1812433253u * (x ^ (x >> 30)) + i;
+    y = (s & 0x80000000u) | (m1 & 0x7fffffffu);
+    y = x ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
+    y ^= y >> 11;
+    y ^= (y << 7) & 0x9d2c5680u;
+    y ^= (y << 15) & 0xefc60000u;
+    y ^= y >> 18;
+    return y;
+}
+
+static PyObject *mt19937_first(PyObject *self, PyObject *arg) {
+    unsigned long long seed = PyLong_AsUnsignedLongLongMask(arg);  /* seed >>> 0 */
+    if (seed == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    return PyLong_FromUnsignedLong(mt19937_first_u32((uint32_t)seed));
+}
+
 static PyMethodDef methods[] = {
+    {"mt19937_first", mt19937_first, METH_O,
+     "mt19937_first(seed) -> npm mersenne-twister's first random_int() for that seed"},
     {"frame_records", frame_records, METH_VARARGS,
      "frame_records(lengths, data, prefix) -> bytes of [prefix][u32 BE size][payload]*"},
     {"scan_frames", scan_frames, METH_VARARGS,

@@ -1,0 +1,453 @@
+"""
+The reliable-stream client, both modes.
+
+L{StatefulClient} asks for C{count} values under a random UUID and returns
+them with the verified CRC; L{StatelessClient} takes C{count} values of the
+endless stream.  Both survive dropped connections::
+
+    endpoint = client_endpoint(reactor, "127.0.0.1", 7300, tls_options_or_None)
+    result = yield StatefulClient(endpoint, count=1000).run()
+    print(result.crc, len(result.values), result.reconnects)
+
+Reconnection (the spec's rules, in L{_Reconnector}, an automat machine):
+after an established connection drops the client reconnects at once; after
+a failed connection attempt it waits (C{retry_delay}, default 5 s, may grow
+with C{backoff}) and gives up once C{give_up_after} (30 s) have passed since
+the connection was lost, because the server may have dropped the session
+by then.  An C{{"error"}} from the server ends the run at once (no resume).
+"""
+
+import uuid as uuid_module
+import zlib
+from struct import Struct
+from typing import NamedTuple
+
+from automat import MethodicalMachine
+from twisted.internet import defer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+
+from streamproto.reliable import codec
+from streamproto.reliable.errors import (
+    CRCMismatch,
+    ProtocolError,
+    RemoteError,
+    StreamGaveUp,
+)
+
+DEFAULT_RETRY_DELAY = 5.0
+DEFAULT_GIVE_UP_AFTER = 30.0
+DEFAULT_ACK_EVERY = 16
+#: seconds without a byte from the server before the connection is dropped
+#: (and resumed): a half-open connection would otherwise hang the client
+DEFAULT_IDLE_TIMEOUT = 60.0
+
+_pack_u32 = Struct(">I").pack
+
+
+class StreamResult(NamedTuple):
+    """What a client run returns."""
+    values: list
+    crc: int | None      # the verified final CRC (stateful), None (stateless)
+    reconnects: int
+    uuid: str | None = None
+
+
+class _StatefulSession:
+    """The client side of one stateful stream, independent of connections."""
+
+    stateful = True
+
+    def __init__(self, count, uuid, ack_every):
+        self.count = count
+        self.uuid = uuid
+        self.ack_every = ack_every
+        self.last_id = 0
+        self.values = []
+        self.crc = 0
+        self.final_crc = None
+
+    def initial_message(self):
+        if self.last_id == 0:
+            # nothing received yet: ask again (what the reference client
+            # does; the reference server also mistakes state 0 for absent)
+            return codec.encode_open(self.uuid, self.count)
+        return codec.encode_resume(self.uuid, self.last_id)
+
+    def receive(self, message):
+        """
+        One server message -> (lines to send back, finished?).  Raises
+        L{ProtocolError} / L{CRCMismatch} on a message that cannot be right.
+        """
+        if not isinstance(message, codec.StatefulMessage):
+            raise ProtocolError("expected a stateful message")
+        if message.message_id != self.last_id + 1:
+            raise ProtocolError(
+                f"message id {message.message_id} after {self.last_id}: not the next one")
+        self.last_id = message.message_id
+        self.values.append(message.value)
+        self.crc = zlib.crc32(_pack_u32(message.value), self.crc)
+        if message.crc is not None:
+            if message.message_id != self.count:
+                raise ProtocolError(f"final message at id {message.message_id}, "
+                                    f"expected {self.count}")
+            if message.crc != self.crc:
+                raise CRCMismatch(f"server CRC {message.crc} != computed {self.crc}")
+            self.final_crc = self.crc
+            return [], True
+        if message.message_id >= self.count:
+            raise ProtocolError("more messages than requested")
+        if self.ack_every and message.message_id % self.ack_every == 0:
+            return [codec.encode_ack(self.uuid, message.message_id)], False
+        return [], False
+
+    def result(self, reconnects):
+        return StreamResult(self.values, self.final_crc, reconnects, self.uuid)
+
+
+class _StatelessSession:
+    """
+    The client side of a stateless stream: resumes from the last value.
+    Values grow without bound (the default stream doubles), so with
+    C{keep=False} only the last one is kept.
+    """
+
+    stateful = False
+
+    def __init__(self, count, keep=True):
+        self.count = count
+        self.keep = keep
+        self.received = 0
+        self.last = None
+        self.values = []
+
+    def initial_message(self):
+        if self.last is None:
+            return codec.encode_stateless_start()
+        return codec.encode_stateless_resume(self.last)
+
+    def receive(self, message):
+        if not isinstance(message, codec.StatelessValue):
+            raise ProtocolError("expected a stateless value")
+        self.last = message.value
+        self.received += 1
+        if self.keep:
+            self.values.append(message.value)
+        return [], self.received >= self.count
+
+    def result(self, reconnects):
+        return StreamResult(self.values if self.keep else [self.last], None, reconnects)
+
+
+class ReliableStreamClientProtocol(Protocol):
+    """One connection: feeds lines to the session, reports to the reconnector."""
+
+    def __init__(self, session, reconnector):
+        self.session = session
+        self.reconnector = reconnector
+        self._done = False
+        self._idle_call = None
+        self.received = False
+
+    def connectionMade(self):
+        self._decoder = codec.LineDecoder(self.reconnector.max_line)
+        self.transport.write(self.session.initial_message())
+        timeout = self.reconnector.idle_timeout
+        if timeout:
+            self._idle_call = self.reconnector.clock.callLater(timeout, self._idle)
+
+    def _idle(self):
+        self._idle_call = None
+        self.transport.abortConnection()
+
+    def dataReceived(self, data):
+        if self._done:
+            return
+        if self._idle_call is not None:
+            self._idle_call.reset(self.reconnector.idle_timeout)
+        if not self.received:
+            self.received = True
+            self.reconnector.established()
+        try:
+            replies = []
+            finished = False
+            for line in self._decoder.feed(data):
+                if codec.is_blank(line):
+                    continue
+                message = codec.parse_server_message(line, self.session.stateful)
+                if isinstance(message, codec.ErrorMessage):
+                    raise RemoteError(message.text)
+                more, finished = self.session.receive(message)
+                replies += more
+                if finished:
+                    break
+        except Exception as e:
+            self._stop()
+            self.transport.loseConnection()
+            self.reconnector.failed(e)
+            return
+        if replies:
+            self.transport.writeSequence(replies)
+        if finished:
+            self._stop()
+            self.transport.loseConnection()
+            self.reconnector.finished()
+
+    def _stop(self):
+        self._done = True
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.cancel()
+        self._idle_call = None
+
+    def connectionLost(self, reason):
+        was_done = self._done
+        self._stop()
+        self.reconnector.connection_lost(was_done, self.received, reason)
+
+
+class _Reconnector:
+    """
+    Connections of one stream: connect, reconnect at once after a drop,
+    wait after a failed attempt, give up after C{give_up_after} seconds
+    without a connection.
+    """
+
+    _machine = MethodicalMachine()
+    log = Logger()
+
+    def __init__(self, endpoint, session, clock, retry_delay, backoff, max_retry_delay,
+                 give_up_after, idle_timeout, max_line):
+        self.endpoint = endpoint
+        self.session = session
+        self.clock = clock
+        self.retry_delay = retry_delay
+        self.backoff = backoff
+        self.max_retry_delay = max_retry_delay
+        self.give_up_after = give_up_after
+        self.idle_timeout = idle_timeout
+        self.max_line = max_line
+        self.result = defer.Deferred()
+        self.reconnects = 0
+        self._connections = 0
+        self._failed_attempts = 0
+        self._disconnected_at = None
+        self._retry_call = None
+        self._attempt = None
+        self._protocol = None
+
+    # states
+
+    @_machine.state(initial=True)
+    def idle(self):
+        "Not started."
+
+    @_machine.state()
+    def connecting(self):
+        "A connection attempt is in progress."
+
+    @_machine.state()
+    def connected(self):
+        "Streaming over a connection."
+
+    @_machine.state()
+    def waiting(self):
+        "Waiting before the next attempt, after a failed one."
+
+    @_machine.state()
+    def closing(self):
+        "Done (or failed); waiting for the last connection to close."
+
+    @_machine.state()
+    def stopped(self):
+        "The result has been delivered."
+
+    # inputs
+
+    @_machine.input()
+    def start(self):
+        "Begin."
+
+    @_machine.input()
+    def attempt_succeeded(self, protocol):
+        "The endpoint connected."
+
+    @_machine.input()
+    def attempt_failed(self, reason):
+        "The endpoint could not connect."
+
+    @_machine.input()
+    def retry_due(self):
+        "The wait after a failed attempt is over."
+
+    @_machine.input()
+    def _lost(self):
+        "The connection dropped before the stream was complete."
+
+    @_machine.input()
+    def _lost_before_data(self, reason):
+        "The connection dropped before the server said anything (TLS refusal, reset...)."
+
+    @_machine.input()
+    def _closed(self):
+        "The connection closed after the end (or an error) of the stream."
+
+    @_machine.input()
+    def _end(self, outcome):
+        "The stream is complete (outcome: result) or failed (outcome: exception)."
+
+    # outputs
+
+    @_machine.output()
+    def _connect(self):
+        factory = Factory.forProtocol(lambda: ReliableStreamClientProtocol(self.session, self))
+        self._attempt = self.endpoint.connect(factory)
+        self._attempt.addCallbacks(self.attempt_succeeded, self.attempt_failed)
+
+    @_machine.output()
+    def _count_connection(self, protocol):
+        # the failure count and the give-up clock are reset by the first
+        # data from the server (established()), not by a mere TCP connect
+        self._protocol = protocol
+        if self._connections:
+            self.reconnects += 1
+        self._connections += 1
+
+    @_machine.output()
+    def _note_drop(self):
+        self._protocol = None
+        self._disconnected_at = self.clock.seconds()
+        self.log.info("reliable-stream connection lost; reconnecting")
+
+    @_machine.output()
+    def _wait_or_give_up(self, reason):
+        now = self.clock.seconds()
+        if self._disconnected_at is None:
+            self._disconnected_at = now
+        self._failed_attempts += 1
+        delay = min(self.max_retry_delay,
+                    self.retry_delay * self.backoff ** (self._failed_attempts - 1))
+        if now + delay - self._disconnected_at > self.give_up_after:
+            self._retry_call = self.clock.callLater(0, self._end, StreamGaveUp(
+                f"no connection for {self.give_up_after:g} s ({reason.getErrorMessage()}); "
+                "the server may have dropped the stream"))
+        else:
+            self.log.info("reliable-stream connect failed ({why}); retry in {delay:g} s",
+                          why=reason.getErrorMessage(), delay=delay)
+            self._retry_call = self.clock.callLater(delay, self.retry_due)
+
+    @_machine.output()
+    def _cancel_retry(self, outcome):
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        self._retry_call = None
+
+    @_machine.output()
+    def _keep_outcome(self, outcome):
+        self._outcome = outcome
+
+    @_machine.output()
+    def _deliver(self, outcome):
+        self._fire(outcome)
+
+    @_machine.output()
+    def _deliver_kept(self):
+        self._fire(self._outcome)
+
+    def _fire(self, outcome):
+        if isinstance(outcome, Exception):
+            self.result.errback(outcome)
+        else:
+            self.result.callback(self.session.result(self.reconnects))
+
+    idle.upon(start, enter=connecting, outputs=[_connect])
+    connecting.upon(attempt_succeeded, enter=connected, outputs=[_count_connection])
+    connecting.upon(attempt_failed, enter=waiting, outputs=[_wait_or_give_up])
+    waiting.upon(retry_due, enter=connecting, outputs=[_connect])
+    waiting.upon(_end, enter=stopped, outputs=[_cancel_retry, _deliver])
+    connected.upon(_lost, enter=connecting, outputs=[_note_drop, _connect])
+    connected.upon(_lost_before_data, enter=waiting, outputs=[_wait_or_give_up])
+    connected.upon(_end, enter=closing, outputs=[_keep_outcome])
+    closing.upon(_closed, enter=stopped, outputs=[_deliver_kept])
+
+    # what the protocol reports
+
+    def finished(self):
+        self._end(None)
+
+    def failed(self, exception):
+        self._end(exception)
+
+    def established(self):
+        """The server answered: the connection counts as re-established."""
+        self._failed_attempts = 0
+        self._disconnected_at = None
+
+    def connection_lost(self, was_done, received, reason):
+        if was_done:
+            self._closed()
+        elif received:
+            self._lost()
+        else:
+            self._lost_before_data(reason)
+
+
+class _Client:
+    log = Logger()
+
+    def __init__(self, endpoint, clock=None, retry_delay=DEFAULT_RETRY_DELAY, backoff=1.0,
+                 max_retry_delay=DEFAULT_GIVE_UP_AFTER, give_up_after=DEFAULT_GIVE_UP_AFTER,
+                 idle_timeout=DEFAULT_IDLE_TIMEOUT, max_line=codec.DEFAULT_MAX_LINE):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        if retry_delay < DEFAULT_RETRY_DELAY:
+            # the spec: wait at least 5 s after a failed connect
+            raise ValueError("retry_delay must be at least 5 seconds")
+        self.endpoint = endpoint
+        self.clock = clock
+        self._options = dict(retry_delay=retry_delay, backoff=backoff,
+                             max_retry_delay=max(max_retry_delay, retry_delay),
+                             give_up_after=give_up_after, idle_timeout=idle_timeout,
+                             max_line=max_line)
+
+    def run(self):
+        """Fires with a L{StreamResult}, or fails (L{RemoteError}, L{StreamGaveUp}...)."""
+        reconnector = _Reconnector(self.endpoint, self._session(), self.clock, **self._options)
+        reconnector.start()
+        return reconnector.result
+
+
+class StatefulClient(_Client):
+    """
+    Receive C{count} (1..65535) values of a stateful stream and verify the
+    final CRC.  C{uuid} defaults to a random UUID4; C{ack_every} acks every
+    Nth id (16, as the reference client; 0 never acks).
+    """
+
+    def __init__(self, endpoint, count, uuid=None, ack_every=DEFAULT_ACK_EVERY, **kwargs):
+        if not 1 <= count <= codec.MAX_COUNT:
+            raise ValueError(f"count must be in 1..{codec.MAX_COUNT}")
+        super().__init__(endpoint, **kwargs)
+        self.count = count
+        self.uuid = uuid or str(uuid_module.uuid4())
+        self.ack_every = ack_every
+
+    def _session(self):
+        return _StatefulSession(self.count, self.uuid, self.ack_every)
+
+
+class StatelessClient(_Client):
+    """
+    Receive the first C{count} values of a stateless stream (decimal
+    strings); with C{keep=False} the result holds only the last one.
+    """
+
+    def __init__(self, endpoint, count, keep=True, **kwargs):
+        if count < 1:
+            raise ValueError("count must be positive")
+        super().__init__(endpoint, **kwargs)
+        self.count = count
+        self.keep = keep
+
+    def _session(self):
+        return _StatelessSession(self.count, self.keep)
+

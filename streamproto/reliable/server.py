@@ -1,0 +1,486 @@
+"""
+The reliable-stream server: one port, both modes, chosen by the first line.
+
+L{ReliableStreamFactory} is the public entry point::
+
+    from twisted.internet.endpoints import serverFromString
+    store = MemorySessionStore()
+    serverFromString(reactor, "tcp:7300").listen(ReliableStreamFactory(store))
+
+The protocol is thin: the codec parses lines, the session store keeps the
+stateful streams, L{sequence} makes the values.  Any line that is invalid,
+out of protocol or that the store refuses gets C{{"error": "..."}} and the
+connection is closed (the spec; the reference server kept some of them open).
+"""
+
+import random
+
+from twisted.internet import defer
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from streamproto.reliable import codec
+from streamproto.reliable.errors import ProtocolError, ReliableError
+from streamproto.reliable.sequence import (
+    DoublingSequence,
+    StreamFinished,
+    initial_state,
+    next_message,
+)
+
+#: puts a stateful connection keeps in flight: lets the durable store commit
+#: many messages of a session in one transaction
+DEFAULT_WINDOW = 128
+#: messages generated per connection per reactor turn (fairness)
+DEFAULT_TURN_BATCH = 64
+#: seconds a new connection may take to send its first message
+DEFAULT_INITIAL_TIMEOUT = 30.0
+#: seconds a peer may leave the stream paused (not reading) before it is cut
+DEFAULT_STALL_TIMEOUT = 300.0
+
+
+class _Released:
+    """A one-shot event several parties can wait for."""
+
+    def __init__(self):
+        self._fired = False
+        self._waiters = []
+
+    def wait(self):
+        if self._fired:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._waiters.append(d)
+        return d
+
+    def fire(self):
+        if not self._fired:
+            self._fired = True
+            waiters, self._waiters = self._waiters, []
+            for d in waiters:
+                d.callback(None)
+
+
+@implementer(IPushProducer)
+class ReliableStreamServerProtocol(Protocol):
+    """
+    One connection.  Phases: C{initial} (waiting for the first line),
+    C{waiting} (for an earlier connection of the same session to let go),
+    C{stateless}, C{stateful}, C{closed}.
+    """
+
+    log = Logger()
+
+    def __init__(self):
+        self.phase = "initial"
+        self.uuid = None
+        self.released = _Released()
+        self._claimed = False        # in factory.active (stateful)
+        self._session_taken = False  # got past the previous connection: owns the session
+        self._paused = False
+        self._out = []
+        self._flush_call = None
+        self._pump_call = None
+        self._close_after_flush = False
+        self._in_flight = 0
+        self._generating = False
+        self._pumping = False
+        self._drained = None
+        self._sent_id = 0
+        self._acked = 0
+        self._cursor = None
+        self._tokens = 0.0
+        self._tokens_at = None
+        self._stall_timer = None
+
+    # Connection
+
+    def connectionMade(self):
+        f = self.factory
+        self._decoder = codec.LineDecoder(f.max_line)
+        self._clock = f.clock
+        self._initial_timer = self._clock.callLater(f.initial_timeout, self._initial_timeout)
+        self.transport.registerProducer(self, True)
+
+    def _initial_timeout(self):
+        self._initial_timer = None
+        self._fail("no initial message in time")
+
+    def dataReceived(self, data):
+        if self.phase == "closed":
+            return
+        try:
+            lines = self._decoder.feed(data)
+        except ProtocolError as e:
+            self._fail(str(e))
+            return
+        for line in lines:
+            if self.phase == "closed":
+                return
+            if codec.is_blank(line):
+                continue
+            try:
+                message = codec.parse_client_message(line)
+            except ProtocolError as e:
+                self._fail(str(e))
+                return
+            self._dispatch(message)
+
+    def _dispatch(self, message):
+        if self.phase == "initial":
+            if self._initial_timer is not None:
+                self._initial_timer.cancel()
+                self._initial_timer = None
+            if isinstance(message, codec.StatelessStart):
+                self._start_stateless(self.factory.sequence.start())
+            elif isinstance(message, codec.StatelessResume):
+                try:
+                    cursor = self.factory.sequence.resume(message.state)
+                except ProtocolError as e:
+                    self._fail(str(e))
+                    return
+                self._start_stateless(cursor)
+            elif isinstance(message, codec.StatefulOpen):
+                self._start_stateful(message.uuid, self._open, message.count)
+            elif isinstance(message, codec.StatefulResume):
+                self._start_stateful(message.uuid, self._resume, message.last_id)
+            else:
+                self._fail("the first message must carry params or state, not an ack")
+        elif self.phase == "stateful" and isinstance(message, codec.Ack):
+            self._ack(message)
+        else:
+            self._fail(f"unexpected message in {self.phase} mode")
+
+    def connectionLost(self, reason):
+        was = self.phase
+        self.phase = "closed"
+        for call in (self._initial_timer, self._flush_call, self._pump_call, self._stall_timer):
+            if call is not None and call.active():
+                call.cancel()
+        self._initial_timer = self._flush_call = self._pump_call = self._stall_timer = None
+        if self._claimed:
+            self._let_go()
+        else:
+            self.released.fire()
+        self.log.debug("reliable-stream connection closed ({phase})", phase=was)
+
+    # Output
+
+    def _send(self, line):
+        self._out.append(line)
+        self._schedule_flush()
+
+    def _schedule_flush(self):
+        if self._flush_call is None and self.phase != "closed":
+            self._flush_call = self._clock.callLater(0, self._flush)
+
+    def _flush(self):
+        self._flush_call = None
+        if self._out and self.phase != "closed":
+            out, self._out = self._out, []
+            self.transport.writeSequence(out)
+        if self._close_after_flush and self.phase != "closed":
+            self.transport.loseConnection()
+
+    def _fail(self, text, failure=None):
+        """Send the error after whatever was queued, then close."""
+        if self.phase == "closed" or self._close_after_flush:
+            return
+        if failure is not None:
+            self.log.failure("reliable-stream: {text}", failure, text=text)
+        else:
+            self.log.info("reliable-stream error to {peer}: {text}",
+                          peer=self.transport.getPeer(), text=text)
+        self._out.append(codec.encode_error(text))
+        self._close_after_flush = True
+        self._generating = False
+        self._flush()
+
+    def _errback(self, failure):
+        if failure.check(ReliableError):
+            self._fail(str(failure.value))
+        else:
+            self._fail("internal error", failure)
+
+    # IPushProducer: the transport pauses us when the peer reads slowly
+
+    def pauseProducing(self):
+        self._paused = True
+        timeout = self.factory.stall_timeout
+        if timeout and self._stall_timer is None and self.phase != "closed":
+            self._stall_timer = self._clock.callLater(timeout, self._stalled)
+
+    def resumeProducing(self):
+        self._paused = False
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+        self._schedule_pump()
+
+    def _stalled(self):
+        self._stall_timer = None
+        self.log.info("reliable-stream: {peer} read nothing for {timeout} s; closing",
+                      peer=self.transport.getPeer(), timeout=self.factory.stall_timeout)
+        self.transport.abortConnection()
+
+    def stopProducing(self):
+        self._paused = True
+
+    def _schedule_pump(self, delay=0):
+        if self._pump_call is None and self.phase in ("stateless", "stateful"):
+            self._pump_call = self._clock.callLater(delay, self._pump_now)
+
+    def _pump_now(self):
+        self._pump_call = None
+        if self.phase == "stateless":
+            self._pump_stateless()
+        elif self.phase == "stateful":
+            self._pump_stateful()
+
+    def _take_tokens(self, wanted):
+        """How many of C{wanted} messages the send rate allows now (all without a rate)."""
+        rate = self.factory.rate
+        if not rate:
+            return wanted
+        now = self._clock.seconds()
+        if self._tokens_at is None:
+            self._tokens = 1.0
+        else:
+            # at most one second of burst
+            self._tokens = min(float(rate), self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        n = min(wanted, int(self._tokens))
+        self._tokens -= n
+        if n < wanted:
+            self._schedule_pump((1.0 - (self._tokens - int(self._tokens))) / rate)
+        return n
+
+    # Stateless mode
+
+    def _start_stateless(self, cursor):
+        self.phase = "stateless"
+        self._cursor = cursor
+        self._schedule_pump()
+
+    def _pump_stateless(self):
+        if self._paused or self._close_after_flush:
+            return
+        n = self._take_tokens(self.factory.turn_batch)
+        if n:
+            values, self._cursor = self.factory.sequence.take(self._cursor, n)
+            self.transport.write(codec.encode_stateless_values(values))
+            self._schedule_pump()
+
+    # Stateful mode
+
+    def _start_stateful(self, uuid, then, argument):
+        self.phase = "waiting"
+        self.uuid = uuid
+        self._claimed = True
+        previous = self.factory.claim(uuid, self)
+        d = previous.wait()
+        d.addCallback(self._took_session, then, argument)
+        d.addErrback(self._errback)
+
+    def _took_session(self, _, then, argument):
+        if self.phase == "closed":
+            return
+        self._session_taken = True
+        self.phase = "stateful"
+        return then(argument)
+
+    def _open(self, count):
+        d = self.factory.store.register(self.uuid, initial_state(count, rng=self.factory.rng))
+        d.addCallback(lambda _: self._generate())
+        d.addErrback(self._errback)
+
+    @defer.inlineCallbacks
+    def _resume(self, last_id):
+        store = self.factory.store
+        try:
+            # the reference's rule: state N acknowledges N, then replays after it
+            yield store.ack(self.uuid, last_id)
+            self._acked = self._sent_id = last_id
+            while self.phase == "stateful":
+                message = yield store.after(self.uuid, self._sent_id)
+                if message is None:
+                    break
+                self._deliver(message)
+        except Exception:
+            self._errback(Failure())
+            return
+        if self.phase == "stateful" and not self._close_after_flush:
+            self._generate()
+
+    def _deliver(self, message):
+        self._sent_id = message.id
+        self._send(codec.encode_stateful(message.id, message.data))
+        if isinstance(message.data, dict) and "crc" in message.data:
+            # the last message: the spec has the server close after it
+            self._generating = False
+            self._close_after_flush = True
+
+    def _generate(self):
+        if self.phase == "stateful" and not self._close_after_flush:
+            self._generating = True
+            self._pump_stateful()
+
+    def _pump_stateful(self):
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            f = self.factory
+            issued = 0
+            while (self._generating and not self._paused and self._in_flight < f.window
+                   and issued < f.turn_batch):
+                if not self._take_tokens(1):
+                    break
+                issued += 1
+                self._in_flight += 1
+                d = f.store.put(self.uuid, next_message)
+                d.addCallbacks(self._generated, self._put_failed)
+            if issued >= f.turn_batch and self._generating:
+                self._schedule_pump()
+        finally:
+            self._pumping = False
+
+    def _generated(self, message):
+        self._in_flight -= 1
+        if self.phase == "stateful" and not self._close_after_flush:
+            self._deliver(message)
+            self._pump_stateful()
+        self._check_drained()
+
+    def _put_failed(self, failure):
+        self._in_flight -= 1
+        if failure.check(StreamFinished):
+            # every message exists already (more puts were in flight than
+            # messages left, or the client resumed after the last one)
+            self._generating = False
+            if self._in_flight == 0 and self.phase == "stateful":
+                self._close_after_flush = True
+                self._schedule_flush()
+        elif self.phase == "stateful":
+            self._errback(failure)
+        else:
+            self.log.failure("reliable-stream put failed after disconnect", failure)
+        self._check_drained()
+
+    def _ack(self, message):
+        if message.uuid != self.uuid:
+            self._fail("ack for another session")
+            return
+        if message.message_id > self._sent_id:
+            self._fail("Unknown message ID")
+            return
+        if message.message_id < self._acked:
+            self._fail("Out-of-order ACK")
+            return
+        self._acked = message.message_id
+        d = self.factory.store.ack(self.uuid, message.message_id)
+        d.addErrback(self._errback)
+
+    # Leaving a session
+
+    def _check_drained(self):
+        if self._in_flight == 0 and self._drained is not None:
+            d, self._drained = self._drained, None
+            d.callback(None)
+
+    def _let_go(self):
+        """After the connection is lost: finish the puts in flight, disconnect, release."""
+        if not self._session_taken:
+            # never got the session: release once the previous holder has
+            previous = self.factory.previous_of(self)
+            previous.wait().addBoth(lambda _: self._release())
+            return
+        self._drained = defer.Deferred()
+        d = self._drained
+        self._check_drained()
+        d.addCallback(lambda _: self.factory.store.disconnect(self.uuid))
+        d.addErrback(lambda f: self.log.info(
+            "disconnect of session {uuid}: {error}", uuid=self.uuid, error=f.getErrorMessage()))
+        d.addBoth(lambda _: self._release())
+
+    def _release(self):
+        self.factory.release(self.uuid, self)
+        self.released.fire()
+
+
+class ReliableStreamFactory(Factory):
+    """
+    Serves both modes on one port.
+
+    @param store: an L{ISessionStore} for the stateful mode.
+    @param sequence: the stateless L{IStatelessSequence} (default: doubling).
+    @param rate: messages per second per connection (None: unlimited).
+    @param max_line: bound of an incoming line, in bytes.
+    @param window: puts a stateful connection keeps in flight.
+    @param initial_timeout: seconds allowed for the first line.
+    @param stall_timeout: seconds a peer may leave the stream paused (its
+        socket buffer full) before the connection is cut; None: forever.
+    @param clock: IReactorTime (default: the reactor).
+    """
+
+    protocol = ReliableStreamServerProtocol
+    log = Logger()
+
+    def __init__(self, store, sequence=None, rate=None, max_line=codec.DEFAULT_MAX_LINE,
+                 window=DEFAULT_WINDOW, turn_batch=DEFAULT_TURN_BATCH,
+                 initial_timeout=DEFAULT_INITIAL_TIMEOUT, stall_timeout=DEFAULT_STALL_TIMEOUT,
+                 clock=None, rng=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        if rate is not None and rate <= 0:
+            raise ValueError("rate must be positive")
+        self.store = store
+        self.sequence = sequence or DoublingSequence(rng or random)
+        self.rate = rate
+        self.max_line = max_line
+        self.window = window
+        self.turn_batch = turn_batch
+        self.initial_timeout = initial_timeout
+        self.stall_timeout = stall_timeout
+        self.clock = clock
+        self.rng = rng or random.SystemRandom()
+        # uuid -> the newest connection of that session
+        self.active = {}
+        # connection -> the connection it waits for
+        self._previous = {}
+
+    def claim(self, uuid, proto):
+        """
+        Make C{proto} the session's connection; an older one is cut (the
+        client only reconnects once it thinks the old one is gone).  Returns
+        the L{_Released} to wait for before touching the session.
+        """
+        previous = self.active.get(uuid)
+        self.active[uuid] = proto
+        if previous is None:
+            done = _Released()
+            done.fire()
+            self._previous[proto] = done
+            return done
+        self.log.info("session {uuid}: a new connection takes over", uuid=uuid)
+        self._previous[proto] = previous.released
+        if previous.transport is not None and previous.phase != "closed":
+            previous.transport.abortConnection()
+        return previous.released
+
+    def previous_of(self, proto):
+        return self._previous.get(proto) or _fired()
+
+    def release(self, uuid, proto):
+        self._previous.pop(proto, None)
+        if self.active.get(uuid) is proto:
+            del self.active[uuid]
+
+
+def _fired():
+    r = _Released()
+    r.fire()
+    return r

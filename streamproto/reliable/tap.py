@@ -1,0 +1,92 @@
+"""
+C{twistd reliable-stream-server}: both modes on one port (default
+C{tcp:7341}), sessions in SQLite under C{--data} (or in memory).
+
+The umbrella C{twistd streamproto} passes its shared log store in; this
+server does not use it: its sessions are small, short-lived key/value state
+that fits SQLite better than an append-only log.
+"""
+
+import os
+
+from twisted.application import service
+from twisted.logger import Logger
+from twisted.python import usage
+
+from streamproto.core.tap import ServerOptions, listen, positive_int
+from streamproto.reliable import codec
+from streamproto.reliable.server import DEFAULT_WINDOW, ReliableStreamFactory
+from streamproto.reliable.session import DEFAULT_EXPIRY, MemorySessionStore, SQLiteSessionStore
+
+DEFAULT_PORT = "tcp:7341"
+SQLITE_FILE = "reliable-sessions.sqlite"
+
+
+def _positive_float(name):
+    def coerce(value):
+        try:
+            v = float(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number")
+        if v <= 0:
+            raise ValueError(f"{name} must be positive")
+        return v
+    coerce.coerceDoc = "Positive number."
+    return coerce
+
+
+class Options(ServerOptions):
+    defaultPort = DEFAULT_PORT
+    optParameters = [
+        ["store", None, "sqlite", "Session store: sqlite (durable, under --data) or memory."],
+        ["expiry", None, DEFAULT_EXPIRY, "Seconds a disconnected session is kept.",
+         _positive_float("expiry")],
+        ["rate", None, None, "Messages per second per connection (default: unlimited).",
+         _positive_float("rate")],
+        ["max-line", None, codec.DEFAULT_MAX_LINE, "Longest accepted line, in bytes.",
+         positive_int("max-line")],
+        ["window", None, DEFAULT_WINDOW, "Messages a stateful connection keeps in flight.",
+         positive_int("window")],
+    ]
+
+    def postOptions(self):
+        super().postOptions()
+        if self["store"] not in ("sqlite", "memory"):
+            raise usage.UsageError("--store is sqlite or memory")
+
+
+class SessionStoreService(service.Service):
+    """Closes the session store (committing what is queued) when the server stops."""
+
+    log = Logger()
+
+    def __init__(self, store):
+        self.store = store
+
+    def stopService(self):
+        super().stopService()
+        return self.store.close()
+
+
+def make_store(options, clock=None):
+    if options["store"] == "memory":
+        return MemorySessionStore(clock, expiry=options["expiry"])
+    os.makedirs(options["data"], exist_ok=True)
+    return SQLiteSessionStore(os.path.join(options["data"], SQLITE_FILE), clock,
+                              expiry=options["expiry"])
+
+
+def makeService(options, store=None):
+    """
+    @param store: the umbrella's shared log store, not used (see the module
+        docstring); the session store is opened here.
+    """
+    top = service.MultiService()
+    top.setName("reliable-stream-server")
+    sessions = make_store(options)
+    # added first so that it stops last, after the listeners
+    SessionStoreService(sessions).setServiceParent(top)
+    factory = ReliableStreamFactory(sessions, rate=options["rate"], max_line=options["max-line"],
+                                    window=options["window"])
+    listen(top, options["port"], factory)
+    return top
