@@ -1,0 +1,362 @@
+"""
+The public Twisted API of Relink.
+
+Listener side: a L{ListenerFactory} hosts named L{RelinkEndpoint}s; each
+endpoint has an L{IChannelHandler} and keeps its links (by link id) across
+reconnections for C{link_timeout} seconds.
+
+Connector side: a L{Connector} keeps one L{Link} alive over a client
+endpoint, reconnecting (with back-off) and resuming the link.
+
+Sending, on either side: C{link.channel(id).send(parts, ack=CONSUMED)}
+returns a Deferred that fires when the peer acknowledged the message at that
+level; C{send_many} is the bulk path (one Deferred for a batch).
+"""
+
+import itertools
+
+from twisted.application.internet import ClientService
+from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from zope.interface import Interface, implementer
+
+from streamproto.relink.codec import ConnectorHandshake, ProtocolError
+from streamproto.relink.link import Link, LinkConfig, LinkLost
+from streamproto.relink.protocol import ConnectorProtocol, ListenerProtocol
+
+
+class IChannelHandler(Interface):
+    """What an endpoint (or a connector) does with what its peer sends."""
+
+    def link_attached(link, resumed):
+        """A connection carries C{link} now (C{resumed}: an old link id was agreed)."""
+
+    def messages_received(link, channel_id, messages):
+        """
+        Messages arrived on a channel without transactions (in order, a batch
+        of everything one read brought).
+
+        @param messages: list of messages, each a tuple of bytes parts.
+        @return: None if they are consumed already, else a Deferred firing
+            when they are: that fires the C{consumed} acknowledgement.  A
+            failure discards the link (the sender learns it on reconnect).
+        """
+
+    def commit_received(link, channel_id, messages):
+        """
+        The peer committed these messages (on a channel with transactions).
+
+        @return: True (committed) or False (uncommitted), or a Deferred of
+            it; a failure counts as uncommitted.
+        """
+
+    def channel_closed(link, channel_id):
+        """The peer closed a channel (every message on it was consumed)."""
+
+    def peer_shutdown(link):
+        """The peer will open no more channels."""
+
+    def link_closed(link, reason):
+        """The link state is gone (L{LinkLost} with why)."""
+
+
+@implementer(IChannelHandler)
+class ChannelHandler:
+    """Defaults: consume at once, refuse commits, ignore the rest."""
+
+    def link_attached(self, link, resumed):
+        pass
+
+    def messages_received(self, link, channel_id, messages):
+        return None
+
+    def commit_received(self, link, channel_id, messages):
+        return False
+
+    def channel_closed(self, link, channel_id):
+        pass
+
+    def peer_shutdown(self, link):
+        pass
+
+    def link_closed(self, link, reason):
+        pass
+
+
+def _epoch_now(clock):
+    return max(1, int(clock.seconds() * 1_000_000))
+
+
+class RelinkEndpoint:
+    """
+    A named service on a listener: the handshake parameters it accepts, its
+    handler, and the links of its connectors.
+
+    @param connector_id_size: channel id size of the connector's channels.
+    @param listener_id_size: channel id size of ours.
+    """
+
+    log = Logger()
+
+    def __init__(self, name, handler, *, connector_id_size=0, listener_id_size=0,
+                 connector_transactions=False, listener_transactions=False, config=None,
+                 clock=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.name = name
+        self.handler = IChannelHandler(handler)
+        self.connector_id_size = connector_id_size
+        self.listener_id_size = listener_id_size
+        self.connector_transactions = connector_transactions
+        self.listener_transactions = listener_transactions
+        self.config = config or LinkConfig()
+        self.clock = clock
+        self.epoch = _epoch_now(clock)
+        self.links = {}
+        self._ids = itertools.count(1)
+        self._expiry = {}
+        self._connections = {}
+
+    def accept(self, hs, connection):
+        """
+        Match a handshake: @return: C{(link, resumed)}; link None when the
+        old link was required and is gone.  @raise ProtocolError: mismatch.
+        """
+        if (hs.connector_id_size, hs.listener_id_size) != (self.connector_id_size,
+                                                           self.listener_id_size):
+            raise ProtocolError("channel id sizes differ")
+        if (hs.connector_transactions, hs.listener_transactions) != (
+                self.connector_transactions, self.listener_transactions):
+            raise ProtocolError("transaction flags differ")
+        link = None
+        if hs.epoch == self.epoch and hs.link_id:
+            link = self.links.get(hs.link_id)
+        if link is not None:
+            old = self._connections.get(link.link_id)
+            if old is not None and old is not connection and link.attached:
+                # the connector came back before we noticed the old connection die
+                link.detach()
+                old.transport.abortConnection()
+            self._cancel_expiry(link.link_id)
+            self._connections[link.link_id] = connection
+            return link, True
+        if hs.require_old_link:
+            return None, False
+        if len(self.links) >= self.config.max_links:
+            raise ProtocolError("too many links")
+        link_id = next(self._ids)
+        link = _ListenerLink(self, self.handler, self.clock, role="listener",
+                             own_id_size=self.listener_id_size,
+                             peer_id_size=self.connector_id_size,
+                             own_transactions=self.listener_transactions,
+                             peer_transactions=self.connector_transactions,
+                             config=self.config, link_id=link_id, epoch=self.epoch)
+        self.links[link_id] = link
+        self._connections[link_id] = connection
+        return link, False
+
+    def _detached(self, link):
+        if self.links.get(link.link_id) is link and link.lost is None:
+            self._cancel_expiry(link.link_id)
+            self._expiry[link.link_id] = self.clock.callLater(
+                self.config.link_timeout, self._expire, link)
+
+    def _expire(self, link):
+        self._expiry.pop(link.link_id, None)
+        if not link.attached:
+            self.log.info("relink: link {link_id} of endpoint {name} expired",
+                          link_id=link.link_id, name=self.name)
+            link.discard(LinkLost("link expired while disconnected"))
+
+    def _discarded(self, link):
+        self._cancel_expiry(link.link_id)
+        if self.links.get(link.link_id) is link:
+            del self.links[link.link_id]
+        self._connections.pop(link.link_id, None)
+
+    def _cancel_expiry(self, link_id):
+        call = self._expiry.pop(link_id, None)
+        if call is not None and call.active():
+            call.cancel()
+
+    def close(self):
+        """Discard every link (stopping a server)."""
+        for link in list(self.links.values()):
+            link.discard(LinkLost("endpoint closed"))
+
+
+class _ListenerLink(Link):
+    """A link that tells its endpoint when it is detached or discarded."""
+
+    def __init__(self, endpoint, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.endpoint = endpoint
+
+    def detach(self):
+        was = self.attached
+        super().detach()
+        if was:
+            self.endpoint._detached(self)
+
+    def discard(self, reason):
+        super().discard(reason)
+        self.endpoint._discarded(self)
+
+
+class ListenerFactory(Factory):
+    """
+    Serves the named endpoints: C{endpoint.listen(ListenerFactory([...]))}.
+    """
+
+    def __init__(self, endpoints, config=None, clock=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.clock = clock
+        self.config = config or LinkConfig()
+        self.endpoints = {e.name: e for e in endpoints}
+
+    def buildProtocol(self, addr):
+        p = ListenerProtocol(self, self.clock)
+        p.factory = self
+        return p
+
+    def stopFactory(self):
+        for e in self.endpoints.values():
+            e.close()
+
+
+class Connector:
+    """
+    The connecting peer of one link, reconnecting and resuming it.
+
+    @param endpoint: an C{IStreamClientEndpoint} (see
+        L{streamproto.core.tls.client_endpoint} for TCP or TLS).
+    @param name: the listener's endpoint name.
+    @param handler: the L{IChannelHandler} for the listener's channels.
+    """
+
+    log = Logger()
+
+    def __init__(self, endpoint, name, handler=None, *, connector_id_size=0,
+                 listener_id_size=0, connector_transactions=False,
+                 listener_transactions=False, require_old_link=False, config=None,
+                 clock=None, retry_policy=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.name = name
+        self.handler = IChannelHandler(handler or ChannelHandler())
+        self.connector_id_size = connector_id_size
+        self.listener_id_size = listener_id_size
+        self.connector_transactions = connector_transactions
+        self.listener_transactions = listener_transactions
+        self.require_old_link = require_old_link
+        self.config = config or LinkConfig()
+        self.clock = clock
+        self.link = self._new_link()
+        self._linked_waiters = []
+        self._service = None
+        self._endpoint = endpoint
+        self._retry_policy = retry_policy
+        self.protocol = None
+
+    def _new_link(self):
+        return Link(self.handler, self.clock, role="connector",
+                    own_id_size=self.connector_id_size, peer_id_size=self.listener_id_size,
+                    own_transactions=self.connector_transactions,
+                    peer_transactions=self.listener_transactions, config=self.config)
+
+    # -- life cycle ----------------------------------------------------------
+    def start(self):
+        """Connect (and keep reconnecting until L{stop} or a completed shutdown)."""
+        if self._service is None:
+            factory = Factory.forProtocol(lambda: ConnectorProtocol(self, self.clock))
+            kwargs = {}
+            if self._retry_policy is not None:
+                kwargs["retryPolicy"] = self._retry_policy
+            self._service = ClientService(self._endpoint, factory, clock=self.clock, **kwargs)
+            self._service.startService()
+        return self
+
+    def stop(self):
+        """Stop reconnecting and close the connection; the link state is kept."""
+        service, self._service = self._service, None
+        if service is None:
+            d = Deferred()
+            d.callback(None)
+            return d
+        return service.stopService()
+
+    def when_linked(self):
+        """A Deferred firing with the L{Link} once a handshake completed."""
+        d = Deferred()
+        if self.link.attached:
+            d.callback(self.link)
+        else:
+            self._linked_waiters.append(d)
+        return d
+
+    def shutdown(self):
+        """Shut the link down (see L{Link.shutdown}), then stop reconnecting."""
+        d = self.link.shutdown()
+        d.addBoth(self._after_shutdown)
+        return d
+
+    def _after_shutdown(self, result):
+        stopped = self.stop()
+        stopped.addCallback(lambda _: result)
+        return stopped
+
+    # -- called by ConnectorProtocol -------------------------------------------
+    def handshake(self):
+        link = self.link
+        return ConnectorHandshake(self.name, self.connector_id_size, self.listener_id_size,
+                                  self.connector_transactions, self.listener_transactions,
+                                  self.require_old_link and bool(link.link_id),
+                                  link.epoch if link.link_id else 0, link.link_id)
+
+    def linked(self, epoch, link_id):
+        """The listener answered; @return: (link or None, resumed)."""
+        link = self.link
+        if link_id == 0:
+            self.log.warn("relink: listener no longer knows link {link_id}",
+                          link_id=link.link_id)
+            reason = LinkLost("the listener lost the link")
+            link.discard(reason)
+            self.link = self._new_link()
+            self.stop()
+            waiters, self._linked_waiters = self._linked_waiters, []
+            for d in waiters:
+                d.errback(reason)
+            return None, False
+        resumed = link.link_id != 0 and (link.epoch, link.link_id) == (epoch, link_id)
+        if not resumed:
+            if link.link_id != 0 or link.lost is not None:
+                self.log.info("relink: new link {link_id} (was {old}); old state discarded",
+                              link_id=link_id, old=link.link_id)
+                link.discard(LinkLost("the listener started a new link"))
+                link = self.link = self._new_link()
+            link.epoch, link.link_id = epoch, link_id
+        waiters, self._linked_waiters = self._linked_waiters, []
+        self.clock.callLater(0, self._fire_linked, waiters, link)
+        return link, resumed
+
+    def _fire_linked(self, waiters, link):
+        for d in waiters:
+            d.callback(link)
+
+    def connection_lost(self, protocol):
+        if self.protocol is protocol:
+            self.protocol = None
+        link = self.link
+        if link.lost is not None and self._service is not None:
+            # the link ended for good (shutdown or protocol error): start afresh
+            if link.shutdown_sent and link.peer_shutdown:
+                self.stop()
+            else:
+                self.link = self._new_link()
+
+
+__all__ = [
+    "ChannelHandler", "Connector", "IChannelHandler", "ListenerFactory", "RelinkEndpoint",
+]

@@ -1,0 +1,139 @@
+"""
+C{streamproto relink}: a small Relink client.
+
+    streamproto relink send [--connect HOST:PORT] [--endpoint log] [--channel N]
+                            [--transactions] [--commit-every K] < lines
+    streamproto relink echo [--connect HOST:PORT] [--count N] [--size B]
+
+C{send} sends every stdin line (without its newline) as one message and
+exits once all are consumed (or committed); C{echo} round-trips messages
+through the server's C{echo} endpoint and prints the rate.  TLS: C{--ca}
+(verify the server), C{--cert}/C{--key} (client certificate).
+"""
+
+import argparse
+import sys
+import time
+
+from twisted.internet import defer, task
+
+from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.relink.api import ChannelHandler, Connector
+
+
+class _Counter(ChannelHandler):
+    def __init__(self):
+        self.count = 0
+        self.waiter = None
+        self.want = 0
+
+    def messages_received(self, link, channel_id, messages):
+        self.count += len(messages)
+        if self.waiter is not None and self.count >= self.want:
+            d, self.waiter = self.waiter, None
+            d.callback(self.count)
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="streamproto relink", description=__doc__.split("\n\n")[0])
+    p.add_argument("--connect", default="127.0.0.1:7350", help="HOST:PORT of the server")
+    p.add_argument("--ca", help="CA bundle to verify the server with (turns TLS on)")
+    p.add_argument("--cert", help="client certificate (PEM)")
+    p.add_argument("--key", help="client private key (PEM)")
+    p.add_argument("--server-name", help="name to verify in the server certificate")
+    p.add_argument("--id-size", type=int, default=4, help="channel id size (server's --id-size)")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("send", help="send stdin lines as messages")
+    s.add_argument("--endpoint", default="log")
+    s.add_argument("--channel", type=int, default=0)
+    s.add_argument("--transactions", action="store_true",
+                   help="use connector transactions (the server's log-tx endpoint)")
+    s.add_argument("--commit-every", type=int, default=1000)
+    e = sub.add_parser("echo", help="round-trip messages through the echo endpoint")
+    e.add_argument("--count", type=int, default=10000)
+    e.add_argument("--size", type=int, default=64)
+    return p
+
+
+def _connector(reactor, args, endpoint, handler, transactions=False):
+    host, _, port = args.connect.rpartition(":")
+    tls = None
+    if args.ca or args.cert:
+        tls = client_tls_options(args.server_name or host, ca_certs=args.ca, cert=args.cert,
+                                 private_key=args.key)
+    c = Connector(client_endpoint(reactor, host, int(port), tls), endpoint, handler,
+                  connector_id_size=args.id_size, listener_id_size=args.id_size,
+                  connector_transactions=transactions)
+    return c.start()
+
+
+@defer.inlineCallbacks
+def _send(reactor, args, lines):
+    c = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
+    link = yield c.when_linked()
+    ch = link.channel(args.channel)
+    sent = 0
+    pending = []
+    last = None
+    for line in lines:
+        while ch.room <= 0:
+            yield ch.when_writable()
+        last = ch.send_payloads([line.rstrip(b"\n")])
+        sent += 1
+        if args.transactions and sent % args.commit_every == 0:
+            pending.append(ch.commit())
+    if args.transactions and (sent % args.commit_every or not pending):
+        pending.append(ch.commit())
+    if last is not None:
+        yield last
+    results = yield defer.gatherResults(pending)
+    yield c.shutdown()
+    failed = results.count(False)
+    sys.stdout.write(f"sent {sent} messages" + (f", {failed} commits failed" if failed else "")
+                     + "\n")
+    return 1 if failed else 0
+
+
+@defer.inlineCallbacks
+def _echo(reactor, args):
+    counter = _Counter()
+    c = _connector(reactor, args, "echo", counter)
+    link = yield c.when_linked()
+    ch = link.channel(1)
+    payload = b"e" * args.size
+    counter.want = args.count
+    counter.waiter = defer.Deferred()
+    start = time.perf_counter()
+    sent = 0
+    while sent < args.count:
+        room = min(ch.room, args.count - sent)
+        if room <= 0:
+            yield ch.when_writable()
+            continue
+        ch.send_payloads([payload] * room, ack=None)
+        sent += room
+    yield counter.waiter
+    elapsed = time.perf_counter() - start
+    yield c.shutdown()
+    sys.stdout.write(f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
+                     f"{args.count / elapsed:,.0f} msg/s\n")
+    return 0
+
+
+def main(argv):
+    args = _parser().parse_args(argv)
+    result = []
+
+    def run(reactor):
+        if args.command == "send":
+            d = _send(reactor, args, sys.stdin.buffer)
+        else:
+            d = _echo(reactor, args)
+        return d.addCallback(result.append)
+
+    try:
+        task.react(run)
+    except SystemExit as e:
+        if e.code:
+            return e.code
+    return result[0] if result else 1

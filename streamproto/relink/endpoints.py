@@ -1,0 +1,173 @@
+"""
+The endpoints the relink server hosts.
+
+- C{echo}: every message is sent back on the same channel (for testing peers).
+- C{log} / C{log-tx}: a bridge to the log store.  Messages on channel N are
+  appended to the log named by the template (C{{channel}} is replaced by N);
+  a message's parts are concatenated into one record.  Without transactions
+  (C{log}) a batch is acknowledged consumed once its append is durable; with
+  connector transactions (C{log-tx}) a commit appends all its messages in one
+  C{append} (atomic) and is acknowledged committed once durable.
+"""
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from streamproto.relink.api import ChannelHandler, IChannelHandler, RelinkEndpoint
+from streamproto.relink.link import LinkError
+
+DEFAULT_LOG_TEMPLATE = "relink-{channel}"
+
+
+@implementer(IChannelHandler)
+class EchoHandler(ChannelHandler):
+    """
+    Sends each message back on the channel with the same id.  A batch is
+    consumed once the echo is accepted into our send window, so a peer that
+    does not consume our echoes is slowed down rather than buffered.
+    """
+
+    log = Logger()
+
+    def __init__(self):
+        self._queues = {}   # (link, channel) -> [(messages, Deferred)] waiting for room
+
+    def messages_received(self, link, channel_id, messages):
+        key = (link, channel_id)
+        queue = self._queues.get(key)
+        if queue is None:
+            if link.channel(channel_id).room >= len(messages):
+                self._echo(link, channel_id, messages)
+                return None
+            queue = self._queues[key] = []
+        d = Deferred()
+        queue.append((list(messages), d))
+        if len(queue) == 1:
+            self._drain(key)
+        return d
+
+    def _drain(self, key):
+        link, channel_id = key
+        queue = self._queues[key]
+        try:
+            channel = link.channel(channel_id)
+            while queue:
+                messages, d = queue[0]
+                room = channel.room
+                if room <= 0:
+                    channel.when_writable().addCallbacks(lambda _: self._drain(key),
+                                                         lambda f: self._fail(key, f))
+                    return
+                chunk, messages[:] = messages[:room], messages[room:]
+                self._echo(link, channel_id, chunk)
+                if not messages:
+                    queue.pop(0)
+                    d.callback(None)
+        except LinkError:
+            self._fail(key, Failure())
+            return
+        del self._queues[key]
+
+    def _fail(self, key, failure):
+        for _, d in self._queues.pop(key, []):
+            d.errback(failure)
+
+    def peer_shutdown(self, link):
+        # we only ever answer on the peer's channels: shut down with it
+        link.shutdown()
+
+    def _echo(self, link, channel_id, messages):
+        channel = link.channel(channel_id)
+        channel.send_many(messages, ack=None)
+        if channel.transactional:
+            channel.commit().addErrback(lambda f: f.trap(LinkError))
+
+    def commit_received(self, link, channel_id, messages):
+        if messages:
+            self.messages_received(link, channel_id, messages)
+        return True
+
+
+@implementer(IChannelHandler)
+class LogBridgeHandler(ChannelHandler):
+    """Appends what arrives on channel N to the log C{template.format(channel=N)}."""
+
+    log = Logger()
+
+    def __init__(self, store, template=DEFAULT_LOG_TEMPLATE):
+        self.store = store
+        self.template = template
+        self._logs = {}
+        self._opening = {}
+
+    def _log(self, channel_id):
+        name = self.template.format(channel=channel_id)
+        log = self._logs.get(name)
+        if log is not None:
+            return succeed(log)
+        d = Deferred()
+        waiters = self._opening.get(name)
+        if waiters is None:
+            # one open per log; waiters fire in arrival order, so appends
+            # from consecutive batches stay in order
+            waiters = self._opening[name] = [d]
+
+            def opened(log):
+                self._logs[name] = log
+                for w in self._opening.pop(name):
+                    w.callback(log)
+
+            def failed(f):
+                for w in self._opening.pop(name):
+                    w.errback(f)
+
+            self.store.get_or_create(name).addCallbacks(opened, failed)
+        else:
+            waiters.append(d)
+        return d
+
+    def peer_shutdown(self, link):
+        link.shutdown()
+
+    def _append(self, channel_id, records):
+        def forget(f):
+            # a deleted or failed log is reopened next time (or fails again)
+            self._logs.pop(self.template.format(channel=channel_id), None)
+            return f
+
+        return self._log(channel_id).addCallback(
+            lambda log: log.append(records)).addErrback(forget)
+
+    def messages_received(self, link, channel_id, messages):
+        records = [m[0] if len(m) == 1 else b"".join(m) for m in messages]
+        return self._append(channel_id, records)
+
+    def commit_received(self, link, channel_id, messages):
+        if not messages:
+            return True
+        records = [m[0] if len(m) == 1 else b"".join(m) for m in messages]
+
+        def failed(f):
+            self.log.failure("relink log bridge: commit on channel {channel} failed", f,
+                             channel=channel_id)
+            return False
+
+        return self._append(channel_id, records).addCallbacks(lambda _: True, failed)
+
+
+def server_endpoints(store, template=DEFAULT_LOG_TEMPLATE, id_size=4, config=None,
+                     clock=None):
+    """
+    The server's endpoints: C{echo}, C{log} and C{log-tx} (connector
+    transactions), each with C{id_size}-byte channel ids both ways.
+    """
+    bridge = LogBridgeHandler(store, template)
+    common = dict(connector_id_size=id_size, listener_id_size=id_size, config=config,
+                  clock=clock)
+    return [
+        RelinkEndpoint("echo", EchoHandler(), **common),
+        RelinkEndpoint("log", bridge, **common),
+        RelinkEndpoint("log-tx", bridge, connector_transactions=True, **common),
+    ]

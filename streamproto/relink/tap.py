@@ -1,0 +1,59 @@
+"""
+C{twistd relink-server}: the echo and log-bridge endpoints.
+
+Default port: C{tcp:7350} (not assigned by IANA; chosen for this project).
+"""
+
+from twisted.python import usage
+
+from streamproto.core.tap import ServerOptions, positive_int, server_service
+from streamproto.relink.api import ListenerFactory
+from streamproto.relink.endpoints import DEFAULT_LOG_TEMPLATE, server_endpoints
+from streamproto.relink.link import LinkConfig
+
+DEFAULT_PORT = "tcp:7350"
+
+
+def _id_size(value):
+    size = int(value)
+    if not 0 <= size <= 8:
+        raise ValueError("channel id size must be 0..8")
+    return size
+
+
+_id_size.coerceDoc = "0..8."
+
+
+class Options(ServerOptions):
+    """Options of C{twistd relink-server}."""
+
+    defaultPort = DEFAULT_PORT
+    synopsis = "[options]"
+    longdesc = ("Relink server: endpoint 'echo' sends every message back; 'log' and 'log-tx' "
+                "(connector transactions) append channel N to the log named by --log.")
+    optParameters = [
+        ["log", None, DEFAULT_LOG_TEMPLATE,
+         "Log name for channel N ({channel} is replaced by the channel id)."],
+        ["id-size", None, 4, "Channel id size in bytes, both directions.", _id_size],
+        ["window", None, 4096, "Unconsumed messages per channel.", positive_int("window")],
+        ["link-timeout", None, 60, "Seconds a disconnected link is kept for resumption.",
+         positive_int("link-timeout")],
+    ]
+
+    def postOptions(self):
+        super().postOptions()
+        try:
+            self["log"].format(channel=0)
+        except (KeyError, IndexError, ValueError):
+            raise usage.UsageError("--log may only contain {channel}")
+
+
+def makeService(options, store=None):
+    config = LinkConfig(window=options["window"], max_queued=options["window"],
+                        link_timeout=options["link-timeout"])
+
+    def factory(store):
+        return ListenerFactory(server_endpoints(store, options["log"], options["id-size"],
+                                                config), config=config)
+
+    return server_service(options, factory, store=store, name="relink-server")

@@ -1,0 +1,219 @@
+"""
+Relink end to end on the real reactor: TCP and TLS, reconnection after a
+dropped connection, the log bridge on the file store, and the twistd plugin.
+"""
+
+from twisted.internet import defer, reactor
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.task import deferLater
+from twisted.trial import unittest
+
+from streamproto.core.tls import client_endpoint
+from streamproto.log import MemoryLogStore, open_store
+from streamproto.relink import tap
+from streamproto.relink.api import Connector, ListenerFactory
+from streamproto.relink.endpoints import server_endpoints
+from test.test_relink_support import Recorder
+from test.tlsutil import certs
+
+
+class Waiting(Recorder):
+    """A recorder whose test can wait for a number of messages."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._waiters = []
+
+    def messages_received(self, link, channel_id, messages):
+        result = super().messages_received(link, channel_id, messages)
+        for want, d in list(self._waiters):
+            if sum(map(len, self.messages.values())) >= want:
+                self._waiters.remove((want, d))
+                d.callback(None)
+        return result
+
+    def wait_for(self, count):
+        d = defer.Deferred()
+        if sum(map(len, self.messages.values())) >= count:
+            d.callback(None)
+        else:
+            self._waiters.append((count, d))
+        return d
+
+
+class EndToEnd(unittest.TestCase):
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def serve(self, description, store=None):
+        self.store = store if store is not None else MemoryLogStore(reactor)
+        factory = ListenerFactory(server_endpoints(self.store, id_size=4))
+        port = yield serverFromString(reactor, description).listen(factory)
+        self.addCleanup(port.stopListening)
+        return port.getHost().port
+
+    def connector(self, port, name, tls=None, **kw):
+        handler = Waiting()
+        c = Connector(client_endpoint(reactor, "127.0.0.1", port, tls), name, handler,
+                      connector_id_size=4, listener_id_size=4, **kw)
+        c.start()
+        self.addCleanup(c.stop)
+        return c, handler
+
+    @defer.inlineCallbacks
+    def echo_round_trip(self, port, tls=None):
+        c, handler = self.connector(port, "echo", tls)
+        link = yield c.when_linked()
+        msgs = [[b"%d" % i, b"x" * (i % 100)] for i in range(500)]
+        consumed = yield link.channel(9).send_many(msgs)
+        self.assertEqual(consumed, 500)
+        yield handler.wait_for(500)
+        self.assertEqual(handler.messages[9], [tuple(m) for m in msgs])
+        done = yield c.shutdown()
+        self.assertIsNone(done)
+
+    def test_tcp_echo(self):
+        return self.serve("tcp:0:interface=127.0.0.1").addCallback(self.echo_round_trip)
+
+    def test_tls_echo_with_client_certificate(self):
+        d = self.serve(certs().server_endpoint())
+        d.addCallback(self.echo_round_trip, certs().client_options(with_cert=True))
+        return d
+
+    def test_plain_server_tls(self):
+        d = self.serve(certs().ssl_endpoint())
+        d.addCallback(self.echo_round_trip, certs().client_options(with_cert=False))
+        return d
+
+    def test_tls_without_client_certificate_never_links(self):
+        d = self.serve(certs().server_endpoint())
+
+        @defer.inlineCallbacks
+        def go(port):
+            c, _ = self.connector(port, "echo", certs().client_options(with_cert=False))
+            yield deferLater(reactor, 0.5, lambda: None)
+            self.assertFalse(c.link.attached)
+        return d.addCallback(go)
+
+    @defer.inlineCallbacks
+    def test_reconnects_and_resumes(self):
+        port = yield self.serve("tcp:0:interface=127.0.0.1")
+        c, handler = self.connector(port, "echo")
+        link = yield c.when_linked()
+        yield link.channel(1).send([b"before"])
+        first = c.link.owner
+        self.assertIs(first, c.protocol)
+        # drop the TCP connection under the link
+        c.protocol.transport.abortConnection()
+        yield deferLater(reactor, 0.05, lambda: None)
+        after = yield link.channel(1).send([b"after"])
+        self.assertEqual(after, 2)
+        self.assertIs(c.link, link)
+        self.assertIsNot(link.owner, first)
+        yield handler.wait_for(2)
+        self.assertEqual(handler.messages[1], [(b"before",), (b"after",)])
+
+    @defer.inlineCallbacks
+    def test_log_bridge_on_file_store(self):
+        store = open_store(self.mktemp())
+        self.addCleanup(store.close)
+        port = yield self.serve("tcp:0:interface=127.0.0.1", store)
+        c, _ = self.connector(port, "log")
+        link = yield c.when_linked()
+        yield link.channel(5).send_many([[b"rec%d" % i] for i in range(100)])
+        log = yield store.get("relink-5")
+        batch = yield log.read(0, -1)
+        self.assertEqual(list(batch.records()), [b"rec%d" % i for i in range(100)])
+        c2, _ = self.connector(port, "log-tx", connector_transactions=True)
+        link2 = yield c2.when_linked()
+        ch = link2.channel(6)
+        ch.send_many([[b"a"], [b"b", b"c"]], ack=None)
+        ok = yield ch.commit()
+        self.assertTrue(ok)
+        log = yield store.get("relink-6")
+        batch = yield log.read(0, -1)
+        self.assertEqual(list(batch.records()), [b"a", b"bc"])
+
+
+class CommandLine(unittest.TestCase):
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def test_send_and_echo(self):
+        import os
+        import sys
+
+        from twisted.internet.utils import getProcessOutputAndValue
+        store = MemoryLogStore(reactor)
+        factory = ListenerFactory(server_endpoints(store, id_size=4))
+        port = yield serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
+        self.addCleanup(port.stopListening)
+        address = f"127.0.0.1:{port.getHost().port}"
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=root)
+        out, err, code = yield getProcessOutputAndValue(
+            sys.executable, ["-c", "import sys; from streamproto.relink.cli import main; "
+                             "sys.exit(main(sys.argv[1:]))", "--connect", address, "send",
+                             "--channel", "8"], env=env, path=root,
+            reactor=reactor, stdinBytes=b"one\ntwo\n")
+        self.assertEqual((code, out), (0, b"sent 2 messages\n"), err)
+        log = yield store.get("relink-8")
+        batch = yield log.read(0, -1)
+        self.assertEqual(list(batch.records()), [b"one", b"two"])
+        out, err, code = yield getProcessOutputAndValue(
+            sys.executable, ["-c", "import sys; from streamproto.relink.cli import main; "
+                             "sys.exit(main(sys.argv[1:]))", "--connect", address, "echo",
+                             "--count", "100"], env=env, path=root, reactor=reactor)
+        self.assertEqual(code, 0, err)
+        self.assertIn(b"100 messages of 64 B echoed", out)
+
+
+class Plugin(unittest.TestCase):
+    def test_options(self):
+        o = tap.Options()
+        o.parseOptions(["--log", "x-{channel}", "--id-size", "2"])
+        self.assertEqual(o["port"], [tap.DEFAULT_PORT])
+        self.assertEqual((o["log"], o["id-size"]), ("x-{channel}", 2))
+        from twisted.python import usage
+        self.assertRaises(usage.UsageError, tap.Options().parseOptions, ["--log", "{nope}"])
+        self.assertRaises(usage.UsageError, tap.Options().parseOptions, ["--id-size", "9"])
+
+    @defer.inlineCallbacks
+    def test_make_service_serves_echo(self):
+        o = tap.Options()
+        o.parseOptions(["--port", "tcp:0:interface=127.0.0.1"])
+        service = tap.makeService(o, store=MemoryLogStore(reactor))
+        service.startService()
+        self.addCleanup(service.stopService)
+        # do not consume the service's own Deferred: it stops the port with it
+        ready = defer.Deferred()
+        list(service)[0]._waitingForPort.addCallback(lambda p: (ready.callback(p), p)[1])
+        listening = yield ready
+        c = Connector(client_endpoint(reactor, "127.0.0.1", listening.getHost().port, None),
+                      "echo", Waiting(), connector_id_size=4, listener_id_size=4)
+        c.start()
+        self.addCleanup(c.stop)
+        link = yield c.when_linked()
+        n = yield link.channel(3).send([b"hi"])
+        self.assertEqual(n, 1)
+
+    @defer.inlineCallbacks
+    def test_stopping_the_server_drains_connections(self):
+        o = tap.Options()
+        o.parseOptions(["--port", "tcp:0:interface=127.0.0.1"])
+        service = tap.makeService(o, store=MemoryLogStore(reactor))
+        service.startService()
+        ready = defer.Deferred()
+        list(service)[0]._waitingForPort.addCallback(lambda p: (ready.callback(p), p)[1])
+        listening = yield ready
+        c = Connector(client_endpoint(reactor, "127.0.0.1", listening.getHost().port, None),
+                      "log", Waiting(), connector_id_size=4, listener_id_size=4)
+        c.start()
+        self.addCleanup(c.stop)
+        link = yield c.when_linked()
+        n = yield link.channel(3).send([b"kept"])
+        self.assertEqual(n, 1)
+        yield service.stopService()
+        yield deferLater(reactor, 0.05, lambda: None)
+        self.assertFalse(link.attached)
+        self.assertIsNone(link.lost)
