@@ -438,6 +438,16 @@ class CORSTests(HTTPTestBase):
         self.assertIn("Origin", response.headers.getRawHeaders("vary"))
         response, content = yield self.call("GET", "/logs")
         self.assertFalse(response.headers.hasHeader("access-control-allow-origin"))
+        # as the reference (rs/cors): Vary: Origin even without an Origin
+        self.assertEqual(response.headers.getRawHeaders("vary"), ["Origin"])
+
+    @defer.inlineCallbacks
+    def test_no_vary_without_cors(self):
+        self.site.resource.cors_origins = ()
+        response, content = yield self.call("GET", "/logs",
+                                            headers={"Origin": "https://app.example"})
+        self.assertFalse(response.headers.hasHeader("vary"))
+        self.assertFalse(response.headers.hasHeader("access-control-allow-origin"))
 
     @defer.inlineCallbacks
     def test_preflight(self):
@@ -1153,3 +1163,42 @@ class FileStoreTests(unittest.TestCase):
         self.assertEqual((yield client.list_logs()), [])
         self.assertFalse(os.path.exists(os.path.join(self.path, "..", "escape")))
         self.assertEqual([n for n in os.listdir(self.path) if n.startswith(".restore")], [])
+
+    @defer.inlineCallbacks
+    def test_restore_refuses_go_reference_backup(self):
+        """
+        A backup made by the Go reference (styx 0.1.4: a C{config} file and
+        C{segment-...-records}/C{-index} files, another storage format) is
+        refused with 400 invalid_params and leaves nothing behind: the name
+        stays free for restore and create.  (It used to be unpacked into
+        place, answer 404 log_not_found, and block the name.)
+        """
+        from streamproto.styx.api_client import StyxAPIError, StyxClient
+        client = StyxClient(self.base, reactor, pool=self.pool)
+        segment = "segment-00000000000000000000-00000000000000000000-00000000001795324029"
+        go_backup = io.BytesIO()
+        with tarfile.open(fileobj=go_backup, mode="w:gz") as tar:
+            for member, data in (("config", b"\x00" * 68),
+                                 (segment + "-records", b"\x00\x00\x00\x02hi" + b"\x00" * 8),
+                                 (segment + "-index", b"\x00" * 16)):
+                info = tarfile.TarInfo(member)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+        e = yield self.assertFailure(client.restore_log("gobackup", go_backup.getvalue()),
+                                     StyxAPIError)
+        self.assertEqual((e.status, e.code), (400, "invalid_params"))
+        self.assertIn("not a backup of this server's log store", e.message)
+        self.assertEqual(os.listdir(self.path), [])
+        # a config.json that is not a log configuration is refused the same way
+        bad_config = io.BytesIO()
+        with tarfile.open(fileobj=bad_config, mode="w:gz") as tar:
+            info = tarfile.TarInfo("config.json")
+            info.size = 9
+            tar.addfile(info, io.BytesIO(b"not json!"))
+        e = yield self.assertFailure(client.restore_log("gobackup", bad_config.getvalue()),
+                                     StyxAPIError)
+        self.assertEqual((e.status, e.code), (400, "invalid_params"))
+        self.assertEqual(os.listdir(self.path), [])
+        # the name is still free
+        yield client.create_log("gobackup")
+        self.assertEqual((yield client.get_log("gobackup"))["end_position"], 0)

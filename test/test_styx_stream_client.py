@@ -72,7 +72,7 @@ class ProducerTests(unittest.SynchronousTestCase):
     def test_request_head(self):
         lines = self.head.split(b"\r\n")
         self.assertEqual(lines[0], b"POST /logs/my%20log/records HTTP/1.1")
-        for line in (b"Connection: Upgrade", b"Upgrade: styx/0", b"X-Styx-Timeout: 10",
+        for line in (b"Connection: upgrade", b"Upgrade: styx/0", b"X-Styx-Timeout: 10",
                      b"Content-Length: 0"):
             self.assertIn(line, lines)
         self.assertTrue(self.head.endswith(b"\r\n\r\n"))
@@ -189,6 +189,20 @@ class HandshakeTests(unittest.SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         proto.connectionLost(Failure(ConnectionDone()))
         self.assertEqual(self.failureResultOf(ready, APIError).value.code, "invalid_params")
+
+    def test_connection_header_spelled_as_the_go_server_wants(self):
+        # the Go reference's router takes the upgrade only for this exact value
+        self.assertIn(b"\r\nConnection: upgrade\r\n", _request_head("GET", "h:1", "x", None, 30))
+
+    def test_heartbeat_within_our_own_timeout_too(self):
+        # a server may announce a longer timeout than it keeps (the Go one
+        # says 100 and closes after 30): heartbeat within the shorter one
+        clock = Clock()
+        producer = StyxProducer("log", clock=clock)
+        proto, transport = attach(producer, "POST", (ACK, HEARTBEAT_TYPE, ERROR), clock,
+                                  timeout=30)
+        proto.dataReceived(SWITCH.replace(b"X-Styx-Timeout: 6", b"X-Styx-Timeout: 100"))
+        self.assertEqual(proto.heartbeat_interval, 15)
 
     def test_data_in_the_same_segment_as_the_101(self):
         clock = Clock()

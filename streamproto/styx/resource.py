@@ -16,6 +16,7 @@ websocket} are handed to L{streamproto.styx.stream.upgrade}.
 import importlib
 import inspect
 import io
+import json
 import os
 import tarfile
 import tempfile
@@ -618,7 +619,12 @@ class StyxResource(Resource):
         was a preflight (answered).
         """
         origin = header(request, b"origin")
-        if origin is None or not self.cors_origins:
+        if not self.cors_origins:
+            return False
+        if origin is None:
+            # rs/cors (the reference) marks every response: a shared cache
+            # must not serve one made without Origin to a CORS request
+            request.responseHeaders.addRawHeader(b"Vary", b"Origin")
             return False
         origin = origin.decode("latin-1")
         asked_method = header(request, b"access-control-request-method")
@@ -862,7 +868,14 @@ class StyxResource(Resource):
         from twisted.internet.threads import deferToThread
         yield deferToThread(_untar_into, request.content, root, name)
         opener = getattr(self.store, "open_log", None) or self.store.get
-        yield opener(name)
+        try:
+            yield opener(name)
+        except Exception as e:
+            # never leave an unopenable directory behind under the name
+            yield deferToThread(_discard_directory, root, name)
+            log.warn("restored log {name} cannot be opened: {error}", name=name, error=e)
+            raise APIError("invalid_params",
+                           f"api: params: restored log cannot be opened: {e}")
         log.info("restored log {name}", name=name)
         self._empty(request)
 
@@ -1156,6 +1169,7 @@ def _untar_into(fileobj, root, name):
                         out.write(block)
                     out.flush()
                     os.fsync(out.fileno())
+        _check_backup(staging)
         _fsync_dir(staging)
         if os.path.exists(target):
             raise LogExists(f"log {name!r} exists")
@@ -1166,12 +1180,47 @@ def _untar_into(fileobj, root, name):
         raise
 
 
+#: The member every backup of our log store has (the file store's log
+#: configuration).  A backup made by another Styx server (the Go reference
+#: keeps C{config}, C{segment-...-records} and C{-index} files) has none.
+BACKUP_CONFIG_MEMBER = "config.json"
+
+
+def _check_backup(staging):
+    """
+    Refuse an archive that is not a backup of our log store before it
+    becomes a log directory: without this a foreign archive (e.g. the Go
+    reference's) was renamed into place, could not be opened (404), and
+    left a directory behind that blocked the name.
+    """
+    path = os.path.join(staging, BACKUP_CONFIG_MEMBER)
+    if not os.path.isfile(path):
+        raise APIError("invalid_params",
+                       f"api: params: not a backup of this server's log store (no "
+                       f"{BACKUP_CONFIG_MEMBER}); backups of other Styx servers use "
+                       f"another storage format")
+    try:
+        with open(path, "rb") as f:
+            LogConfig.from_mapping(json.loads(f.read()))
+    except (ValueError, TypeError, AttributeError) as e:
+        raise APIError("invalid_params",
+                       f"api: params: bad {BACKUP_CONFIG_MEMBER} in backup: {e}")
+
+
 def _fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _discard_directory(root, name):
+    """Move C{root/name} out of the way (atomically), then delete it."""
+    target = os.path.join(root, name)
+    doomed = tempfile.mkdtemp(prefix=f".restore-failed-{name}-", dir=root)
+    os.rename(target, os.path.join(doomed, name))
+    _remove_tree(doomed)
 
 
 def _remove_tree(path):

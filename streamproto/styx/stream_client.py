@@ -73,7 +73,7 @@ def _request_head(method, host, name, query, timeout):
     lines = [
         f"{method} {path} HTTP/1.1",
         f"Host: {host}",
-        "Connection: Upgrade",
+        "Connection: upgrade",  # the Go server matches this exact spelling
         "Upgrade: styx/0",
         f"X-Styx-Timeout: {int(timeout)}",
         "User-Agent: streamproto-styx",
@@ -208,7 +208,9 @@ class _StyxClientProtocol(Protocol):
         except ValueError:
             remote = DEFAULT_TIMEOUT
         self.remote_timeout = remote
-        self.heartbeat_interval = max(1.0, remote / 2.0)
+        # heartbeat within both timeouts: the Go server closes after its own
+        # tcp_timeout even when it announces a longer X-Styx-Timeout
+        self.heartbeat_interval = max(1.0, min(remote, self.timeout) / 2.0)
         now = self._clock.seconds()
         self._last_received = self._last_sent = now
         self._idle_call = self._clock.callLater(self.timeout, self._check_idle)
