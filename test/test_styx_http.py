@@ -364,8 +364,12 @@ class LogsRouteTests(HTTPTestBase):
         self.assertEqual((response.code, content), (200, b""))
         response, content = yield self.call("GET", "/logs/events")
         info = json.loads(content)
+        # as the reference: empty, positions start again at 0, config kept
         self.assertEqual((info["start_position"], info["end_position"], info["record_count"]),
-                         (3, 3, 0))
+                         (0, 0, 0))
+        yield self.call("POST", "/logs/events/records", body=b"d")
+        response, content = yield self.call("GET", "/logs/events/records")
+        self.assertEqual(content, b"d")
         yield self.assertError("POST", "/logs/nope/truncate", 404, "log_not_found")
         response, content = yield self.call("DELETE", "/logs/events")
         self.assertEqual((response.code, content), (200, b""))

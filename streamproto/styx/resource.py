@@ -813,8 +813,14 @@ class StyxResource(Resource):
 
     @defer.inlineCallbacks
     def truncate_log(self, request, name):
+        # The reference empties the log and starts positions again at 0, so
+        # its CLI's default read (origin, position 0) works after a
+        # truncate: recreate the log with the same configuration.  Streams
+        # open on it end, as on a delete.
         the_log = yield self.store.get(name)
-        yield the_log.truncate()
+        config = the_log.config
+        yield self.store.delete(name)
+        yield self.store.create(name, config)
         log.info("truncated log {name}", name=name)
         self._empty(request)
 
