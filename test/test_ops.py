@@ -227,3 +227,45 @@ class StatusTests(unittest.TestCase):
         code = yield deferToThread(status.main, ["--once", "--metrics",
                                                  "http://127.0.0.1:1/metrics"], io.StringIO())
         self.assertEqual(code, 1)
+
+
+class HalfCloseTests(unittest.TestCase):
+    """The tracking wrapper passes a client's half-close on to the protocol."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def test_half_close_reaches_protocol(self):
+        from twisted.internet.interfaces import IHalfCloseableProtocol
+        from zope.interface import implementer
+
+        @implementer(IHalfCloseableProtocol)
+        class AnswerAtEOF(protocol.Protocol):
+            def connectionMade(self):
+                self.got = b""
+
+            def dataReceived(self, data):
+                self.got += data
+
+            def readConnectionLost(self):
+                # the request is complete: answer on the still-open half
+                self.transport.write(b"got " + self.got)
+                self.transport.loseConnection()
+
+            def writeConnectionLost(self):
+                pass
+
+        o = Options()
+        o.parseOptions(["--data", tempfile.mkdtemp()])
+        top = server_service(o, lambda store: protocol.Factory.forProtocol(AnswerAtEOF),
+                             name="t-half")
+        top.startService()
+        self.addCleanup(top.stopService)
+        listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
+        (port,) = yield defer.gatherResults([c._waitingForPort for c in listeners])
+        c = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
+            protocol.Factory.forProtocol(Client))
+        c.transport.write(b"request")
+        c.transport.loseWriteConnection()
+        yield c.closed
+        self.assertEqual(c.received, b"got request")

@@ -13,17 +13,38 @@ import json
 import time
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger, eventAsJSON, jsonFileLogObserver
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.web import resource
 from twisted.web.server import Site
+from zope.interface import implementer
 
 from streamproto.core import metrics
 from streamproto.core.tls import peer_identity
 
 
+@implementer(IHalfCloseableProtocol)
 class TrackedConnection(ProtocolWrapper):
-    """Counts bytes and reports the connection's life; forwards everything."""
+    """
+    Counts bytes and reports the connection's life; forwards everything,
+    half-closes included (a styx/0 producer half-closes and then waits for
+    its final ack).
+    """
+
+    def readConnectionLost(self):
+        p = IHalfCloseableProtocol(self.wrappedProtocol, None)
+        if p is not None:
+            p.readConnectionLost()
+        else:
+            self.transport.loseConnection()
+
+    def writeConnectionLost(self):
+        p = IHalfCloseableProtocol(self.wrappedProtocol, None)
+        if p is not None:
+            p.writeConnectionLost()
+        else:
+            self.transport.loseConnection()
 
     def makeConnection(self, transport):
         self.opened = time.monotonic()
