@@ -71,7 +71,8 @@ class VectorTests(SynchronousTestCase):
             {c.name: int(c) for c in ErrorCode},
             {"UNKNOWN": 0, "UNKNOWN_MESSAGE_TYPE": 1, "INVALID_RECORD_SIZE": 2,
              "RECORD_TOO_LARGE": 3, "UNEXPECTED_MESSAGE": 4, "EARLY_DATA": 5, "TIMEOUT": 6,
-             "LOG_NOT_FOUND": 7, "LOG_NOT_AVAILABLE": 8, "POSITION_OUT_OF_RANGE": 9})
+             "LOG_NOT_FOUND": 7, "LOG_NOT_AVAILABLE": 8, "POSITION_OUT_OF_RANGE": 9,
+             "SHUTDOWN": 10})
 
 
 class DecoderTests(SynchronousTestCase):

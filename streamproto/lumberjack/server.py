@@ -31,7 +31,7 @@ not acked yet are the client's to send again.
 from collections import deque
 
 from automat import MethodicalMachine
-from twisted.internet.defer import maybeDeferred
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
@@ -99,6 +99,8 @@ class LumberjackServerProtocol(Protocol):
         self._in_advance = False
         self._idle_call = None
         self._keepalive_call = None
+        self._shutting_down = False
+        self._gone = []             # Deferreds of gracefulShutdown, fired at connectionLost
 
     # -- Twisted's side -----------------------------------------------------------
     def connectionMade(self):
@@ -112,6 +114,51 @@ class LumberjackServerProtocol(Protocol):
 
     def connectionLost(self, reason):
         self._lost()
+        gone, self._gone = self._gone, []
+        for d in gone:
+            d.callback(None)
+
+    def gracefulShutdown(self):
+        """
+        The server is stopping (called by
+        L{streamproto.core.ops.TrackingFactory}): read no more batches; the
+        events of the current batch received so far are stored and acked
+        (a partial ack, as for C{flush_bytes}), a batch already with the
+        sink is acked once stored, then the connection is closed.  What was
+        not acked is the client's to send again.
+
+        @return: a Deferred firing once the connection is gone.
+        """
+        if self._closed:
+            return succeed(None)
+        d = Deferred()
+        self._gone.append(d)
+        if self._shutting_down:
+            return d
+        self._shutting_down = True
+        if self._writing:
+            pass                    # _ack closes once the sink is done
+        elif self._pending and not self._throttled:
+            self._part_filled()     # store and ack what arrived of this batch
+        else:
+            self._close_for_shutdown()
+        return d
+
+    def _close_for_shutdown(self):
+        if not self._closed:
+            self.log.info("lumberjack: closing {peer}: server shutting down", peer=self.peer)
+            self._lose()
+
+    def _lose(self):
+        """Release everything, then close (reading again: see below)."""
+        paused = self._paused or self._throttled
+        self._release()
+        if paused:
+            # input is ignored from now on, but a TLS close completes only
+            # once the peer's close_notify is read
+            self._paused = False
+            self.transport.resumeProducing()
+        self.transport.loseConnection()
 
     def dataReceived(self, data):
         if self._closed:
@@ -137,7 +184,8 @@ class LumberjackServerProtocol(Protocol):
     def _process(self):
         backlog = self._backlog
         decoder = self.decoder
-        while not self._writing and not self._throttled and not self._closed:
+        while (not self._writing and not self._throttled and not self._closed
+               and not self._shutting_down):
             if not backlog:
                 wanted = 0 if self._window is None else self._window - self._received
                 frames = decoder.decode(wanted)
@@ -333,6 +381,9 @@ class LumberjackServerProtocol(Protocol):
         factory.metric_records.inc(count)
         factory.metric_acks.inc()
         self.transport.write(encode_ack(seq, version))
+        if self._shutting_down:
+            # the last ack of this connection is written: goodbye
+            self._close_for_shutdown()
 
     @_machine.output()
     def _restart_keepalive(self):
@@ -360,6 +411,8 @@ class LumberjackServerProtocol(Protocol):
     def _resume(self):
         if self._paused:
             self._paused = False
+            if self._closed:
+                return      # closed right after its last ack (shutdown)
             self.transport.resumeProducing()
             self._advance()
 
@@ -391,8 +444,7 @@ class LumberjackServerProtocol(Protocol):
 
     @_machine.output()
     def _disconnect(self):
-        self._release()
-        self.transport.loseConnection()
+        self._lose()
 
     @_machine.output()
     def _shut(self):

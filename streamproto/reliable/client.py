@@ -148,6 +148,7 @@ class ReliableStreamClientProtocol(Protocol):
         self._done = False
         self._idle_call = None
         self.received = False
+        self._server_leaving = False
 
     def connectionMade(self):
         self._decoder = codec.LineDecoder(self.reconnector.max_line)
@@ -161,7 +162,7 @@ class ReliableStreamClientProtocol(Protocol):
         self.transport.abortConnection()
 
     def dataReceived(self, data):
-        if self._done:
+        if self._done or self._server_leaving:
             return
         if self._idle_call is not None:
             self._idle_call.reset(self.reconnector.idle_timeout)
@@ -176,6 +177,12 @@ class ReliableStreamClientProtocol(Protocol):
                     continue
                 message = codec.parse_server_message(line, self.session.stateful)
                 if isinstance(message, codec.ErrorMessage):
+                    if message.text == codec.SHUTDOWN_ERROR:
+                        # the server is stopping, the session stays: this is
+                        # a dropped connection (reconnect and resume), not
+                        # the end of the stream
+                        self._server_leaving = True
+                        break
                     raise RemoteError(message.text)
                 more, finished = self.session.receive(message)
                 replies += more
@@ -188,6 +195,9 @@ class ReliableStreamClientProtocol(Protocol):
             return
         if replies:
             self.transport.writeSequence(replies)
+        if self._server_leaving:
+            self.transport.loseConnection()
+            return
         if finished:
             self._stop()
             self.transport.loseConnection()

@@ -201,6 +201,11 @@ class StatefulMessage(NamedTuple):
     crc: int | None
 
 
+#: the error line a stopping server sends every connection (the session
+#: stays resumable: clients reconnect and resume, as after a drop)
+SHUTDOWN_ERROR = "server shutting down"
+
+
 def encode_error(text):
     return json.dumps({"error": str(text)}).encode() + b"\n"
 

@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core import metrics
 from streamproto.reliable import codec
 from streamproto.reliable.errors import ProtocolError, ReliableError
 from streamproto.reliable.sequence import (
@@ -40,6 +41,10 @@ DEFAULT_TURN_BATCH = 64
 DEFAULT_INITIAL_TIMEOUT = 30.0
 #: seconds a peer may leave the stream paused (not reading) before it is cut
 DEFAULT_STALL_TIMEOUT = 300.0
+#: the error line every connection gets when the server stops
+SHUTDOWN_ERROR = codec.SHUTDOWN_ERROR
+#: the C{server} label of the suite-wide Prometheus metrics
+SERVER_NAME = "reliable-stream-server"
 
 
 class _Released:
@@ -95,6 +100,10 @@ class ReliableStreamServerProtocol(Protocol):
         self._tokens = 0.0
         self._tokens_at = None
         self._stall_timer = None
+        self._shutting_down = False
+        self._gone = []              # Deferreds of gracefulShutdown
+        self._unsent_count = 0       # messages queued since the last flush (metrics)
+        self._stored_count = 0       # messages stored since the last flush (metrics)
 
     # Connection
 
@@ -165,11 +174,40 @@ class ReliableStreamServerProtocol(Protocol):
             self._let_go()
         else:
             self.released.fire()
+        self._unsent_count = 0      # queued, never written
+        self._count_flushed()
         self.log.debug("reliable-stream connection closed ({phase})", phase=was)
+        gone, self._gone = self._gone, []
+        for d in gone:
+            d.callback(None)
+
+    def gracefulShutdown(self):
+        """
+        The server is stopping (called by
+        L{streamproto.core.ops.TrackingFactory}): generate nothing more, let
+        the messages being stored finish and go out, then send
+        C{{"error": "server shutting down"}} and close.  A stateful session
+        is disconnected, not ended: the client resumes it (C{state}) once
+        the server is back, and every message it did not ack is replayed.
+
+        @return: a Deferred firing once the connection is gone.
+        """
+        if self.phase == "closed":
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._gone.append(d)
+        self._shutting_down = True
+        self._generating = False
+        if self._in_flight == 0:
+            self._fail(SHUTDOWN_ERROR)
+        # else: _generated / _put_failed send it once the last put is done
+        return d
 
     # Output
 
     def _send(self, line):
+        if self._close_after_flush:
+            return      # after the error or the last message: nothing more
         self._out.append(line)
         self._schedule_flush()
 
@@ -182,13 +220,26 @@ class ReliableStreamServerProtocol(Protocol):
         if self._out and self.phase != "closed":
             out, self._out = self._out, []
             self.transport.writeSequence(out)
+            self._count_flushed()
         if self._close_after_flush and self.phase != "closed":
             self.transport.loseConnection()
+
+    def _count_flushed(self):
+        """Feed the metrics once per write, not once per message."""
+        f = self.factory
+        if self._unsent_count:
+            f.metric_records_out.inc(self._unsent_count)
+            self._unsent_count = 0
+        if self._stored_count:
+            f.metric_records_in.inc(self._stored_count)
+            self._stored_count = 0
 
     def _fail(self, text, failure=None):
         """Send the error after whatever was queued, then close."""
         if self.phase == "closed" or self._close_after_flush:
             return
+        if text != SHUTDOWN_ERROR:
+            metrics.ERRORS.labels(self.factory.server_name, _error_code(text)).inc()
         if failure is not None:
             self.log.failure("reliable-stream: {text}", failure, text=text)
         else:
@@ -272,6 +323,7 @@ class ReliableStreamServerProtocol(Protocol):
         if n:
             values, self._cursor = self.factory.sequence.take(self._cursor, n)
             self.transport.write(codec.encode_stateless_values(values))
+            self.factory.metric_records_out.inc(len(values))
             self._schedule_pump()
 
     # Stateful mode
@@ -317,6 +369,7 @@ class ReliableStreamServerProtocol(Protocol):
 
     def _deliver(self, message):
         self._sent_id = message.id
+        self._unsent_count += 1
         self._send(codec.encode_stateful(message.id, message.data))
         if isinstance(message.data, dict) and "crc" in message.data:
             # the last message: the spec has the server close after it
@@ -350,10 +403,19 @@ class ReliableStreamServerProtocol(Protocol):
 
     def _generated(self, message):
         self._in_flight -= 1
+        if self.phase == "closed":
+            self.factory.metric_records_in.inc()   # stored after the connection ended
+        else:
+            self._stored_count += 1
         if self.phase == "stateful" and not self._close_after_flush:
             self._deliver(message)
             self._pump_stateful()
         self._check_drained()
+        self._maybe_shut()
+
+    def _maybe_shut(self):
+        if self._shutting_down and self._in_flight == 0:
+            self._fail(SHUTDOWN_ERROR)
 
     def _put_failed(self, failure):
         self._in_flight -= 1
@@ -369,6 +431,7 @@ class ReliableStreamServerProtocol(Protocol):
         else:
             self.log.failure("reliable-stream put failed after disconnect", failure)
         self._check_drained()
+        self._maybe_shut()
 
     def _ack(self, message):
         if message.uuid != self.uuid:
@@ -424,6 +487,7 @@ class ReliableStreamFactory(Factory):
     @param stall_timeout: seconds a peer may leave the stream paused (its
         socket buffer full) before the connection is cut; None: forever.
     @param clock: IReactorTime (default: the reactor).
+    @param server_name: the C{server} label of the Prometheus metrics.
     """
 
     protocol = ReliableStreamServerProtocol
@@ -432,7 +496,7 @@ class ReliableStreamFactory(Factory):
     def __init__(self, store, sequence=None, rate=None, max_line=codec.DEFAULT_MAX_LINE,
                  window=DEFAULT_WINDOW, turn_batch=DEFAULT_TURN_BATCH,
                  initial_timeout=DEFAULT_INITIAL_TIMEOUT, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 clock=None, rng=None):
+                 clock=None, rng=None, server_name=SERVER_NAME):
         if clock is None:
             from twisted.internet import reactor as clock
         if rate is not None and rate <= 0:
@@ -447,6 +511,9 @@ class ReliableStreamFactory(Factory):
         self.stall_timeout = stall_timeout
         self.clock = clock
         self.rng = rng or random.SystemRandom()
+        self.server_name = server_name
+        self.metric_records_in = metrics.RECORDS_IN.labels(server_name)
+        self.metric_records_out = metrics.RECORDS_OUT.labels(server_name)
         # uuid -> the newest connection of that session
         self.active = {}
         # connection -> the connection it waits for
@@ -478,6 +545,17 @@ class ReliableStreamFactory(Factory):
         self._previous.pop(proto, None)
         if self.active.get(uuid) is proto:
             del self.active[uuid]
+
+
+def _error_code(text):
+    """A short, bounded label for an error line (the metrics' C{code})."""
+    if text.startswith("line longer than"):
+        return "line_too_long"
+    known = {"Unknown client": "unknown_client", "Unknown message ID": "unknown_message_id",
+             "Out-of-order ACK": "out_of_order_ack", "internal error": "internal_error",
+             "no initial message in time": "initial_timeout",
+             "ack for another session": "ack_for_another_session"}
+    return known.get(text, "protocol_error")
 
 
 def _fired():

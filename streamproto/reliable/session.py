@@ -524,6 +524,16 @@ class SQLiteSessionStore:
     def __contains__(self, uuid):
         return uuid in self._table.sessions
 
+    @property
+    def closed(self):
+        """True once L{close} completed (or the reactor shut the thread down)."""
+        return self._closed
+
+    @property
+    def failure(self):
+        """The L{StoreFailed} a failed commit left, or None while the store works."""
+        return self._failure
+
     @defer.inlineCallbacks
     def close(self):
         """Commit what is queued, then close the database and its thread."""

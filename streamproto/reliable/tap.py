@@ -13,9 +13,9 @@ from twisted.application import service
 from twisted.logger import Logger
 from twisted.python import usage
 
-from streamproto.core.tap import ServerOptions, listen, positive_int
+from streamproto.core.tap import ServerOptions, ServerService, listen, positive_int
 from streamproto.reliable import codec
-from streamproto.reliable.server import DEFAULT_WINDOW, ReliableStreamFactory
+from streamproto.reliable.server import DEFAULT_WINDOW, SERVER_NAME, ReliableStreamFactory
 from streamproto.reliable.session import DEFAULT_EXPIRY, MemorySessionStore, SQLiteSessionStore
 
 DEFAULT_PORT = "tcp:7341"
@@ -68,6 +68,36 @@ class SessionStoreService(service.Service):
         return self.store.close()
 
 
+class _FailedSessions:
+    name = "sessions"
+
+    def __init__(self, failure):
+        self.failure = failure
+
+    def info(self):
+        return {"status": f"failed ({self.failure})"}
+
+
+class SessionStoreHealth:
+    """
+    The session store as C{/ready} sees stores
+    (L{streamproto.core.ops.store_problems}): not ready once closed or once
+    a commit failed (the store then refuses every call until reopened).
+    """
+
+    def __init__(self, sessions):
+        self.sessions = sessions
+
+    @property
+    def closed(self):
+        return bool(getattr(self.sessions, "closed", False))
+
+    @property
+    def _logs(self):
+        failure = getattr(self.sessions, "failure", None)
+        return {} if failure is None else {"sessions": _FailedSessions(failure)}
+
+
 def make_store(options, clock=None):
     if options["store"] == "memory":
         return MemorySessionStore(clock, expiry=options["expiry"])
@@ -81,12 +111,21 @@ def makeService(options, store=None):
     @param store: the umbrella's shared log store, not used (see the module
         docstring); the session store is opened here.
     """
-    top = service.MultiService()
-    top.setName("reliable-stream-server")
+    from streamproto.core.ops import TrackingFactory, metrics_site
+
+    # a ServerService stops the listeners, drains every connection (each
+    # gets "server shutting down" once its stores are done), then the rest
+    top = ServerService(options["shutdown-timeout"], options["log-format"])
+    top.setName(SERVER_NAME)
     sessions = make_store(options)
-    # added first so that it stops last, after the listeners
+    # added first so that it stops last, after the connections are drained
     SessionStoreService(sessions).setServiceParent(top)
     factory = ReliableStreamFactory(sessions, rate=options["rate"], max_line=options["max-line"],
                                     window=options["window"])
-    listen(top, options["port"], factory)
+    tracker = TrackingFactory(factory, SERVER_NAME)
+    top.trackers.append(tracker)
+    listen(top, options["port"], tracker)
+    if options.get("metrics"):
+        # no log store: /ready reports on the session store instead
+        listen(top, [options["metrics"]], metrics_site([SessionStoreHealth(sessions)]))
     return top

@@ -21,9 +21,13 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
+from streamproto.core import metrics
 from streamproto.relink.codec import ConnectorHandshake, ProtocolError
 from streamproto.relink.link import Link, LinkConfig, LinkLost
 from streamproto.relink.protocol import ConnectorProtocol, ListenerProtocol
+
+#: the C{server} label of the relink server in the suite-wide metrics
+SERVER_NAME = "relink-server"
 
 
 class IChannelHandler(Interface):
@@ -209,12 +213,19 @@ class ListenerFactory(Factory):
     Serves the named endpoints: C{endpoint.listen(ListenerFactory([...]))}.
     """
 
-    def __init__(self, endpoints, config=None, clock=None):
+    def __init__(self, endpoints, config=None, clock=None, server_name=SERVER_NAME):
         if clock is None:
             from twisted.internet import reactor as clock
         self.clock = clock
         self.config = config or LinkConfig()
         self.endpoints = {e.name: e for e in endpoints}
+        #: the C{server} label of the suite-wide Prometheus metrics
+        self.server_name = server_name
+        self.metric_acks = metrics.ACKS_SENT.labels(server_name)
+        self.metric_pauses = metrics.BACKPRESSURE_PAUSES.labels(server_name)
+
+    def count_error(self, code):
+        metrics.ERRORS.labels(self.server_name, code).inc()
 
     def buildProtocol(self, addr):
         p = ListenerProtocol(self, self.clock)

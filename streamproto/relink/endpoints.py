@@ -15,7 +15,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.relink.api import ChannelHandler, IChannelHandler, RelinkEndpoint
+from streamproto.core import metrics
+from streamproto.relink.api import SERVER_NAME, ChannelHandler, IChannelHandler, RelinkEndpoint
 from streamproto.relink.link import LinkError
 
 DEFAULT_LOG_TEMPLATE = "relink-{channel}"
@@ -31,8 +32,9 @@ class EchoHandler(ChannelHandler):
 
     log = Logger()
 
-    def __init__(self):
+    def __init__(self, server_name=SERVER_NAME):
         self._queues = {}   # (link, channel) -> [(messages, Deferred)] waiting for room
+        self._records_out = metrics.RECORDS_OUT.labels(server_name)
 
     def messages_received(self, link, channel_id, messages):
         key = (link, channel_id)
@@ -81,6 +83,7 @@ class EchoHandler(ChannelHandler):
     def _echo(self, link, channel_id, messages):
         channel = link.channel(channel_id)
         channel.send_many(messages, ack=None)
+        self._records_out.inc(len(messages))
         if channel.transactional:
             channel.commit().addErrback(lambda f: f.trap(LinkError))
 
@@ -96,8 +99,9 @@ class LogBridgeHandler(ChannelHandler):
 
     log = Logger()
 
-    def __init__(self, store, template=DEFAULT_LOG_TEMPLATE):
+    def __init__(self, store, template=DEFAULT_LOG_TEMPLATE, server_name=SERVER_NAME):
         self.store = store
+        self._records_in = metrics.RECORDS_IN.labels(server_name)
         self.template = template
         self._logs = {}
         self._opening = {}
@@ -137,8 +141,12 @@ class LogBridgeHandler(ChannelHandler):
             self._logs.pop(self.template.format(channel=channel_id), None)
             return f
 
+        def stored(result):
+            self._records_in.inc(len(records))
+            return result
+
         return self._log(channel_id).addCallback(
-            lambda log: log.append(records)).addErrback(forget)
+            lambda log: log.append(records)).addCallbacks(stored, forget)
 
     def messages_received(self, link, channel_id, messages):
         records = [m[0] if len(m) == 1 else b"".join(m) for m in messages]

@@ -653,6 +653,9 @@ class Link:
         self.attached = False
         self.messaging = False
         self.lost = None
+        #: a Prometheus counter child for the acks written (the server's), or None
+        self.ack_counter = None
+        self._acks_emitted = 0
         self.shutdown_sent = False
         self._shutdown_due = False
         self.peer_shutdown = False
@@ -907,6 +910,10 @@ class Link:
             out.append(codec.encode_general(SHUTDOWN))
         if out:
             self._out = []
+            if self._acks_emitted:
+                if self.ack_counter is not None:
+                    self.ack_counter.inc(self._acks_emitted)
+                self._acks_emitted = 0
             self._write(out)
 
     def _ack_dirty(self, ch):
@@ -930,6 +937,7 @@ class Link:
             self._out.append(codec.encode_sequence_packet(SEQUENCE_ACK, ack_type, cid,
                                                           count - 1, size))
         ch.sent_ack[ack_type] = count
+        self._acks_emitted += 1
 
     def _send_ack(self, ch, ack_type, count):
         """A commit result, written in order before the consumed ack it implies."""

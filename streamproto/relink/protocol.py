@@ -42,8 +42,16 @@ class _LinkedConnection(Protocol):
         except Exception:
             return "?"
 
+    def _server(self):
+        """The listener's factory when it keeps metrics (None on the connector side)."""
+        factory = getattr(self, "factory", None)
+        return factory if hasattr(factory, "metric_acks") else None
+
     def _attach(self, link, resumed, rest):
         self.link = link
+        server = self._server()
+        if server is not None:
+            link.ack_counter = server.metric_acks
         link.attach(self.transport.writeSequence, self.transport.loseConnection, resumed,
                     pause=self._pause, owner=self)
         if rest:
@@ -52,6 +60,9 @@ class _LinkedConnection(Protocol):
     def _pause(self, paused):
         # backpressure: the handler has too many bytes unconsumed
         if paused:
+            server = self._server()
+            if server is not None:
+                server.metric_pauses.inc()
             self.transport.pauseProducing()
         else:
             self.transport.resumeProducing()
@@ -71,6 +82,10 @@ class _LinkedConnection(Protocol):
             self._protocol_error(link, e)
 
     def _protocol_error(self, link, error):
+        server = self._server()
+        if server is not None:
+            server.count_error("protocol_error" if isinstance(error, ProtocolError)
+                               else "internal_error")
         link.discard(LinkLost(f"protocol error: {error}"))
         self.transport.loseConnection()
 
@@ -158,6 +173,9 @@ class ListenerProtocol(_LinkedConnection):
     @_machine.output()
     def _close(self, why):
         self.log.info("relink: closing {peer}: {why}", peer=self._peer(), why=why)
+        server = self._server()
+        if server is not None:
+            server.count_error("handshake_refused")
         self.transport.loseConnection()
 
     @_machine.output()

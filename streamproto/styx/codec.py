@@ -90,6 +90,9 @@ class ErrorCode(IntEnum):
     #: The consumer's position was truncated away (retention) or is outside
     #: the log.
     POSITION_OUT_OF_RANGE = 9
+    #: The server is shutting down: what was acked before it is durable;
+    #: the client reconnects later (to this or another server).
+    SHUTDOWN = 10
 
 
 class StyxProtocolError(Exception):

@@ -17,6 +17,12 @@ SERVER = "styx-server"
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# the suite-wide children, looked up once (labels() costs a lock and a dict)
+_RECORDS_IN = core_metrics.RECORDS_IN.labels(SERVER)
+_RECORDS_OUT = core_metrics.RECORDS_OUT.labels(SERVER)
+_ACKS_SENT = core_metrics.ACKS_SENT.labels(SERVER)
+_PAUSES = core_metrics.BACKPRESSURE_PAUSES.labels(SERVER)
+
 
 class _LogSizes:
     """A collector reporting a snapshot of log infos taken before a scrape."""
@@ -66,17 +72,29 @@ class StyxMetrics:
         if count:
             self.records_produced.labels(log).inc(count)
             self.bytes_produced.labels(log).inc(nbytes)
-            core_metrics.RECORDS_IN.labels(SERVER).inc(count)
+            _RECORDS_IN.inc(count)
 
     def consumed(self, log, count, nbytes):
         if count:
             self.records_consumed.labels(log).inc(count)
             self.bytes_consumed.labels(log).inc(nbytes)
-            core_metrics.RECORDS_OUT.labels(SERVER).inc(count)
+            _RECORDS_OUT.inc(count)
 
     def error(self, code):
         self.http_errors.labels(code).inc()
         core_metrics.ERRORS.labels(SERVER, code).inc()
+
+    def stream_error(self, name):
+        """A styx/0 stream ended with an Error message (C{name}: its ErrorCode name)."""
+        core_metrics.ERRORS.labels(SERVER, "styx0_" + name.lower()).inc()
+
+    def ack_sent(self):
+        """A styx/0 producer stream sent an Ack (one per fsync group, not per record)."""
+        _ACKS_SENT.inc()
+
+    def paused(self):
+        """A producer stream stopped reading its socket: storage lags."""
+        _PAUSES.inc()
 
     def forget(self, log):
         """Drop the series of a deleted log."""

@@ -17,7 +17,7 @@ client's C{X-Styx-Timeout}).
 
 from automat import MethodicalMachine
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer, ISSLTransport
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper
@@ -94,6 +94,9 @@ class _StyxStream(Protocol):
     _machine = MethodicalMachine()
     _accept = ()
     role = "stream"
+    #: half-close first when ending (see _send_last_and_close): for streams
+    #: whose client may still be sending
+    _linger_on_close = False
 
     def __init__(self, log, timeout=DEFAULT_TIMEOUT, remote_timeout=None, clock=None,
                  metrics=None):
@@ -157,10 +160,24 @@ class _StyxStream(Protocol):
         self._on_drained()
         if self._error_code is not None:
             self._write(encode_error(self._error_code))
+            if self._metrics is not None and self._error_code != ErrorCode.SHUTDOWN:
+                self._metrics.stream_error(self._error_code.name)
         # from now on input is dropped; reading must go on so that a TLS
         # close (the peer's close_notify) or the peer's FIN can complete it
         self._resume_reading()
-        self.transport.loseConnection()
+        half_close = getattr(self.transport, "loseWriteConnection", None)
+        if (self._linger_on_close and half_close is not None
+                and not ISSLTransport.providedBy(self.transport)):
+            # a lingering close: closing the socket while the client's
+            # records are still arriving would answer them with a TCP reset,
+            # and a reset can destroy our last Ack and Error before the
+            # client reads them.  So only our side is closed; the client
+            # closes its side once it has read them (or the timer aborts).
+            # Not under TLS: the half-close would shut the TCP stream below
+            # the TLS layer, before its close_notify.
+            half_close()
+        else:
+            self.transport.loseConnection()
         # a peer that never reads would keep the last bytes (and us) forever
         self._abort_call = self._clock.callLater(self.timeout, self.transport.abortConnection)
 
@@ -210,6 +227,25 @@ class _StyxStream(Protocol):
             self._error_code = ErrorCode(code)
         self.end()
         self._maybe_drained()
+
+    def gracefulShutdown(self):
+        """
+        The server is stopping (called by
+        L{streamproto.core.ops.TrackingFactory}): stop reading, let the
+        appends in flight become durable, send the final Ack and
+        C{Error(SHUTDOWN)}, close.  Records the client sent after this are
+        neither stored nor acked: the client sends them again elsewhere.
+
+        @return: a Deferred firing once the connection is gone.
+        """
+        gone = Deferred()
+
+        def fire(result):
+            gone.callback(None)
+            return result
+        self.closed.addBoth(fire)
+        self.finish(ErrorCode.SHUTDOWN)
+        return gone
 
     # -- Protocol ---------------------------------------------------------
     def _count_stream(self, delta):
@@ -266,6 +302,9 @@ class _StyxStream(Protocol):
     def readConnectionLost(self):
         # the client half-closed (the Go producer's Close does): finish the
         # pending appends and send the final ack before closing
+        if self._state == "closing":
+            self.transport.loseConnection()     # the end of a lingering close
+            return
         self.finish()
 
     def writeConnectionLost(self):
@@ -337,6 +376,7 @@ class ProducerStream(_StyxStream):
 
     role = "producer"
     _accept = (RECORD, HEARTBEAT_TYPE, ERROR)
+    _linger_on_close = True
 
     def __init__(self, log, timeout=DEFAULT_TIMEOUT, remote_timeout=None, clock=None,
                  metrics=None, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES):
@@ -361,6 +401,8 @@ class ProducerStream(_StyxStream):
                        callbackArgs=(count, nbytes), errbackArgs=(nbytes,))
         if self._pending_bytes > self.max_pending_bytes:
             # storage lags: let TCP slow the client down
+            if not self._reading_paused and self._metrics is not None:
+                self._metrics.paused()
             self._pause_reading()
 
     def _appended(self, result, count, nbytes):
@@ -393,6 +435,8 @@ class ProducerStream(_StyxStream):
         if self._state == "streaming" and self._acked_count != self.synced_count:
             self._acked_count = self.synced_count
             self._write(encode_ack(self.synced_position, self.synced_count))
+            if self._metrics is not None:
+                self._metrics.ack_sent()
 
     def _pending(self):
         return self._appends_in_flight > 0
@@ -405,6 +449,8 @@ class ProducerStream(_StyxStream):
             # the final ack: the client learns exactly what is durable
             self._acked_count = self.synced_count
             self._write(encode_ack(self.synced_position, self.synced_count))
+            if self._metrics is not None:
+                self._metrics.ack_sent()
 
     def _on_lost(self):
         if self._ack_call is not None and self._ack_call.active():

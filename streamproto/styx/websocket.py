@@ -20,6 +20,7 @@ while its socket is full.  Storage errors close with 1011.
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
@@ -38,6 +39,9 @@ DEFAULT_MAX_PENDING_BYTES = 16 * 1024 * 1024
 DEFAULT_READ_BYTES = 256 * 1024
 
 CLOSE_NORMAL = 1000
+#: RFC 6455 "going away": the server is shutting down
+CLOSE_GOING_AWAY = 1001
+SHUTDOWN_REASON = "server shutting down"
 CLOSE_INTERNAL_ERROR = 1011
 
 
@@ -55,7 +59,30 @@ def is_produce(request):
         and override.strip().upper() == b"POST"
 
 
-class ProduceProtocol(WebSocketServerProtocol):
+class _GoingAway:
+    """gracefulShutdown's bookkeeping, shared by both WebSocket roles."""
+
+    def _when_gone(self):
+        d = Deferred()
+        if not hasattr(self, "_gone"):
+            self._gone = []
+        self._gone.append(d)
+        return d
+
+    def _fire_gone(self):
+        gone, self._gone = getattr(self, "_gone", []), []
+        for d in gone:
+            d.callback(None)
+
+    def _going_away(self):
+        if self.state == self.STATE_OPEN:
+            # sendClose refuses 1001 (it allows 1000 and 3000-4999 only)
+            self.sendCloseFrame(code=CLOSE_GOING_AWAY, reasonUtf8=SHUTDOWN_REASON.encode())
+        elif self.state != self.STATE_CLOSING:
+            self.transport.loseConnection()
+
+
+class ProduceProtocol(_GoingAway, WebSocketServerProtocol):
     """Every message is a record; appended in batches, durable before the
     closing handshake completes."""
 
@@ -73,11 +100,34 @@ class ProduceProtocol(WebSocketServerProtocol):
         self._paused = False
         self._close_frame = None
         self._failed = False
+        self._shutting_down = False
         self.received_count = 0
         self.synced_count = 0
 
+    def gracefulShutdown(self):
+        """
+        The server is stopping (called by
+        L{streamproto.core.ops.TrackingFactory}): messages arriving from now
+        on are dropped, the ones received are appended, and once they are
+        durable the server closes with 1001 (going away).  WebSocket
+        produce has no per-record acks: only a closing handshake the
+        client started and the server answered with 1000 acknowledges the
+        stream, so a client told 1001 sends again what it was not sure of.
+
+        @return: a Deferred firing once the connection is gone.
+        """
+        if self.state not in (self.STATE_OPEN, self.STATE_CLOSING):
+            self.transport.loseConnection()
+            return succeed(None)
+        gone = self._when_gone()
+        self._shutting_down = True
+        self._flush()
+        if not self._appends:
+            self._going_away()
+        return gone
+
     def onMessage(self, payload, isBinary):
-        if self._failed or self._close_frame is not None:
+        if self._failed or self._close_frame is not None or self._shutting_down:
             return
         self._batch.append(payload)
         self._batch_bytes += len(payload)
@@ -103,6 +153,8 @@ class ProduceProtocol(WebSocketServerProtocol):
                        callbackArgs=(len(batch), nbytes), errbackArgs=(nbytes,))
         if self._pending_bytes > self.max_pending_bytes and not self._paused:
             self._paused = True
+            if self.metrics is not None:
+                self.metrics.paused()
             self.transport.pauseProducing()
 
     def _appended(self, result, count, nbytes):
@@ -115,6 +167,8 @@ class ProduceProtocol(WebSocketServerProtocol):
             self._paused = False
             self.transport.resumeProducing()
         self._maybe_answer_close()
+        if self._shutting_down and not self._appends and self._close_frame is None:
+            self._going_away()
 
     def _append_failed(self, failure, nbytes):
         self._appends -= 1
@@ -123,7 +177,8 @@ class ProduceProtocol(WebSocketServerProtocol):
         if not self._failed:
             self._failed = True
             self._close_frame = None
-            self.sendClose(CLOSE_INTERNAL_ERROR, "log not available")
+            # autobahn's sendClose refuses codes other than 1000 and 3000-4999
+            self.sendCloseFrame(code=CLOSE_INTERNAL_ERROR, reasonUtf8=b"log not available")
 
     def onCloseFrame(self, code, reasonRaw):
         # the closing handshake acknowledges the stream: answer only once
@@ -147,6 +202,7 @@ class ProduceProtocol(WebSocketServerProtocol):
             # the connection dropped without a closing handshake: what was
             # received is still appended (nobody is told it is durable)
             self._flush()
+        self._fire_gone()
 
 
 @implementer(IPushProducer)
@@ -247,7 +303,7 @@ class _Reader:
         self.protocol.finished(failure)
 
 
-class ConsumeProtocol(WebSocketServerProtocol):
+class ConsumeProtocol(_GoingAway, WebSocketServerProtocol):
     """Every record is one binary message."""
 
     log_ = None
@@ -275,12 +331,31 @@ class ConsumeProtocol(WebSocketServerProtocol):
         if failure is None:
             self.sendClose(CLOSE_NORMAL)
         else:
-            self.sendClose(CLOSE_INTERNAL_ERROR, "log not available")
+            # autobahn's sendClose refuses codes other than 1000 and 3000-4999
+            self.sendCloseFrame(code=CLOSE_INTERNAL_ERROR, reasonUtf8=b"log not available")
+
+    def gracefulShutdown(self):
+        """
+        The server is stopping: no more records are read, the stream ends
+        with 1001 (going away) after the last whole message sent.
+
+        @return: a Deferred firing once the connection is gone.
+        """
+        reader = getattr(self, "reader", None)
+        if reader is None or self.state != self.STATE_OPEN:
+            self.transport.loseConnection()
+            return succeed(None)
+        gone = self._when_gone()
+        reader.stop()
+        self.transport.unregisterProducer()
+        self._going_away()
+        return gone
 
     def onClose(self, wasClean, code, reason):
         reader = getattr(self, "reader", None)
         if reader is not None:
             reader.stop()
+        self._fire_gone()
 
 
 def _error_response(request, error):

@@ -1,0 +1,99 @@
+"""Operating the relink server: its metrics, and shutdown while a connector streams."""
+
+import time
+
+from twisted.internet import defer, reactor
+from twisted.trial import unittest
+
+from streamproto.core.tls import client_endpoint
+from streamproto.log import open_store
+from streamproto.relink import codec, tap
+from streamproto.relink.api import Connector
+from test.test_ops_support import RawClient, RunningService, Samples, connect, wait_until
+from test.test_relink_support import Recorder
+
+SERVER = "relink-server"
+
+
+class RelinkOpsTests(unittest.TestCase):
+    timeout = 30
+
+    def connector(self, port, name, tls=None):
+        c = Connector(client_endpoint(reactor, "127.0.0.1", port, tls), name, Recorder(),
+                      connector_id_size=4, listener_id_size=4)
+        c.start()
+        self.addCleanup(c.stop)
+        return c
+
+    @defer.inlineCallbacks
+    def test_metrics_move(self):
+        server = RunningService(tap)
+        yield server.start(self)
+        s = Samples(SERVER)
+        link = yield self.connector(server.port, "echo").when_linked()
+        consumed = yield link.channel(1).send_many([[b"m%d" % i] for i in range(300)])
+        self.assertEqual(consumed, 300)
+        yield wait_until(lambda: s.delta("streamproto_records_out_total") == 300)
+        self.assertGreaterEqual(s.delta("streamproto_acks_sent_total"), 1)
+
+        link = yield self.connector(server.port, "log").when_linked()
+        consumed = yield link.channel(2).send_many([[b"r%d" % i] for i in range(100)])
+        self.assertEqual(consumed, 100)
+        self.assertEqual(s.delta("streamproto_records_in_total"), 100)
+
+        before = s.error_delta("handshake_refused")
+        client = yield connect(server.port, RawClient())
+        client.transport.write(codec.encode_version() + codec.encode_connector_handshake(
+            codec.ConnectorHandshake("no-such-endpoint", 4, 4)))
+        yield client.closed
+        self.assertEqual(s.error_delta("handshake_refused") - before, 1)
+
+    def test_shutdown_while_streaming(self):
+        return self.shutdown_while_streaming()
+
+    def test_shutdown_while_streaming_mtls(self):
+        from test.tlsutil import certs
+        return self.shutdown_while_streaming(certs().server_endpoint(),
+                                             certs().client_options(with_cert=True))
+
+    @defer.inlineCallbacks
+    def shutdown_while_streaming(self, listen=None, tls=None):
+        """
+        A connector streams to the log bridge while the service stops:
+        every message acknowledged consumed (durable) is in the log after
+        a restart, in order; the link is detached, not lost (resumable).
+        """
+        server = RunningService(tap, listen=listen)
+        yield server.start(self)
+        link = yield self.connector(server.port, "log", tls).when_linked()
+        channel = link.channel(7)
+        state = {"sent": 0, "consumed": 0}
+
+        def consumed(count):
+            state["consumed"] = max(state["consumed"], count)
+
+        def send_more():
+            if not link.attached:
+                return
+            batch = [[b"rec%06d" % i] for i in range(state["sent"], state["sent"] + 20)]
+            state["sent"] += 20
+            channel.send_many(batch).addCallbacks(consumed, lambda f: None)
+            reactor.callLater(0.001, send_more)
+        send_more()
+        yield wait_until(lambda: state["consumed"] >= 100)
+        started = time.monotonic()
+        yield server.stop()
+        self.assertLess(time.monotonic() - started, 4.0)   # not the 5 s deadline
+        yield wait_until(lambda: not link.attached)
+        self.assertIsNone(link.lost)
+        self.assertGreater(state["sent"], 0)
+
+        store = open_store(server.data)
+        try:
+            log = yield store.get("relink-7")
+            batch = yield log.read(0, max_bytes=1 << 30)
+        finally:
+            yield store.close()
+        stored = list(batch.records())
+        self.assertGreaterEqual(len(stored), state["consumed"])
+        self.assertEqual(stored, [b"rec%06d" % i for i in range(len(stored))])
