@@ -13,7 +13,9 @@ from twisted.python import usage
 from twisted.trial import unittest
 
 from streamproto import cli, tap
-from streamproto.core.tap import ServerOptions, StoreService, positive_int, server_service
+from streamproto.core.tap import (
+    ServerOptions, StoreService, non_negative_float, positive_float, positive_int, server_service,
+)
 
 PLUGINS = ["streamproto", "styx-server", "pravega-server", "lumberjack-server",
            "reliable-stream-server", "relink-server"]
@@ -59,6 +61,15 @@ class CoreOptionsTests(unittest.SynchronousTestCase):
         self.assertEqual(coerce("5"), 5)
         self.assertRaises(ValueError, coerce, "0")
         self.assertRaises(ValueError, coerce, "x")
+        self.assertRaises(ValueError, coerce, "1.5")
+
+    def test_float_options(self):
+        self.assertEqual(positive_float("--rate")("0.5"), 0.5)
+        self.assertRaises(ValueError, positive_float("--rate"), "0")
+        self.assertEqual(non_negative_float("--idle")("0"), 0.0)
+        with self.assertRaises(ValueError) as e:
+            non_negative_float("--idle")("-1")
+        self.assertIn("--idle must not be negative", str(e.exception))
 
 
 class ServiceTests(unittest.TestCase):

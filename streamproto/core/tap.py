@@ -60,18 +60,31 @@ def check_ops_options(options):
         raise usage.UsageError("--shutdown-timeout must not be negative")
 
 
-def positive_int(name):
+def _number(name, convert, accept, requirement, doc):
     """A coercer for usage.Options that names the option in its error."""
     def coerce(value):
         try:
-            v = int(value)
+            v = convert(value)
         except ValueError:
-            raise ValueError(f"{name} must be an integer")
-        if v <= 0:
-            raise ValueError(f"{name} must be positive")
+            raise ValueError(f"{name} must be {'an integer' if convert is int else 'a number'}")
+        if not accept(v):
+            raise ValueError(f"{name} must {requirement}")
         return v
-    coerce.coerceDoc = "Positive integer."
+    coerce.coerceDoc = doc
     return coerce
+
+
+def positive_int(name):
+    return _number(name, int, lambda v: v > 0, "be positive", "Positive integer.")
+
+
+def positive_float(name):
+    return _number(name, float, lambda v: v > 0, "be positive", "Positive number.")
+
+
+def non_negative_float(name):
+    return _number(name, float, lambda v: v >= 0, "not be negative",
+                   "Seconds; 0 turns it off.")
 
 
 class StoreService(service.Service):

@@ -8,7 +8,7 @@ events to a log of the embedded log store.
 
 from twisted.python import usage
 
-from streamproto.core.tap import ServerOptions, positive_int, server_service
+from streamproto.core.tap import ServerOptions, non_negative_float, positive_int, server_service
 from streamproto.log import LogConfig, validate_name
 from streamproto.lumberjack.codec import (
     DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_FRAME, DEFAULT_MAX_WINDOW,
@@ -18,19 +18,6 @@ from streamproto.lumberjack.server import (
     LumberjackServerFactory,
 )
 from streamproto.lumberjack.sink import LogStoreSink
-
-
-def non_negative_float(name):
-    def coerce(value):
-        try:
-            v = float(value)
-        except ValueError:
-            raise ValueError(f"{name} must be a number")
-        if v < 0:
-            raise ValueError(f"{name} must not be negative")
-        return v
-    coerce.coerceDoc = "Seconds; 0 turns it off."
-    return coerce
 
 
 class Options(ServerOptions):

@@ -13,7 +13,9 @@ from twisted.application import service
 from twisted.logger import Logger
 from twisted.python import usage
 
-from streamproto.core.tap import ServerOptions, ServerService, listen, positive_int
+from streamproto.core.tap import (
+    ServerOptions, ServerService, listen, positive_float, positive_int,
+)
 from streamproto.reliable import codec
 from streamproto.reliable.server import DEFAULT_WINDOW, SERVER_NAME, ReliableStreamFactory
 from streamproto.reliable.session import DEFAULT_EXPIRY, MemorySessionStore, SQLiteSessionStore
@@ -22,27 +24,14 @@ DEFAULT_PORT = "tcp:7341"
 SQLITE_FILE = "reliable-sessions.sqlite"
 
 
-def _positive_float(name):
-    def coerce(value):
-        try:
-            v = float(value)
-        except ValueError:
-            raise ValueError(f"{name} must be a number")
-        if v <= 0:
-            raise ValueError(f"{name} must be positive")
-        return v
-    coerce.coerceDoc = "Positive number."
-    return coerce
-
-
 class Options(ServerOptions):
     defaultPort = DEFAULT_PORT
     optParameters = [
         ["store", None, "sqlite", "Session store: sqlite (durable, under --data) or memory."],
         ["expiry", None, DEFAULT_EXPIRY, "Seconds a disconnected session is kept.",
-         _positive_float("expiry")],
+         positive_float("expiry")],
         ["rate", None, None, "Messages per second per connection (default: unlimited).",
-         _positive_float("rate")],
+         positive_float("rate")],
         ["max-line", None, codec.DEFAULT_MAX_LINE, "Longest accepted line, in bytes.",
          positive_int("max-line")],
         ["window", None, DEFAULT_WINDOW, "Messages a stateful connection keeps in flight.",
