@@ -519,6 +519,30 @@ class CrashRecoveryTests(unittest.SynchronousTestCase):
         # the trials did cut into unsynced data, not only clean tails
         self.assertGreater(self.cut_unsynced, 20)
 
+    def test_damaged_durable_batch_is_refused_not_cut(self):
+        """
+        Bit rot inside acknowledged data in the last segment, with whole
+        batches after it: recovery must not cut everything from there on
+        (that would silently drop acked records); the log is corrupt.
+        """
+        from streamproto.log import CorruptLog
+        path = tempdir(self)
+        clock = Clock()
+        store = FileLogStore(path, reactor=clock, run_blocking=synchronous,
+                             retention_interval=None)
+        log = self.successResultOf(store.create("events"))
+        for i in range(3):
+            self.successResultOf(log.append([b"record-%d" % i * 10]))  # each acked
+        self.successResultOf(store.close())
+        seg = os.path.join(path, "events", "%020d.seg" % 0)
+        with open(seg, "r+b") as f:
+            f.seek(SEGMENT_HEADER_SIZE + 40 + 4 + 5)  # inside the first batch's data
+            f.write(b"X")
+        store2 = FileLogStore(path, reactor=clock, run_blocking=synchronous,
+                              retention_interval=None)
+        self.failureResultOf(store2.get("events"), CorruptLog)
+        self.assertEqual(os.path.getsize(seg) > 3 * 100, True)  # nothing was cut
+
     def test_torn_new_segment_header(self):
         path = tempdir(self)
         clock = Clock()

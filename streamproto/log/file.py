@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+import uuid
 from collections import deque
 from itertools import accumulate
 
@@ -45,7 +46,7 @@ from streamproto.log.format import (
 from streamproto.log.interfaces import ILog, ILogStore
 from streamproto.log.result import AppendResult
 from streamproto.log.segments import (
-    FileIO, Segment, offset_in_segment, position_in_segment, read_payload, read_records, recover_segment, write_all,
+    FileIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
 )
 from streamproto.log.waiters import Waiters
 
@@ -69,8 +70,9 @@ def thread_runner(reactor):
 
 def write_file_atomically(io, path, data):
     """Write C{path} so that a crash leaves either the old or the new content."""
-    tmp = path + ".tmp"
-    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    # a name of its own, so that two writers can never swap each other's file
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         write_all(io, fd, [data])
         io.fsync(fd)
@@ -119,6 +121,8 @@ class FileLog:
         self._dirty = set()       # segments written since their last fsync
         self._dir_dirty = False   # a segment file was created
         self._state = {"start_position": 0, "start_offset": 0}
+        # state/index writes and segment deletions run one at a time, in order
+        self._maintenance_tail = succeed(None)
         self._recover()
 
     # -- recovery --------------------------------------------------------
@@ -128,6 +132,9 @@ class FileLog:
         if os.path.exists(state_path):
             with open(state_path, "rb") as f:
                 self._state.update(json.loads(f.read()))
+        for leftover in os.listdir(self.path):
+            if leftover.endswith(".tmp"):  # an atomic write cut short
+                io.unlink(os.path.join(self.path, leftover))
         names = sorted(n for n in os.listdir(self.path) if n.endswith(".seg"))
         # attributes of deleted segments were folded into the state first
         attributes = dict(self._state.get("attributes") or {})
@@ -151,9 +158,16 @@ class FileLog:
                 io.close(fd)
                 raise CorruptLog(f"log {self.name}: bad segment header in {fname}")
             if position is not None and (seg_pos, seg_off) != (position, offset):
-                io.close(fd)
-                raise CorruptLog(f"log {self.name}: segment {fname} starts at {seg_pos}, "
-                                 f"expected {position}")
+                if position < seg_pos <= self._state["start_position"]:
+                    # the segments before this one were being deleted (the
+                    # state file says so) when the process stopped: finish
+                    self._drop_recovered(self._segments)
+                    self._segments = []
+                    attributes = dict(self._state.get("attributes") or {})
+                else:
+                    io.close(fd)
+                    raise CorruptLog(f"log {self.name}: segment {fname} starts at {seg_pos}, "
+                                     f"expected {position}")
             seg = Segment(seg_path, fd, seg_pos, seg_off, created, self.config.index_after_size)
             if not last and self._load_index(seg, attributes):
                 pass
@@ -167,6 +181,16 @@ class FileLog:
                                        "{reason}", log=self.name, f=fname, at=good, reason=reason)
                         io.close(fd)
                         raise CorruptLog(f"log {self.name}: {reason}")
+                    if damaged_durable_batch(io, seg, good):
+                        # a later whole batch says this one had been fsynced
+                        # when it was written: not a torn unsynced write but
+                        # damage to acknowledged data; refuse, never cut it
+                        self.corrupt = reason
+                        self.log.error("log {log}: segment {f} is corrupt at byte {at} "
+                                       "with valid data after it: {reason}", log=self.name,
+                                       f=fname, at=good, reason=reason)
+                        io.close(fd)
+                        raise CorruptLog(f"log {self.name}: {reason} (valid data follows)")
                     cut = io.fstat_size(fd) - good
                     self.log.warn("log {log}: cut {cut} bytes of torn or corrupt tail from {f} "
                                   "({reason})", log=self.name, cut=cut, f=fname, reason=reason)
@@ -187,6 +211,14 @@ class FileLog:
         self._start_position = max(first.position, self._state["start_position"])
         self._start_offset = max(first.offset, self._state["start_offset"])
         self._apply_retention()
+
+    def _drop_recovered(self, segments):
+        for seg in segments:
+            self.log.warn("log {log}: removing {seg}, left by an interrupted deletion",
+                          log=self.name, seg=seg.path)
+            self._io.close(seg.fd)
+            self._io.unlink(seg.path)
+            self._io.unlink(os.path.join(self.path, index_file_name(seg.position)))
 
     def _load_index(self, seg, attributes):
         idx_path = os.path.join(self.path, index_file_name(seg.position))
@@ -316,7 +348,8 @@ class FileLog:
         return d
 
     def _write_batch(self, lengths, data, attributes):
-        parts = encode_batch(self._w_pos, self._w_off, lengths, data, attributes)
+        lag = min(self._w_pos - self.end_position, 0xFFFFFFFF)
+        parts = encode_batch(self._w_pos, self._w_off, lengths, data, attributes, lag)
         size = sum(len(p) for p in parts)
         seg = self._roll_if_needed(size, len(lengths))
         at = seg.size
@@ -374,10 +407,13 @@ class FileLog:
         dir_dirty, self._dir_dirty = self._dir_dirty, False
         for s in segs:
             s.refs += 1
+            if s.synced_size is None:
+                s.synced_size = 0
         self._syncing = True
         fds = [s.fd for s in segs]
+        sizes = [s.size for s in segs]
         d = self._run_blocking(self._fsync_blocking, fds, dir_dirty)
-        d.addCallbacks(self._synced, self._sync_failed, (target, segs), None, (segs,))
+        d.addCallbacks(self._synced, self._sync_failed, (target, segs, sizes), None, (segs,))
 
     def _fsync_blocking(self, fds, dir_dirty):
         started = time.monotonic()
@@ -393,8 +429,10 @@ class FileLog:
             if s.doomed and s.refs == 0:
                 self._io.close(s.fd)
 
-    def _synced(self, _, target, segs):
+    def _synced(self, _, target, segs, sizes):
         self._release(segs)
+        for seg, size in zip(segs, sizes):
+            seg.synced_size = max(seg.synced_size or 0, size)
         self._syncing = False
         seq, w_pos, w_off, attrs = target
         self._synced_seq = seq
@@ -451,7 +489,7 @@ class FileLog:
             except OSError as e:  # an index only speeds up opening
                 self.log.warn("log {log}: could not write index {path}: {e}",
                               log=self.name, path=path, e=e)
-        self._run_blocking(write)
+        self._maintain(write)
 
     def _apply_retention(self):
         c = self.config
@@ -465,8 +503,10 @@ class FileLog:
             # a segment goes only if what remains still reaches it
             if c.log_max_count > 0 and self.end_position - nxt.position >= c.log_max_count:
                 expired = True
-            if c.log_max_size > 0 and \
-                    sum(s.size for s in self._segments) - oldest.size >= c.log_max_size:
+            # sizes of durable bytes only: a crash must not take the log below
+            if c.log_max_size > 0 and sum(
+                    s.size if s.synced_size is None else s.synced_size
+                    for s in self._segments[1:]) >= c.log_max_size:
                 expired = True
             if c.log_max_age > 0 and now - nxt.created_ms >= c.log_max_age * 1000:
                 expired = True
@@ -488,6 +528,10 @@ class FileLog:
         seg.doomed = True
         if seg.attrs_at_end:
             self._state["attributes"] = dict(seg.attrs_at_end)
+        # recorded before the file goes: recovery then knows that anything
+        # left below this point was being deleted
+        self._state["start_position"] = max(self._state["start_position"], seg.end_position)
+        self._state["start_offset"] = max(self._state["start_offset"], seg.end_offset)
         state = json.dumps(self._state, sort_keys=True).encode()
         io, path = self._io, self.path
 
@@ -505,7 +549,7 @@ class FileLog:
         def failed(failure):
             self.log.failure("log {log}: could not delete segment {seg}", failure,
                              log=self.name, seg=seg.path)
-        self._run_blocking(remove).addBoth(done).addErrback(failed)
+        self._maintain(remove).addBoth(done).addErrback(failed)
 
     # -- reading ---------------------------------------------------------
     def _segment_index(self, key, value):
@@ -610,10 +654,25 @@ class FileLog:
         return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
 
     # -- maintenance -----------------------------------------------------
+    def _maintain(self, f, *args):
+        """
+        Run a blocking maintenance job (state file, index, segment deletion)
+        after every earlier one has finished: they touch the same files, and
+        a deletion must follow the state write that makes it safe.
+        """
+        result = Deferred()
+
+        def run(_):
+            job = self._run_blocking(f, *args)
+            job.chainDeferred(result)
+            return job.addBoth(lambda _: None)
+        self._maintenance_tail.addCallback(run)
+        return result
+
     def _save_state(self):
         data = json.dumps(self._state, sort_keys=True).encode()
-        return self._run_blocking(write_file_atomically, self._io,
-                                  os.path.join(self.path, STATE_FILE), data)
+        return self._maintain(write_file_atomically, self._io,
+                              os.path.join(self.path, STATE_FILE), data)
 
     def truncate(self, position=None):
         if self._closed:

@@ -22,7 +22,8 @@ A log is a directory of segment files named after their first position
       count      u32  number of records
       data_len   u32  payload bytes
       attrs_len  u32  length of the attributes JSON (0: none)
-      reserved   u32  0
+      lag        u32  records written but not yet fsynced when this batch
+                      was written (saturating): position - lag was durable
       lengths    count x u32   each record's size
       attrs      attrs_len bytes: JSON object str -> int
       data       data_len bytes: the payloads, concatenated
@@ -89,10 +90,12 @@ def decode_segment_header(buf):
     return position, offset, created
 
 
-def encode_batch(position, offset, lengths, data, attributes=None):
+def encode_batch(position, offset, lengths, data, attributes=None, lag=0):
     """
     @param lengths: the records' sizes, an C{array('I')}.
     @param data: their payloads, concatenated (bytes-like).
+    @param lag: records before C{position} not yet fsynced (recovery uses it
+        to tell a torn unsynced write from damage to durable data).
     @return: the batch as a list of buffers to write with one C{writev}.
     """
     attrs = b""
@@ -100,9 +103,9 @@ def encode_batch(position, offset, lengths, data, attributes=None):
         attrs = json.dumps(attributes, sort_keys=True, separators=(",", ":")).encode()
     lengths_bytes = lengths.tobytes() if _LITTLE else _swapped(lengths)
     crc = crc32c(data, crc32c(attrs, crc32c(lengths_bytes, crc32c(
-        struct.pack("<QQIIII", position, offset, len(lengths), len(data), len(attrs), 0)))))
+        struct.pack("<QQIIII", position, offset, len(lengths), len(data), len(attrs), lag)))))
     header = BATCH_HEADER.pack(BATCH_MAGIC, crc, position, offset, len(lengths), len(data),
-                               len(attrs), 0)
+                               len(attrs), lag)
     return [header, lengths_bytes, attrs, data]
 
 
@@ -118,9 +121,10 @@ _LITTLE = array("I", [1]).tobytes() == b"\x01\x00\x00\x00"
 class BatchHeader:
     """A decoded batch header, with where the batch sits in its buffer."""
 
-    __slots__ = ("crc", "position", "offset", "count", "data_len", "attrs_len", "start")
+    __slots__ = ("crc", "position", "offset", "count", "data_len", "attrs_len", "start", "lag")
 
-    def __init__(self, crc, position, offset, count, data_len, attrs_len, start):
+    def __init__(self, crc, position, offset, count, data_len, attrs_len, start, lag=0):
+        self.lag = lag
         self.crc = crc
         self.position = position
         self.offset = offset
@@ -158,11 +162,11 @@ def decode_batch_header(buf, start=0):
     """
     if len(buf) - start < BATCH_HEADER_SIZE:
         return None
-    magic, crc, position, offset, count, data_len, attrs_len, reserved = \
+    magic, crc, position, offset, count, data_len, attrs_len, lag = \
         BATCH_HEADER.unpack_from(buf, start)
-    if magic != BATCH_MAGIC or reserved != 0:
+    if magic != BATCH_MAGIC or lag > position:
         raise FormatError(f"bad batch magic at {start}")
-    return BatchHeader(crc, position, offset, count, data_len, attrs_len, start)
+    return BatchHeader(crc, position, offset, count, data_len, attrs_len, start, lag)
 
 
 def verify_batch(buf, header):

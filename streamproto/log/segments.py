@@ -102,6 +102,7 @@ class Segment:
         self.indexed = False   # an .idx file was written for it
         self.cursor = None     # (position, offset, file_pos) of a recent batch
         self.attrs_at_end = None  # log attributes as of the segment's end, once sealed
+        self.synced_size = None   # bytes covered by a completed fsync (None: all of it)
 
     def __repr__(self):
         return f"<Segment {self.position}..{self.end_position} {self.path}>"
@@ -327,3 +328,30 @@ def recover_segment(io, seg, verify, attributes, resume=False):
     except (CorruptLog, FormatError) as e:
         return pos, str(e)
     return None
+
+
+def damaged_durable_batch(io, seg, bad_pos):
+    """
+    Blocking: whether the batch at C{bad_pos}, which failed verification,
+    had been fsynced: a whole, checksummed batch after it records (its
+    C{lag}) that everything up to the bad batch's end was durable when it
+    was written.  Otherwise the damage is a torn write of unsynced data (a
+    crash may persist pages out of order) and cutting it loses nothing
+    acknowledged.  Only answerable when the bad batch's header still says
+    where it ends.
+    """
+    end_file = io.fstat_size(seg.fd)
+    try:
+        h = decode_batch_header(io.pread(seg.fd, BATCH_HEADER_SIZE, bad_pos), 0)
+    except FormatError:
+        return False
+    if h is None or bad_pos + h.size >= end_file:
+        return False
+    try:
+        for _, later, _ in iter_batches(io, seg.fd, bad_pos + h.size, h.end_position,
+                                        h.end_offset, end_file):
+            if later.position - later.lag >= h.end_position:
+                return True
+    except CorruptLog:
+        return False
+    return False
