@@ -23,6 +23,7 @@ U = uuid.UUID("01234567-89ab-cdef-fedc-ba9876543210")
 UB = bytes.fromhex("0123456789abcdeffedcba9876543210")
 S1 = "testString1"
 DATA = bytes([1, 2, 3, 4, 5])
+TK = codec.TableKey
 
 
 def q(v):
@@ -94,6 +95,29 @@ VECTORS = [
      frame(61, q(7) + s(S1) + s("testString2") + i32(0))),
     (codec.ConditionalBlockEnd(U, 7, 7, DATA, 7),
      frame(89, UB + q(7) + q(7) + i32(5) + DATA + q(7))),
+    # table segments and merges, as the Rust client (wire version 15) lays them out
+    (codec.MergeSegments(7, S1, "src", ""), frame(58, q(7) + s(S1) + s("src") + s(""))),
+    (codec.SegmentsMerged(7, S1, "src", 9), frame(59, q(7) + s(S1) + s("src") + q(9))),
+    (codec.CreateTableSegment(7, S1, s("")), frame(70, q(7) + s(S1) + s(""))),
+    (codec.DeleteTableSegment(7, S1, True, ""), frame(71, q(7) + s(S1) + b"\x01" + s(""))),
+    (codec.UpdateTableEntries(7, S1, "", ((TK(b"key", -1), DATA),), -1),
+     frame(74, q(7) + s(S1) + s("") + i32(1) + i32(4 + 3 + 8) + i32(3) + b"key" + q(-1)
+           + i32(4 + 5) + i32(5) + DATA + q(-1))),
+    (codec.TableEntriesUpdated(7, (3, 9)), frame(75, q(7) + i32(2) + q(3) + q(9))),
+    (codec.RemoveTableKeys(7, S1, "", (TK(b"k", 4),), 12),
+     frame(76, q(7) + s(S1) + s("") + i32(1) + i32(13) + i32(1) + b"k" + q(4) + q(12))),
+    (codec.TableKeysRemoved(7, S1), frame(77, q(7) + s(S1))),
+    (codec.ReadTable(7, S1, "", (TK(b"k"),)),
+     frame(78, q(7) + s(S1) + s("") + i32(1) + i32(13) + i32(1) + b"k" + q(-(1 << 63)))),
+    (codec.TableRead(7, S1, ((TK(b"k", -1), b""),)),
+     frame(79, q(7) + s(S1) + i32(1) + i32(13) + i32(1) + b"k" + q(-1) + i32(4) + i32(0))),
+    (codec.TableSegmentNotEmpty(7, S1, ""), frame(80, q(7) + s(S1) + s(""))),
+    (codec.TableKeyDoesNotExist(7, S1, ""), frame(81, q(7) + s(S1) + s(""))),
+    (codec.TableKeyBadVersion(7, S1, ""), frame(82, q(7) + s(S1) + s(""))),
+    (codec.TableEntriesDeltaRead(7, S1, (), False, True, 40),
+     frame(87, q(7) + s(S1) + i32(0) + b"\x00\x01" + q(40))),
+    (codec.ReadTableEntriesDelta(7, S1, "", 0, 10),
+     frame(88, q(7) + s(S1) + s("") + q(0) + i32(10))),
 ]
 
 # frames from older peers (fields added later are absent) -> what they mean
@@ -138,6 +162,11 @@ BAD_FRAMES = [
     ("bad modified UTF-8", frame(21, q(7) + struct.pack(">H", 2) + b"\xc3(")),
     ("4-byte UTF-8", frame(21, q(7) + struct.pack(">H", 4) + "\U0001F600".encode())),
     ("truncated UUID", frame(3, UB[:10])),
+    ("huge list count", frame(75, q(7) + i32(1 << 30))),
+    ("negative list count", frame(75, q(7) + i32(-1))),
+    ("table key overrun", frame(78, q(7) + s(S1) + s("") + i32(1) + i32(13) + i32(99) + q(0))),
+    ("truncated key version", frame(78, q(7) + s(S1) + s("") + i32(1) + i32(13) + i32(0)
+                                    + b"\x00\x00\x00\x00")),
 ]
 
 
@@ -147,7 +176,8 @@ class VectorTests(SynchronousTestCase):
         codes = {cmd.TYPE for cmd, _ in VECTORS}
         readme = {-127, -1, -2, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 20, 21, 28, 29, 30, 31,
                   38, 39, 50, 51, 52, 53, 55, 56, 57, 60, 61, 100}
-        self.assertEqual(codes, readme | {34, 35, 36, 37, 89})
+        self.assertEqual(codes, readme | {34, 35, 36, 37, 89, 58, 59, 70, 71}
+                         | set(range(74, 83)) | {87, 88})
         self.assertEqual(codes, set(codec.COMMANDS))
 
     def test_encode(self):
@@ -202,10 +232,10 @@ class VectorTests(SynchronousTestCase):
 
     def test_unsupported_known_command(self):
         """A Pravega command we do not implement decodes with its request id."""
-        # CreateTableSegment
-        [cmd] = codec.Decoder().feed(frame(70, q(42) + s(S1) + b"\x00" + s("")))
+        # ReadTableKeys(requestId, segment, token, suggestedKeyCount, continuationToken)
+        [cmd] = codec.Decoder().feed(frame(83, q(42) + s(S1) + s("") + bytes(8)))
         self.assertIsInstance(cmd, codec.UnsupportedCommand)
-        self.assertEqual((cmd.type, cmd.request_id), (70, 42))
+        self.assertEqual((cmd.type, cmd.request_id), (83, 42))
 
     def test_modified_utf8(self):
         self.assertEqual(codec.encode_utf("a\x00b"), b"\x00\x04a\xc0\x80b")
@@ -336,6 +366,11 @@ _kinds = {
     "e": st.binary(max_size=64),
     "z": st.integers(0, 64),
 }
+_table_keys = st.builds(codec.TableKey, st.binary(max_size=16),
+                        st.integers(-(1 << 63), (1 << 63) - 1))
+_kinds["L"] = st.lists(_kinds["q"], max_size=4).map(tuple)
+_kinds["K"] = st.lists(_table_keys, max_size=4).map(tuple)
+_kinds["T"] = st.lists(st.tuples(_table_keys, st.binary(max_size=16)), max_size=4).map(tuple)
 
 
 def _command(cls):

@@ -184,9 +184,9 @@ class SessionTests(ServerTestBase):
     @defer.inlineCallbacks
     def test_unsupported_command(self):
         c = yield self.connect()
-        # CreateTableSegment(requestId, segment, sorted, keyLength, token, rollover)
-        c.send_raw(codec.pack_header(70, 8 + 2 + 1 + 4 + 2 + 8) + (42).to_bytes(8, "big")
-                   + b"\x00\x00" + b"\x00" + bytes(4) + b"\x00\x00" + bytes(8))
+        # ReadTableKeys(requestId, segment, token, suggestedKeyCount, continuationToken)
+        c.send_raw(codec.pack_header(83, 8 + 2 + 2 + 4 + 4) + (42).to_bytes(8, "big")
+                   + b"\x00\x00" + b"\x00\x00" + bytes(4) + bytes(4))
         reply = yield c.next(codec.OperationUnsupported)
         self.assertEqual(reply.request_id, 42)
         d = c.request(codec.CreateSegment(43, SEG, 0, 0, "", 0))

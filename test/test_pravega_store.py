@@ -195,7 +195,7 @@ class TapTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_make_service_listens(self):
         o = tap.Options()
-        o.parseOptions(["--port", "tcp:0:interface=127.0.0.1"])
+        o.parseOptions(["--port", "tcp:0:interface=127.0.0.1", "--controller", "none"])
         svc = tap.makeService(o, store=MemoryLogStore(reactor))
         svc.startService()
         try:

@@ -41,6 +41,7 @@ _I = struct.Struct(">i")
 _H = struct.Struct(">H")
 _B = struct.Struct(">b")
 _QQ = struct.Struct(">qq")
+_II = struct.Struct(">ii")
 pack_header = _HEADER.pack
 unpack_header_from = _HEADER.unpack_from
 
@@ -106,10 +107,38 @@ def decode_modified_utf8(raw):
 
 
 # -- commands --------------------------------------------------------------
+
+class TableKey:
+    """A table segment key with its version (C{NO_VERSION}: unconditional)."""
+
+    __slots__ = ("data", "version")
+    #: Long.MIN_VALUE: unconditional update or removal
+    NO_VERSION = -(1 << 63)
+    #: the key must not exist (and, in replies, it does not)
+    NOT_EXISTS = -1
+
+    def __init__(self, data, version=NO_VERSION):
+        self.data = bytes(data)
+        self.version = version
+
+    def __eq__(self, other):
+        return (isinstance(other, TableKey)
+                and (self.data, self.version) == (other.data, other.version))
+
+    def __hash__(self):
+        return hash((self.data, self.version))
+
+    def __repr__(self):
+        return f"TableKey({self.data!r}, {self.version})"
+
 #
 # Field kinds: q int64, i int32, b int8, ? boolean, u UUID, s UTF string,
 # d int32-length-prefixed bytes, r the rest of the frame, e an embedded Event
-# frame (ConditionalAppend), z zero padding (decoded as its length).
+# frame (ConditionalAppend), z zero padding (decoded as its length), L a list
+# of int64, K a list of TableKey, T a list of (TableKey, value bytes).  Lists
+# are an int32 count then the elements; a key is int32 payload size (12 +
+# length), int32 length, bytes, int64 version; a value int32 payload size (4 +
+# length), int32 length, bytes.
 # A third element makes a field optional on decode, with that default.
 
 _SPECS = [
@@ -178,6 +207,37 @@ _SPECS = [
                                   ("error_code", "i", -1)]),
     ("ErrorMessage", 61, [("request_id", "q"), ("segment", "s"), ("message", "s"),
                           ("error_code", "i")]),
+    ("MergeSegments", 58, [("request_id", "q"), ("target", "s"), ("source", "s"),
+                           ("delegation_token", "s")]),
+    ("SegmentsMerged", 59, [("request_id", "q"), ("target", "s"), ("source", "s"),
+                            ("new_target_write_offset", "q", -1)]),
+    # The Rust client sends (request id, segment, token); Java adds a sorted
+    # flag and key length before the token and a rollover size after it.
+    # Auth is off, so whatever follows the segment name is kept unparsed.
+    ("CreateTableSegment", 70, [("request_id", "q"), ("segment", "s"), ("rest", "r")]),
+    ("DeleteTableSegment", 71, [("request_id", "q"), ("segment", "s"), ("must_be_empty", "?"),
+                                ("delegation_token", "s")]),
+    ("UpdateTableEntries", 74, [("request_id", "q"), ("segment", "s"), ("delegation_token", "s"),
+                                ("entries", "T"), ("table_segment_offset", "q", -1)]),
+    ("TableEntriesUpdated", 75, [("request_id", "q"), ("updated_versions", "L")]),
+    ("RemoveTableKeys", 76, [("request_id", "q"), ("segment", "s"), ("delegation_token", "s"),
+                             ("keys", "K"), ("table_segment_offset", "q", -1)]),
+    ("TableKeysRemoved", 77, [("request_id", "q"), ("segment", "s")]),
+    ("ReadTable", 78, [("request_id", "q"), ("segment", "s"), ("delegation_token", "s"),
+                       ("keys", "K")]),
+    ("TableRead", 79, [("request_id", "q"), ("segment", "s"), ("entries", "T")]),
+    ("TableSegmentNotEmpty", 80, [("request_id", "q"), ("segment", "s"),
+                                  ("server_stack_trace", "s", "")]),
+    ("TableKeyDoesNotExist", 81, [("request_id", "q"), ("segment", "s"),
+                                  ("server_stack_trace", "s", "")]),
+    ("TableKeyBadVersion", 82, [("request_id", "q"), ("segment", "s"),
+                                ("server_stack_trace", "s", "")]),
+    ("TableEntriesDeltaRead", 87, [("request_id", "q"), ("segment", "s"), ("entries", "T"),
+                                   ("should_clear", "?"), ("reached_end", "?"),
+                                   ("last_position", "q")]),
+    ("ReadTableEntriesDelta", 88, [("request_id", "q"), ("segment", "s"),
+                                   ("delegation_token", "s"), ("from_position", "q"),
+                                   ("suggested_entry_count", "i")]),
     ("ConditionalBlockEnd", 89, [("writer_id", "u"), ("event_number", "q"),
                                  ("expected_offset", "q"), ("data", "d"), ("request_id", "q")]),
     ("KeepAlive", 100, []),
@@ -189,7 +249,7 @@ COMMANDS = {}
 FAILURES = ()
 
 _defaults_for_kind = {"q": 0, "i": 0, "b": 0, "?": False, "s": "", "d": b"", "r": b"",
-                      "e": b"", "z": 0, "u": None}
+                      "e": b"", "z": 0, "u": None, "T": (), "K": (), "L": ()}
 
 
 def _build():
@@ -209,7 +269,7 @@ def _build():
         cls.__module__ = __name__
         cls.__doc__ = f"Pravega wire command {name} (type code {code})."
         COMMANDS[code] = cls
-        if code >= 50 and code <= 61:
+        if 50 <= code <= 61 or 80 <= code <= 82:
             failures.append(cls)
     FAILURES = tuple(failures)
 
@@ -223,8 +283,11 @@ del _build
  SegmentSealed, DeleteSegment, SegmentDeleted, GetSegmentAttribute, SegmentAttribute,
  UpdateSegmentAttribute, SegmentAttributeUpdated, TruncateSegment, SegmentTruncated, WrongHost,
  SegmentIsSealed, SegmentAlreadyExists, NoSuchSegment, InvalidEventNumber, SegmentIsTruncated,
- OperationUnsupported, AuthTokenCheckFailed, ErrorMessage, ConditionalBlockEnd, KeepAlive) = [
-    COMMANDS[code] for _, code, _ in _SPECS]
+ OperationUnsupported, AuthTokenCheckFailed, ErrorMessage, MergeSegments, SegmentsMerged,
+ CreateTableSegment, DeleteTableSegment, UpdateTableEntries, TableEntriesUpdated, RemoveTableKeys,
+ TableKeysRemoved, ReadTable, TableRead, TableSegmentNotEmpty, TableKeyDoesNotExist,
+ TableKeyBadVersion, TableEntriesDeltaRead, ReadTableEntriesDelta, ConditionalBlockEnd,
+ KeepAlive) = [COMMANDS[code] for _, code, _ in _SPECS]
 
 
 # -- encoding --------------------------------------------------------------
@@ -255,8 +318,27 @@ def _encode_fields(cmd, parts):
             parts.append(bytes(v))
         elif kind == "z":
             parts.append(bytes(v))
+        elif kind == "L":
+            parts.append(_I.pack(len(v)))
+            parts.extend(_Q.pack(x) for x in v)
+        elif kind == "K":
+            parts.append(_I.pack(len(v)))
+            for key in v:
+                _encode_table_key(key, parts)
+        elif kind == "T":
+            parts.append(_I.pack(len(v)))
+            for key, value in v:
+                _encode_table_key(key, parts)
+                parts.append(_II.pack(4 + len(value), len(value)))
+                parts.append(bytes(value))
         else:  # pragma: no cover - the spec table is static
             raise AssertionError(kind)
+
+
+def _encode_table_key(key, parts):
+    parts.append(_II.pack(12 + len(key.data), len(key.data)))
+    parts.append(bytes(key.data))
+    parts.append(_Q.pack(key.version))
 
 
 def encode(cmd):
@@ -349,6 +431,9 @@ def decode_fields(cls, buf, pos, end):
             elif kind == "z":
                 values.append(end - pos)
                 pos = end
+            elif kind in "LKT":
+                value, pos = _decode_table_list(cls, kind, buf, pos, end)
+                values.append(value)
             elif kind == "e":
                 if pos + 8 > end:
                     raise ProtocolError(f"{cls.__name__}: truncated event header")
@@ -365,6 +450,45 @@ def decode_fields(cls, buf, pos, end):
     if pos != end:
         raise ProtocolError(f"{cls.__name__}: {end - pos} bytes after the last field")
     return cls(*values)
+
+
+def _table_blob(cls, buf, pos, end, what):
+    """A table key or value: int32 payload size, int32 length, bytes."""
+    if pos + 8 > end:
+        raise ProtocolError(f"{cls.__name__}: truncated table {what}")
+    _payload, n = _II.unpack_from(buf, pos)
+    pos += 8
+    if n < 0 or pos + n > end:
+        raise ProtocolError(f"{cls.__name__}: table {what} length {n} disagrees with frame")
+    return bytes(buf[pos:pos + n]), pos + n
+
+
+def _decode_table_list(cls, kind, buf, pos, end):
+    """Lists of longs (L), table keys (K) or key/value entries (T)."""
+    if pos + 4 > end:
+        raise ProtocolError(f"{cls.__name__}: truncated list length")
+    count = _I.unpack_from(buf, pos)[0]
+    pos += 4
+    # every element takes at least 8 bytes: a bad count cannot make us allocate
+    if count < 0 or count * 8 > end - pos:
+        raise ProtocolError(f"{cls.__name__}: list of {count} does not fit the frame")
+    out = []
+    for _ in range(count):
+        if kind == "L":
+            out.append(_Q.unpack_from(buf, pos)[0])
+            pos += 8
+            continue
+        data, pos = _table_blob(cls, buf, pos, end, "key")
+        if pos + 8 > end:
+            raise ProtocolError(f"{cls.__name__}: truncated key version")
+        key = TableKey(data, _Q.unpack_from(buf, pos)[0])
+        pos += 8
+        if kind == "K":
+            out.append(key)
+        else:
+            value, pos = _table_blob(cls, buf, pos, end, "value")
+            out.append((key, value))
+    return tuple(out), pos
 
 
 def decode(frame):
@@ -389,8 +513,8 @@ def decode(frame):
 #: attributes, merges, ...): decoded as L{UnsupportedCommand} so a server can
 #: answer OperationUnsupported instead of dropping the connection.
 UNSUPPORTED_CODES = frozenset(
-    [-3, -4, -5, -6, 32, 33, 40, 41, 42, 58, 59]
-    + list(range(68, 72)) + list(range(74, 89)) + [90, 91])
+    [-3, -4, -5, -6, 32, 33, 40, 41, 42, 68, 69, 72, 73]
+    + list(range(83, 87)) + [90, 91])
 
 
 class UnsupportedCommand:

@@ -30,7 +30,7 @@ import hashlib
 import re
 import time
 
-from twisted.internet.defer import CancelledError, Deferred, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, inlineCallbacks, succeed
 from twisted.logger import Logger
 
 from streamproto.log.config import MAX_NAME_LENGTH, LogConfig
@@ -41,6 +41,8 @@ _HASHED = PREFIX + "_h"
 _PLAIN = re.compile(r"[A-Za-z0-9-]")
 #: A record can hold a whole AppendBlock plus its AppendBlockEnd.
 SEGMENT_LOG_CONFIG = LogConfig(max_record_size=2 * 0x00FFFFFF + 16)
+#: Largest segment a merge (transaction commit) copies: it is held in memory.
+MAX_MERGE_BYTES = 256 * 1024 * 1024
 
 
 class SegmentError(Exception):
@@ -65,6 +67,10 @@ class SegmentTruncated(SegmentError):
     def __init__(self, start_offset):
         super().__init__(f"segment truncated at {start_offset}")
         self.start_offset = start_offset
+
+
+class MergeTooLarge(SegmentError):
+    """The source of a merge is larger than a merge may be."""
 
 
 class BadOffset(SegmentError):
@@ -236,6 +242,27 @@ class Segment:
         self._issued[key] = event_number
         self.mtime = _now_ms()
         return self._track(self.log_.append(records, {key: event_number, "mtime": self.mtime}),
+                           lambda _: end)
+
+    def append_merged(self, data, marker):
+        """
+        Append the whole content of a merged segment as one log append,
+        with attribute C{marker} set to 1 in the same atomic write: after a
+        crash either all of it is there and marked, or none of it.
+
+        @return: Deferred firing with the segment length once durable.
+        """
+        try:
+            self._check_writable()
+        except SegmentError as e:
+            return fail(e)
+        limit = self.log_.config.max_record_size
+        view = memoryview(data)
+        records = [view[i:i + limit] for i in range(0, len(data), limit)]
+        self.issued_offset += len(data)
+        end = self.issued_offset
+        self.mtime = _now_ms()
+        return self._track(self.log_.append(records, {marker: 1, "mtime": self.mtime}),
                            lambda _: end)
 
     def _track(self, d, on_success):
@@ -445,6 +472,50 @@ class SegmentStore:
             return fail(SegmentNotFound(name))
 
         return self.store.delete(log_name(name)).addErrback(missing)
+
+    @inlineCallbacks
+    def merge(self, target, source, max_bytes=MAX_MERGE_BYTES):
+        """
+        Seal C{source}, append all its bytes to C{target} atomically, then
+        delete C{source} (a transaction commit).  Idempotent: the target
+        remembers (attribute C{merged:<hash of source>}) that it took
+        C{source}, so a merge retried after a crash never appends twice.
+
+        @return: Deferred firing with the target's length; fails with
+            L{SegmentNotFound}, L{SegmentSealed} (target sealed) or
+            L{MergeTooLarge}.
+        """
+        tgt = yield self.get(target)
+        marker = "merged:" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+        if tgt.log_.attributes.get(marker) or tgt._issued.get(marker):
+            try:
+                yield self.delete(source)
+            except SegmentNotFound:
+                pass
+            return tgt.issued_offset
+        src = yield self.get(source)
+        if not src.sealed:
+            yield src.seal()
+        yield src.settle()
+        size = src.log_.end_offset - src.log_.start_offset
+        if size > max_bytes:
+            raise MergeTooLarge(f"{source}: {size} bytes")
+        chunks = []
+        offset = src.log_.start_offset
+        while offset < src.log_.end_offset:
+            data, _, _ = yield src.read(offset, 4 * 1024 * 1024)
+            if not data:
+                break
+            chunks.append(data)
+            offset += len(data)
+        tgt._issued[marker] = 1
+        end = yield tgt.append_merged(b"".join(chunks), marker)
+        try:
+            yield self.delete(source)
+        except SegmentNotFound:
+            pass
+        self.log.info("merged {source} into {target}", source=source, target=target)
+        return end
 
     def names(self):
         """Segment names in the store (hashed long names are left out)."""

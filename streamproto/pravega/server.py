@@ -25,12 +25,17 @@ from zope.interface import implementer
 
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
+from streamproto.pravega.tables import (
+    KeyBadVersion, KeyDoesNotExist, TableError, TableNotEmpty, TableStore,
+)
 from streamproto.pravega.segments import (
-    BadOffset, SegmentExists, SegmentNotFound, SegmentSealed, SegmentStore, SegmentTruncated,
+    BadOffset, MergeTooLarge, SegmentExists, SegmentNotFound, SegmentSealed, SegmentStore, SegmentTruncated,
 )
 
 #: The reference reads at most this much per ReadSegment.
 MAX_READ_SIZE = 2 * 1024 * 1024
+#: Most entries one TableEntriesDeltaRead carries (the Rust client asks for 10).
+MAX_TABLE_READ_ENTRIES = 1000
 
 
 class _WriterState:
@@ -449,7 +454,91 @@ class PravegaServerProtocol(Protocol):
         self.log.info("deleted segment {segment}", segment=cmd.segment)
         self.send(codec.SegmentDeleted(cmd.request_id, cmd.segment))
 
+    # -- table segments --------------------------------------------------
+    @defer.inlineCallbacks
+    def create_table_segment(self, cmd):
+        try:
+            yield self.factory.tables.create(cmd.segment)
+        except SegmentExists:
+            self.send(codec.SegmentAlreadyExists(cmd.request_id, cmd.segment, ""))
+            return
+        self.log.info("created table segment {segment}", segment=cmd.segment)
+        self.send(codec.SegmentCreated(cmd.request_id, cmd.segment))
+
+    @defer.inlineCallbacks
+    def delete_table_segment(self, cmd):
+        try:
+            yield self.factory.tables.delete(cmd.segment, cmd.must_be_empty)
+        except SegmentNotFound:
+            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
+            return
+        except TableNotEmpty:
+            self.send(codec.TableSegmentNotEmpty(cmd.request_id, cmd.segment, ""))
+            return
+        self.log.info("deleted table segment {segment}", segment=cmd.segment)
+        self.send(codec.SegmentDeleted(cmd.request_id, cmd.segment))
+
+    @defer.inlineCallbacks
+    def _table_call(self, cmd, operation):
+        """Run C{operation(table)} and map table errors to their replies."""
+        try:
+            table = yield self.factory.tables.get(cmd.segment)
+            result = yield operation(table)
+        except SegmentNotFound:
+            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
+        except KeyBadVersion:
+            self.send(codec.TableKeyBadVersion(cmd.request_id, cmd.segment, ""))
+        except KeyDoesNotExist:
+            self.send(codec.TableKeyDoesNotExist(cmd.request_id, cmd.segment, ""))
+        except TableError as e:
+            self.send(codec.ErrorMessage(cmd.request_id, cmd.segment, str(e), -1))
+        else:
+            self.send(result)
+
+    def update_table_entries(self, cmd):
+        return self._table_call(cmd, lambda t: t.update(cmd.entries).addCallback(
+            lambda versions: codec.TableEntriesUpdated(cmd.request_id, tuple(versions))))
+
+    def remove_table_keys(self, cmd):
+        return self._table_call(cmd, lambda t: t.remove(cmd.keys).addCallback(
+            lambda _: codec.TableKeysRemoved(cmd.request_id, cmd.segment)))
+
+    def read_table(self, cmd):
+        return self._table_call(cmd, lambda t: defer.succeed(
+            codec.TableRead(cmd.request_id, cmd.segment, tuple(t.read(cmd.keys)))))
+
+    def read_table_delta(self, cmd):
+        def read(table):
+            entries, reached_end, last = table.delta(
+                cmd.from_position, min(cmd.suggested_entry_count, MAX_TABLE_READ_ENTRIES))
+            return defer.succeed(codec.TableEntriesDeltaRead(
+                cmd.request_id, cmd.segment, tuple(entries), False, reached_end, last))
+        return self._table_call(cmd, read)
+
+    @defer.inlineCallbacks
+    def merge_segments(self, cmd):
+        try:
+            end = yield self.factory.segments.merge(cmd.target, cmd.source)
+        except SegmentNotFound as e:
+            self.send(codec.NoSuchSegment(cmd.request_id, str(e.args[0]) if e.args else cmd.source,
+                                          "", -1))
+            return
+        except SegmentSealed:
+            self.send(codec.SegmentIsSealed(cmd.request_id, cmd.target, "", -1))
+            return
+        except MergeTooLarge as e:
+            self.send(codec.ErrorMessage(cmd.request_id, cmd.source, str(e), -1))
+            return
+        self.send(codec.SegmentsMerged(cmd.request_id, cmd.target, cmd.source, end))
+
     _handlers = {
+        codec.CreateTableSegment: create_table_segment,
+        codec.DeleteTableSegment: delete_table_segment,
+        codec.UpdateTableEntries: update_table_entries,
+        codec.RemoveTableKeys: remove_table_keys,
+        codec.ReadTable: read_table,
+        codec.ReadTableEntriesDelta: read_table_delta,
+        codec.MergeSegments: merge_segments,
         codec.Hello: hello,
         codec.KeepAlive: keep_alive,
         codec.SetupAppend: setup_append,
@@ -488,6 +577,7 @@ class PravegaServerFactory(Factory):
         self.clock = clock
         self.store = store
         self.segments = SegmentStore(store)
+        self.tables = TableStore(store)
         self.read_wait = read_wait
         self.max_frame_size = max_frame_size
         self.max_outstanding_bytes = max_outstanding_bytes

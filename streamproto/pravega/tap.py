@@ -4,6 +4,7 @@ from twisted.python import usage
 
 from streamproto.core.tap import ServerOptions, positive_int, server_service
 from streamproto.pravega.codec import MAX_FRAME_SIZE
+from streamproto.pravega.controller import ControllerService, parse_controller_endpoint
 from streamproto.pravega.server import PravegaServerFactory
 
 
@@ -20,6 +21,9 @@ def _non_negative_float(name):
     return coerce
 
 
+DEFAULT_CONTROLLER = "tcp:9090"
+
+
 class Options(ServerOptions):
     """Options of the Pravega segment-store server."""
 
@@ -32,6 +36,13 @@ class Options(ServerOptions):
         ["max-outstanding", None, 32 * 1024 * 1024,
          "Unacknowledged append bytes per connection before reading from it pauses.",
          positive_int("max-outstanding")],
+        ["controller", None, None,
+         "Endpoint of the gRPC Controller service: tcp:PORT[:interface=HOST], or 'none' "
+         "(default tcp:9090; under 'twistd streamproto', which shares one store between "
+         "servers, none unless given)."],
+        ["advertise", None, None,
+         "HOST:PORT of the segment store that the controller hands to clients "
+         "(default: the first --port's interface, or 127.0.0.1, and port)."],
         ["idle-timeout", None, 300.0,
          "Seconds of silence before an idle connection is closed (0: never).",
          _non_negative_float("idle-timeout")],
@@ -41,12 +52,56 @@ class Options(ServerOptions):
         super().postOptions()
         if self["max-frame-size"] > MAX_FRAME_SIZE:
             raise usage.UsageError(f"--max-frame-size must be at most {MAX_FRAME_SIZE}")
+        self["controller-default"] = self["controller"] is None
+        if self["controller"] is None:
+            self["controller"] = DEFAULT_CONTROLLER
+        if self["controller"] != "none":
+            try:
+                self["controller-address"] = parse_controller_endpoint(self["controller"])
+            except ValueError as e:
+                raise usage.UsageError(str(e))
+            try:
+                self["advertise-address"] = advertised_address(self["advertise"],
+                                                               self["port"])
+            except ValueError as e:
+                raise usage.UsageError(f"--advertise: {e}")
+
+
+def advertised_address(advertise, ports):
+    """The segment store's (host, port) as clients must reach it."""
+    if advertise:
+        host, _, port = advertise.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError("expected HOST:PORT")
+        return host, int(port)
+    for description in ports:
+        parts = description.split(":")
+        if parts[0] in ("tcp", "ssl", "tls", "mtls") and len(parts) > 1 and parts[1].isdigit():
+            host = "127.0.0.1"
+            for p in parts[2:]:
+                if p.startswith("interface=") and p[10:] not in ("", "0.0.0.0", "::"):
+                    host = p[10:]
+            return host, int(parts[1])
+    raise ValueError("cannot tell the segment store's address from --port: give --advertise")
 
 
 def makeService(options, store=None):
+    built = []
+
     def factory(store):
-        return PravegaServerFactory(
+        f = PravegaServerFactory(
             store, read_wait=options["read-wait"], max_frame_size=options["max-frame-size"],
             max_outstanding_bytes=options["max-outstanding"],
             idle_timeout=options["idle-timeout"])
-    return server_service(options, factory, store, name="pravega")
+        built.append(f)
+        return f
+    top = server_service(options, factory, store, name="pravega")
+    # With a shared store (the umbrella, which cannot pass --controller) the
+    # controller only runs when asked for: its default port is fixed.
+    wanted = not (store is not None and options.get("controller-default", True))
+    if wanted and options.get("controller", "none") != "none":
+        host, port = options["controller-address"]
+        # added last: stopped before the store it writes to
+        ControllerService(built[0].store, built[0].segments, host, port,
+                          options["advertise-address"]).setServiceParent(top)
+    return top

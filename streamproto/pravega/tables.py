@@ -1,0 +1,278 @@
+"""
+Pravega table segments (key/value segments with versioned keys) on the log
+store.
+
+A table segment is one log (named like a stream segment, through
+L{streamproto.pravega.segments.log_name}, so the two share one namespace,
+as in Pravega) whose records are the updates and removals, in order; its
+C{table} attribute is 1.  Opening it replays the records into a dict.
+
+Record layout:
+
+- update: C{b"U"}, then per entry C{int32 key length, int32 value length,
+  key, value};
+- removal: C{b"R"}, then per key C{int32 key length, key}.
+
+A key's version is the payload byte offset of its entry in the log (as the
+reference uses the entry's offset in the segment): unique, increasing, and
+the same after a replay.  L{Table.delta} returns the live entries whose
+version is at or beyond a position, in version order, which is what the
+Rust client's reader-group synchronizer polls with C{ReadTableEntriesDelta}.
+
+Operations on one table run one at a time (a L{DeferredLock}): the in-memory
+state changes only once the record is durable, so a reply never reports
+something a crash could take back, and conditional checks see every
+acknowledged update.
+"""
+
+import struct
+
+from twisted.internet.defer import DeferredLock, fail, inlineCallbacks, returnValue
+from twisted.logger import Logger
+
+from streamproto.log.errors import LogExists, LogNotFound
+from streamproto.pravega.codec import TableKey
+from streamproto.pravega.segments import (
+    SEGMENT_LOG_CONFIG, SegmentExists, SegmentNotFound, log_name,
+)
+
+_II = struct.Struct(">ii")
+_I = struct.Struct(">i")
+UPDATE = b"U"
+REMOVE = b"R"
+#: Largest record we write: updates bigger than this are refused.
+MAX_UPDATE_BYTES = 8 * 1024 * 1024
+#: Bytes of entries a delta read returns (at least one entry).
+MAX_READ_BYTES = 4 * 1024 * 1024
+
+
+class TableError(Exception):
+    pass
+
+
+class KeyBadVersion(TableError):
+    """A conditional update or removal named a version the key does not have."""
+
+
+class KeyDoesNotExist(TableError):
+    """A conditional update or removal named a key that does not exist."""
+
+
+class TableNotEmpty(TableError):
+    pass
+
+
+class UpdateTooLarge(TableError):
+    pass
+
+
+class Table:
+    """One open table segment: C{entries} maps key -> (version, value)."""
+
+    def __init__(self, name, log):
+        self.name = name
+        self.log_ = log
+        self.entries = {}
+        self.lock = DeferredLock()
+        self.deleted = False
+
+    def apply(self, offset, record):
+        """Replay one record stored at payload C{offset}; @return: versions."""
+        record = memoryview(record)
+        kind = bytes(record[:1])
+        pos = 1
+        versions = []
+        entries = self.entries
+        if kind == UPDATE:
+            while pos < len(record):
+                klen, vlen = _II.unpack_from(record, pos)
+                version = offset + pos
+                pos += 8
+                key = bytes(record[pos:pos + klen])
+                pos += klen
+                entries[key] = (version, bytes(record[pos:pos + vlen]))
+                pos += vlen
+                versions.append(version)
+        elif kind == REMOVE:
+            while pos < len(record):
+                (klen,) = _I.unpack_from(record, pos)
+                pos += 4
+                entries.pop(bytes(record[pos:pos + klen]), None)
+                pos += klen
+        else:
+            raise TableError(f"table {self.name}: bad record at offset {offset}")
+        return versions
+
+    def _check(self, key):
+        """Check one conditional key against the current state."""
+        expected = key.version
+        if expected == TableKey.NO_VERSION:
+            return
+        current = self.entries.get(key.data)
+        if expected == TableKey.NOT_EXISTS:
+            if current is not None:
+                raise KeyBadVersion(self.name)
+        elif current is None:
+            raise KeyDoesNotExist(self.name)
+        elif current[0] != expected:
+            raise KeyBadVersion(self.name)
+
+    def _write(self, record):
+        if self.deleted:
+            return fail(SegmentNotFound(self.name))
+        offset = self.log_.end_offset
+
+        def durable(_):
+            return self.apply(offset, record)
+
+        return self.log_.append([record]).addCallback(durable)
+
+    def _locked(self, fn, *args):
+        return self.lock.run(fn, *args)
+
+    def update(self, entries):
+        """
+        Apply C{entries} (a sequence of (L{TableKey}, value)) all or none.
+
+        @return: Deferred firing with the new versions, in order; fails with
+            L{KeyBadVersion}, L{KeyDoesNotExist} or L{UpdateTooLarge}.
+        """
+        return self._locked(self._update, entries)
+
+    def _update(self, entries):
+        try:
+            for key, _ in entries:
+                self._check(key)
+        except TableError as e:
+            return fail(e)
+        parts = [UPDATE]
+        for key, value in entries:
+            parts += (_II.pack(len(key.data), len(value)), key.data, value)
+        record = b"".join(parts)
+        if len(record) > MAX_UPDATE_BYTES:
+            return fail(UpdateTooLarge(self.name))
+        return self._write(record)
+
+    def remove(self, keys):
+        """Remove C{keys} (L{TableKey}s, conditional on their versions) all or none."""
+        return self._locked(self._remove, keys)
+
+    def _remove(self, keys):
+        try:
+            for key in keys:
+                if key.version != TableKey.NOT_EXISTS:
+                    self._check(key)
+        except TableError as e:
+            return fail(e)
+        parts = [REMOVE]
+        for key in keys:
+            parts += (_I.pack(len(key.data)), key.data)
+        return self._write(b"".join(parts)).addCallback(lambda _: None)
+
+    def read(self, keys):
+        """@return: [(TableKey with the current version, value)]; missing keys get -1 and b""."""
+        out = []
+        for key in keys:
+            current = self.entries.get(key.data)
+            if current is None:
+                out.append((TableKey(key.data, TableKey.NOT_EXISTS), b""))
+            else:
+                out.append((TableKey(key.data, current[0]), current[1]))
+        return out
+
+    def delta(self, from_position, max_entries):
+        """
+        @return: C{(entries, reached_end, last_position)}: up to
+            C{max_entries} live entries with a version at or beyond
+            C{from_position} in version order, and the position to ask from
+            next time (just past the last entry returned).
+        """
+        found = sorted((version, key, value) for key, (version, value) in self.entries.items()
+                       if version >= from_position)
+        page = []
+        size = 0
+        for item in found:
+            # a reply must stay far below the frame limit
+            if len(page) >= max(1, max_entries) or (page and size > MAX_READ_BYTES):
+                break
+            page.append(item)
+            size += len(item[1]) + len(item[2]) + 24
+        reached_end = len(page) == len(found)
+        if page:
+            last_position = page[-1][0] + 1
+        else:
+            last_position = max(from_position, 0)
+        return ([(TableKey(key, version), value) for version, key, value in page],
+                reached_end, last_position)
+
+
+class TableStore:
+    """The table segments of one server, opened lazily and shared."""
+
+    log = Logger()
+
+    def __init__(self, store, config=SEGMENT_LOG_CONFIG):
+        self.store = store
+        self.config = config
+        self._open = {}
+        self._opening = {}
+
+    @inlineCallbacks
+    def get(self, name):
+        """@return: Deferred firing with the replayed L{Table}; fails with L{SegmentNotFound}."""
+        table = self._open.get(name)
+        if table is not None:
+            returnValue(table)
+        lock = self._opening.get(name)
+        if lock is None:
+            lock = self._opening[name] = DeferredLock()
+        yield lock.acquire()
+        try:
+            table = self._open.get(name)
+            if table is None:
+                try:
+                    log = yield self.store.get(log_name(name))
+                except LogNotFound:
+                    raise SegmentNotFound(name)
+                if not log.attributes.get("table"):
+                    raise SegmentNotFound(name)
+                table = Table(name, log)
+                # tables are never truncated: record offsets are running sums
+                position, offset = log.start_position, log.start_offset
+                while True:
+                    batch = yield log.read(position, 4096, 4 * 1024 * 1024)
+                    if not len(batch):
+                        break
+                    for record in batch.records():
+                        table.apply(offset, record)
+                        offset += len(record)
+                    position = batch.next_position
+                self._open[name] = table
+            returnValue(table)
+        finally:
+            lock.release()
+            if not lock.locked and not lock.waiting:
+                self._opening.pop(name, None)
+
+    @inlineCallbacks
+    def create(self, name):
+        """Create a table segment; fails with L{SegmentExists}."""
+        try:
+            log = yield self.store.create(log_name(name), self.config)
+        except LogExists:
+            raise SegmentExists(name)
+        yield log.append([], {"table": 1})
+        self._open[name] = Table(name, log)
+
+    @inlineCallbacks
+    def delete(self, name, must_be_empty):
+        """Delete a table segment; fails with L{SegmentNotFound} or L{TableNotEmpty}."""
+        table = yield self.get(name)
+        if must_be_empty and table.entries:
+            raise TableNotEmpty(name)
+        table.deleted = True
+        self._open.pop(name, None)
+        try:
+            yield self.store.delete(log_name(name))
+        except LogNotFound:
+            raise SegmentNotFound(name)
