@@ -683,3 +683,20 @@ class StreamErrorTests(unittest.TestCase):
 
 
 
+
+
+class ErrorMappingTests(unittest.SynchronousTestCase):
+    def test_store_errors_map_to_codes(self):
+        from streamproto.log.errors import (
+            CorruptLog, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge, WriteFailed,
+        )
+        from streamproto.styx.codec import ErrorCode
+        from streamproto.styx.stream import error_code_for
+        self.assertEqual(error_code_for(WriteFailed("disk full")), ErrorCode.LOG_NOT_AVAILABLE)
+        self.assertEqual(error_code_for(LogFailed("fsync")), ErrorCode.LOG_NOT_AVAILABLE)
+        self.assertEqual(error_code_for(CorruptLog("crc")), ErrorCode.LOG_NOT_AVAILABLE)
+        self.assertEqual(error_code_for(LogNotFound("x")), ErrorCode.LOG_NOT_FOUND)
+        self.assertEqual(error_code_for(PositionOutOfRange("x")),
+                         ErrorCode.POSITION_OUT_OF_RANGE)
+        self.assertEqual(error_code_for(RecordTooLarge("x")), ErrorCode.RECORD_TOO_LARGE)
+        self.assertEqual(error_code_for(ValueError("x")), ErrorCode.UNKNOWN)

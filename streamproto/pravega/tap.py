@@ -2,23 +2,10 @@
 
 from twisted.python import usage
 
-from streamproto.core.tap import ServerOptions, positive_int, server_service
+from streamproto.core.tap import ServerOptions, non_negative_float, positive_int, server_service
 from streamproto.pravega.codec import MAX_FRAME_SIZE
 from streamproto.pravega.controller import ControllerService, parse_controller_endpoint
 from streamproto.pravega.server import PravegaServerFactory
-
-
-def _non_negative_float(name):
-    def coerce(value):
-        try:
-            v = float(value)
-        except ValueError:
-            raise ValueError(f"{name} must be a number")
-        if v < 0:
-            raise ValueError(f"{name} must not be negative")
-        return v
-    coerce.coerceDoc = "Seconds (a number >= 0)."
-    return coerce
 
 
 DEFAULT_CONTROLLER = "tcp:9090"
@@ -30,7 +17,7 @@ class Options(ServerOptions):
     defaultPort = "tcp:12345"
     optParameters = [
         ["read-wait", None, 60.0, "Seconds a ReadSegment at the tail waits for data.",
-         _non_negative_float("read-wait")],
+         non_negative_float("--read-wait")],
         ["max-frame-size", None, MAX_FRAME_SIZE, "Largest frame accepted (bytes).",
          positive_int("max-frame-size")],
         ["max-outstanding", None, 32 * 1024 * 1024,
@@ -45,7 +32,7 @@ class Options(ServerOptions):
          "(default: the first --port's interface, or 127.0.0.1, and port)."],
         ["idle-timeout", None, 300.0,
          "Seconds of silence before an idle connection is closed (0: never).",
-         _non_negative_float("idle-timeout")],
+         non_negative_float("--idle-timeout")],
     ]
 
     def postOptions(self):
@@ -95,7 +82,7 @@ def makeService(options, store=None):
             idle_timeout=options["idle-timeout"])
         built.append(f)
         return f
-    top = server_service(options, factory, store, name="pravega")
+    top = server_service(options, factory, store, name="pravega-server")
     # With a shared store (the umbrella, which cannot pass --controller) the
     # controller only runs when asked for: its default port is fixed.
     wanted = not (store is not None and options.get("controller-default", True))

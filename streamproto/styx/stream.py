@@ -25,7 +25,7 @@ from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge, WriteFailed,
 )
 from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
@@ -68,7 +68,8 @@ def error_code_for(failure_or_exception):
     exc = getattr(failure_or_exception, "value", failure_or_exception)
     if isinstance(exc, LogNotFound):
         return ErrorCode.LOG_NOT_FOUND
-    if isinstance(exc, (LogClosed, LogFailed, CorruptLog)):
+    if isinstance(exc, (LogClosed, LogFailed, CorruptLog, WriteFailed)):
+        # WriteFailed: the disk is full; the append was rolled back
         return ErrorCode.LOG_NOT_AVAILABLE
     if isinstance(exc, PositionOutOfRange):
         return ErrorCode.POSITION_OUT_OF_RANGE
