@@ -588,7 +588,3 @@ class RelinkLinkFlood(AbuseCase):
         # 60 abandoned links, kept 60 s each for resumption: a new connector
         # must still get a link (evict an abandoned one, not refuse)
         yield self.still_serves()
-
-    test_flood_of_abandoned_links_does_not_lock_out_new_ones.todo = (
-        "BUG: RelinkEndpoint.accept refuses new links ('too many links') while max_links "
-        "abandoned links wait out link_timeout; see doc/reliability.rst")

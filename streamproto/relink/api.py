@@ -147,6 +147,16 @@ class RelinkEndpoint:
             return link, True
         if hs.require_old_link:
             return None, False
+        if len(self.links) >= self.config.max_links and self._expiry:
+            # make room by giving up the link disconnected the longest (the
+            # expiry timers are in the order the links were detached), so
+            # that a flood of abandoned handshakes cannot lock clients out
+            oldest = self.links.get(next(iter(self._expiry)))
+            if oldest is not None:
+                self.log.info("relink: endpoint {name} at max_links: discarding "
+                              "disconnected link {link_id}", name=self.name,
+                              link_id=oldest.link_id)
+                oldest.discard(LinkLost("discarded to make room for a new link"))
         if len(self.links) >= self.config.max_links:
             raise ProtocolError("too many links")
         link_id = next(self._ids)
