@@ -380,10 +380,18 @@ class TapTests(unittest.TestCase):
         options.parseOptions(["--cors-origin", "none"])
         self.assertEqual(options["cors_origins"], [])
 
+    def test_http_idle_timeout(self):
+        from streamproto.styx.resource import make_site
+        options = tap.Options()
+        options.parseOptions(["--http-idle-timeout", "5"])
+        self.assertEqual(options["http-idle-timeout"], 5)
+        self.assertEqual(make_site(MemoryLogStore(reactor), http_idle_timeout=5).timeOut, 5)
+        self.assertEqual(make_site(MemoryLogStore(reactor)).timeOut, 60)
+
     def test_bad_options(self):
         from twisted.python import usage
         for args in (["--timeout", "1"], ["--timeout", "x"], ["--max-record-size", "0"],
-                     ["--log-max-count", "0"]):
+                     ["--log-max-count", "0"], ["--http-idle-timeout", "0"]):
             self.assertRaises(usage.UsageError, tap.Options().parseOptions, args)
 
     @defer.inlineCallbacks

@@ -365,6 +365,10 @@ class StreamedProduce:
                 transport.resumeProducing()
 
 
+#: twisted.web's own default
+DEFAULT_HTTP_IDLE_TIMEOUT = 60
+
+
 class StyxSite(server.Site):
     """A L{server.Site} with bounded request bodies (see L{StyxRequest})."""
 
@@ -380,13 +384,20 @@ class StyxSite(server.Site):
 
 def make_site(store, timeout=DEFAULT_TIMEOUT, default_config=None,
               max_body_size=DEFAULT_MAX_BODY_SIZE, metrics=None, clock=None, upgrade=None,
-              cors_origins=("*",), max_restore_size=DEFAULT_MAX_RESTORE_SIZE):
-    """The Site serving the Styx API over C{store} (an L{ILogStore})."""
+              cors_origins=("*",), max_restore_size=DEFAULT_MAX_RESTORE_SIZE,
+              http_idle_timeout=DEFAULT_HTTP_IDLE_TIMEOUT):
+    """
+    The Site serving the Styx API over C{store} (an L{ILogStore}).
+
+    @param http_idle_timeout: seconds an HTTP connection may stay silent
+        (keep-alive or a slow request) before it is closed; upgraded styx/0
+        and WebSocket streams use C{timeout} instead.
+    """
     root = StyxResource(store, timeout=timeout, default_config=default_config,
                         metrics=metrics, clock=clock, upgrade=upgrade,
                         cors_origins=cors_origins)
     site = StyxSite(root, max_body_size=max_body_size, metrics=root.metrics,
-                    max_restore_size=max_restore_size)
+                    max_restore_size=max_restore_size, timeout=http_idle_timeout)
     site.displayTracebacks = False
     return site
 

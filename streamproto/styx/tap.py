@@ -50,6 +50,9 @@ class Options(ServerOptions):
         ["max-body-size", None, DEFAULT_MAX_BODY_SIZE,
          "Largest HTTP request body accepted (bytes); larger ones get 413.",
          positive_int("max-body-size")],
+        ["http-idle-timeout", None, 60,
+         "Seconds an HTTP connection may stay silent (keep-alive, slow "
+         "requests) before it is closed.", positive_int("http-idle-timeout")],
         ["max-restore-size", None, DEFAULT_MAX_RESTORE_SIZE,
          "Largest backup accepted by POST /logs/restore (bytes; spooled to a "
          "temporary file while it arrives).", positive_int("max-restore-size")],
@@ -90,6 +93,7 @@ def makeService(options, store=None):
                          default_config=options["log_config"],
                          max_body_size=options["max-body-size"],
                          max_restore_size=options["max-restore-size"],
-                         cors_origins=options["cors_origins"])
+                         cors_origins=options["cors_origins"],
+                         http_idle_timeout=options["http-idle-timeout"])
 
     return server_service(options, factory, store=store, name="styx-server")
