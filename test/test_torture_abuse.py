@@ -420,9 +420,6 @@ class PravegaAbuse(AbuseCase):
                                                         "", i + 1)) for i in range(200))
         yield self.never_reader_bounded(self.hello() + reads, bound=16 << 20, settle=2.0)
 
-    test_reader_that_never_reads.todo = (
-        "BUG: PravegaServerProtocol writes every finished ReadSegment reply to the transport "
-        "whatever its buffer holds (~190 MiB here); see doc/reliability.rst")
 
 
 # -- Relink ----------------------------------------------------------------------

@@ -180,7 +180,8 @@ class PravegaServerProtocol(Protocol):
     def _drain(self):
         queue = self._queue
         while queue and not self._busy and not self.closed and \
-                "send buffer" not in self._pause_reasons:
+                "send buffer" not in self._pause_reasons and \
+                len(self._reads) < self.factory.max_pending_reads:
             cmd = queue.popleft()
             try:
                 cmd = self.assembler.process(cmd)
@@ -337,6 +338,7 @@ class PravegaServerProtocol(Protocol):
             self._reads.discard(d)
             if len(self._reads) < self.factory.max_pending_reads:
                 self._unpause("reads")
+                self._drain()   # commands queued behind the read limit
             return result
 
         d.addBoth(finished)
@@ -366,6 +368,10 @@ class PravegaServerProtocol(Protocol):
             self.send(codec.SegmentIsTruncated(cmd.request_id, cmd.segment, e.start_offset, "",
                                                cmd.offset))
             return
+        # room again now that the data is here: reads that started together
+        # must not all write at once to a peer that does not read
+        while "send buffer" in self._pause_reasons and not self.closed:
+            yield self._send_buffer_room()
         self.send(codec.SegmentRead(cmd.segment, cmd.offset, at_tail, end, data, cmd.request_id))
 
     # -- admin -----------------------------------------------------------
