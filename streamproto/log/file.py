@@ -407,13 +407,10 @@ class FileLog:
         dir_dirty, self._dir_dirty = self._dir_dirty, False
         for s in segs:
             s.refs += 1
-            if s.synced_size is None:
-                s.synced_size = 0
         self._syncing = True
         fds = [s.fd for s in segs]
-        sizes = [s.size for s in segs]
         d = self._run_blocking(self._fsync_blocking, fds, dir_dirty)
-        d.addCallbacks(self._synced, self._sync_failed, (target, segs, sizes), None, (segs,))
+        d.addCallbacks(self._synced, self._sync_failed, (target, segs), None, (segs,))
 
     def _fsync_blocking(self, fds, dir_dirty):
         started = time.monotonic()
@@ -429,10 +426,8 @@ class FileLog:
             if s.doomed and s.refs == 0:
                 self._io.close(s.fd)
 
-    def _synced(self, _, target, segs, sizes):
+    def _synced(self, _, target, segs):
         self._release(segs)
-        for seg, size in zip(segs, sizes):
-            seg.synced_size = max(seg.synced_size or 0, size)
         self._syncing = False
         seq, w_pos, w_off, attrs = target
         self._synced_seq = seq
@@ -503,10 +498,9 @@ class FileLog:
             # a segment goes only if what remains still reaches it
             if c.log_max_count > 0 and self.end_position - nxt.position >= c.log_max_count:
                 expired = True
-            # sizes of durable bytes only: a crash must not take the log below
-            if c.log_max_size > 0 and sum(
-                    s.size if s.synced_size is None else s.synced_size
-                    for s in self._segments[1:]) >= c.log_max_size:
+            # durable payload bytes (the synced end offset): what remains
+            # keeps at least the limit of data, even after a crash
+            if c.log_max_size > 0 and self.end_offset - nxt.offset >= c.log_max_size:
                 expired = True
             if c.log_max_age > 0 and now - nxt.created_ms >= c.log_max_age * 1000:
                 expired = True

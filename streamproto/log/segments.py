@@ -102,7 +102,6 @@ class Segment:
         self.indexed = False   # an .idx file was written for it
         self.cursor = None     # (position, offset, file_pos) of a recent batch
         self.attrs_at_end = None  # log attributes as of the segment's end, once sealed
-        self.synced_size = None   # bytes covered by a completed fsync (None: all of it)
 
     def __repr__(self):
         return f"<Segment {self.position}..{self.end_position} {self.path}>"
