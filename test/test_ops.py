@@ -269,3 +269,54 @@ class HalfCloseTests(unittest.TestCase):
         c.transport.loseWriteConnection()
         yield c.closed
         self.assertEqual(c.received, b"got request")
+
+    @defer.inlineCallbacks
+    def test_server_half_close_keeps_reading(self):
+        """
+        A protocol that half-closes (sends its last bytes, then
+        loseWriteConnection) still receives what the client sends after
+        that: the wrapper must not turn the end of our writing into a close
+        (a client acking late would get a reset and "broken pipe").
+        """
+        got_after = []
+        heard = defer.Deferred()
+
+        class SayByeThenListen(protocol.Protocol):
+            def connectionMade(self):
+                self.transport.write(b"bye")
+                self.transport.loseWriteConnection()
+
+            def dataReceived(self, data):
+                got_after.append(data)
+                self.transport.loseConnection()
+                if not heard.called:
+                    heard.callback(None)
+
+        o = Options()
+        o.parseOptions(["--data", tempfile.mkdtemp()])
+        top = server_service(o, lambda store: protocol.Factory.forProtocol(SayByeThenListen),
+                             name="t-linger")
+        top.startService()
+        self.addCleanup(top.stopService)
+        listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
+        (port,) = yield defer.gatherResults([c._waitingForPort for c in listeners])
+
+        from twisted.internet.interfaces import IHalfCloseableProtocol
+        from zope.interface import implementer
+
+        @implementer(IHalfCloseableProtocol)
+        class LateAcker(Client):
+            def readConnectionLost(self):
+                # the server is done sending: ack what we read, late, then close
+                self.transport.write(b"ack " + self.received)
+                self.transport.loseConnection()
+
+            def writeConnectionLost(self):
+                pass
+
+        c = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
+            protocol.Factory.forProtocol(LateAcker))
+        yield c.closed
+        yield heard
+        self.assertEqual(c.received, b"bye")
+        self.assertEqual(got_after, [b"ack bye"])

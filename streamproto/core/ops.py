@@ -40,11 +40,11 @@ class TrackedConnection(ProtocolWrapper):
             self.transport.loseConnection()
 
     def writeConnectionLost(self):
+        # our side finished sending (a half-close the protocol asked for):
+        # tell the protocol if it cares, and keep reading either way
         p = IHalfCloseableProtocol(self.wrappedProtocol, None)
         if p is not None:
             p.writeConnectionLost()
-        else:
-            self.transport.loseConnection()
 
     def makeConnection(self, transport):
         self.opened = time.monotonic()

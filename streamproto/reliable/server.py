@@ -16,7 +16,7 @@ connection is closed (the spec; the reference server kept some of them open).
 import random
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.interfaces import IPushProducer, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -31,6 +31,9 @@ from streamproto.reliable.sequence import (
     initial_state,
     next_message,
 )
+
+#: how long a closing connection waits for the client to close its side
+LINGER_SECONDS = 10
 
 #: puts a stateful connection keeps in flight: lets the durable store commit
 #: many messages of a session in one transaction
@@ -90,6 +93,7 @@ class ReliableStreamServerProtocol(Protocol):
         self._flush_call = None
         self._pump_call = None
         self._close_after_flush = False
+        self._linger_call = None
         self._in_flight = 0
         self._generating = False
         self._pumping = False
@@ -166,7 +170,8 @@ class ReliableStreamServerProtocol(Protocol):
     def connectionLost(self, reason):
         was = self.phase
         self.phase = "closed"
-        for call in (self._initial_timer, self._flush_call, self._pump_call, self._stall_timer):
+        for call in (self._initial_timer, self._flush_call, self._pump_call, self._stall_timer,
+                     self._linger_call):
             if call is not None and call.active():
                 call.cancel()
         self._initial_timer = self._flush_call = self._pump_call = self._stall_timer = None
@@ -221,7 +226,24 @@ class ReliableStreamServerProtocol(Protocol):
             out, self._out = self._out, []
             self.transport.writeSequence(out)
             self._count_flushed()
-        if self._close_after_flush and self.phase != "closed":
+        if self._close_after_flush and self.phase != "closed" and self._linger_call is None:
+            self._close()
+
+    def _close(self):
+        """
+        Close after the last message or an error.  Over plain TCP only our
+        side is closed first (as the reference's Node server does with
+        C{end()}): a client still acknowledging what it reads would get a
+        TCP reset, and "broken pipe" on its next ack, if the socket were
+        gone.  The client closes its side once it has read everything (or
+        the linger timer does it).
+        """
+        half_close = getattr(self.transport, "loseWriteConnection", None)
+        if half_close is not None and not ISSLTransport.providedBy(self.transport):
+            half_close()
+            self._linger_call = self._clock.callLater(LINGER_SECONDS,
+                                                      self.transport.loseConnection)
+        else:
             self.transport.loseConnection()
 
     def _count_flushed(self):
