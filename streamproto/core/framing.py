@@ -15,7 +15,7 @@ identically and are tested against it.
 import struct
 from array import array
 
-from streamproto.log.batch import RecordBatch, lengths_array
+from streamproto.log.batch import lengths_array
 
 try:
     from streamproto import _speedups
@@ -105,9 +105,3 @@ def scan_frames(buf, start=0, prefix=b"", max_size=0x7FFFFFFF, max_records=-1):
     lengths = array("I")
     lengths.frombytes(raw)
     return lengths, data, end, status
-
-
-def batch_from_frames(position, buf, start=0, prefix=b"", max_size=0x7FFFFFFF):
-    """A L{RecordBatch} of the frames in C{buf} plus C{(end, status)}."""
-    lengths, data, end, status = scan_frames(buf, start, prefix, max_size)
-    return RecordBatch(position, lengths, data), end, status

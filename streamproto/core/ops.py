@@ -14,7 +14,7 @@ import time
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IHalfCloseableProtocol
-from twisted.logger import Logger, eventAsJSON, jsonFileLogObserver
+from twisted.logger import Logger, jsonFileLogObserver
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.web import resource
 from twisted.web.server import Site
@@ -209,6 +209,3 @@ def json_log_observer(stream):
     """One JSON object per line: C{--log-format json}."""
     return jsonFileLogObserver(stream)
 
-
-__all__ = ["TrackingFactory", "HealthResource", "metrics_site", "json_log_observer",
-           "eventAsJSON"]

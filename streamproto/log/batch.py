@@ -88,14 +88,3 @@ class RecordBatch:
 
 def empty_batch(position):
     return RecordBatch(position, lengths_array(), b"")
-
-
-def concat_batches(batches):
-    """Join consecutive batches into one."""
-    batches = [b for b in batches if len(b)]
-    if not batches:
-        raise ValueError("nothing to join")
-    lengths = lengths_array()
-    for b in batches:
-        lengths.extend(b.lengths)
-    return RecordBatch(batches[0].position, lengths, b"".join(bytes(b.data) for b in batches))
