@@ -135,13 +135,17 @@ class StyxOpsTests(unittest.TestCase):
     def test_shutdown_while_streaming(self):
         return self.shutdown_while_streaming()
 
-    # Known race, about one run in three on a loaded machine: over plain TCP
-    # the producer that keeps writing sometimes sees the final Ack but not
-    # the Error(SHUTDOWN) after it (the stored records still equal exactly
-    # the acked ones when it fails that way).  Under investigation: the
-    # lingering close of ProducerStream versus the tracking wrapper.
-    test_shutdown_while_streaming.todo = (
-        "race: Error(SHUTDOWN) sometimes lost over plain TCP while the client keeps writing")
+    def test_shutdown_producer_reads_late(self):
+        """
+        The producer keeps writing but reads nothing for a while once the
+        shutdown began: the server must keep its socket open (reading and
+        dropping the records) until the client closes.  Closing it with the
+        client's records still arriving answers them with a TCP reset, and
+        the client's next write then fails (EPIPE) before it ever reads the
+        Error(SHUTDOWN) waiting in its receive buffer: this made the test
+        above fail about once in twenty runs, and this one every time.
+        """
+        return self.shutdown_while_streaming(read_late=0.3)
 
     def test_shutdown_while_streaming_tls(self):
         from test.tlsutil import certs
@@ -149,7 +153,7 @@ class StyxOpsTests(unittest.TestCase):
                                              certs().client_options(with_cert=False))
 
     @defer.inlineCallbacks
-    def shutdown_while_streaming(self, listen=None, tls=None):
+    def shutdown_while_streaming(self, listen=None, tls=None, read_late=None):
         """
         A producer writes records without pause and a consumer follows the
         log while the service stops: the producer gets the final Ack then
@@ -176,6 +180,10 @@ class StyxOpsTests(unittest.TestCase):
         # in flight as the shutdown begins: refused, so neither stored nor acked
         producer.transport.write(encode_records(payloads(producer.sent, 50)))
         producer.sent += 50
+        if read_late is not None:
+            producer.transport.pauseProducing()
+            resume = reactor.callLater(read_late, producer.transport.resumeProducing)
+            self.addCleanup(lambda: resume.active() and resume.cancel())
         started = time.monotonic()
         yield server.stop()
         yield producer.closed

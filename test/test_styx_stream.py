@@ -231,6 +231,68 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         self.assertEqual(sent_messages(self.transport), [Ack(1, 1)])
 
 
+class LingeringTransport(HalfCloseTransport):
+    """A HalfCloseTransport that can also half-close (like TCP's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.write_closed = False
+
+    def loseWriteConnection(self):
+        self.write_closed = True
+
+
+class LingeringCloseTests(unittest.SynchronousTestCase):
+    """
+    The producer's lingering close over TCP: half-close, keep reading (and
+    dropping) until the client closes its side, then close.  Closing while
+    the client's records still arrive would answer them with a reset that
+    can keep the last Ack and Error from the client.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.store, self.log = memory_log(self.clock)
+        self.transport = LingeringTransport()
+        self.stream = ProducerStream(self.log, timeout=10, clock=self.clock)
+        self.stream.makeConnection(self.transport)
+        self.stream.dataReceived(encode_records([b"a", b"b"]))
+        self.clock.advance(0)
+
+    def test_shutdown_half_closes_and_waits_for_the_client(self):
+        self.stream.gracefulShutdown()
+        self.assertEqual(sent_messages(self.transport),
+                         [Ack(2, 2), ErrorMessage(ErrorCode.SHUTDOWN)])
+        self.assertTrue(self.transport.write_closed)
+        # our FIN is out: the socket must stay open while the client writes
+        self.stream.writeConnectionLost()
+        self.assertFalse(self.transport.disconnecting)
+        self.assertFalse(self.transport.reading_paused)
+        self.stream.dataReceived(encode_records([b"late"]))
+        self.clock.advance(0)
+        self.assertEqual(self.log._records, [b"a", b"b"])      # dropped
+        self.assertFalse(self.transport.disconnecting)
+        # the client read the Error and closed its side
+        self.stream.readConnectionLost()
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_client_that_never_closes_is_aborted(self):
+        self.stream.gracefulShutdown()
+        self.stream.writeConnectionLost()
+        self.clock.advance(9.9)
+        self.assertFalse(self.transport.aborted)
+        self.clock.advance(0.1)
+        self.assertTrue(self.transport.aborted)
+
+    def test_no_linger_once_the_client_half_closed(self):
+        """The Go client's Close: nothing more can arrive, so no half-close."""
+        self.stream.dataReceived(encode_records([b"c"]))
+        self.stream.readConnectionLost()
+        self.assertFalse(self.transport.write_closed)
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(sent_messages(self.transport)[-1], Ack(3, 3))
+
+
 class ConsumerStreamTests(unittest.SynchronousTestCase):
     def setUp(self):
         self.clock = Clock()

@@ -33,6 +33,7 @@ from streamproto.styx.codec import (
     ErrorMessage, StyxDecoder, StyxProtocolError, encode_ack, encode_batch, encode_error,
 )
 from streamproto.styx.errors import APIError
+from streamproto.styx.follow import LogFollower
 
 _log = Logger()
 
@@ -119,6 +120,8 @@ class _StyxStream(Protocol):
         self._last_received = 0.0
         self._last_sent = 0.0
         self._reading_paused = False
+        #: the peer half-closed: it sends nothing more
+        self._peer_done_sending = False
 
     # -- lifecycle (automat) ----------------------------------------------
     @_machine.state(initial=True)
@@ -168,14 +171,20 @@ class _StyxStream(Protocol):
         self._resume_reading()
         half_close = getattr(self.transport, "loseWriteConnection", None)
         if (self._linger_on_close and half_close is not None
+                and not self._peer_done_sending
                 and not ISSLTransport.providedBy(self.transport)):
             # a lingering close: closing the socket while the client's
             # records are still arriving would answer them with a TCP reset,
             # and a reset can destroy our last Ack and Error before the
-            # client reads them.  So only our side is closed; the client
-            # closes its side once it has read them (or the timer aborts).
+            # client reads them (on Linux, its next write fails with EPIPE
+            # and a client that writes before it reads never sees them).
+            # So only our side is closed, we go on reading (and dropping)
+            # until the client closes its side once it has read them
+            # (readConnectionLost), or the timer aborts.  Not needed when
+            # the client already half-closed (nothing more can arrive).
             # Not under TLS: the half-close would shut the TCP stream below
-            # the TLS layer, before its close_notify.
+            # the TLS layer, before its close_notify (and TLS waits for the
+            # peer's close_notify anyway, which lingers the same way).
             half_close()
         else:
             self.transport.loseConnection()
@@ -303,13 +312,19 @@ class _StyxStream(Protocol):
     def readConnectionLost(self):
         # the client half-closed (the Go producer's Close does): finish the
         # pending appends and send the final ack before closing
+        self._peer_done_sending = True
         if self._state == "closing":
             self.transport.loseConnection()     # the end of a lingering close
             return
         self.finish()
 
     def writeConnectionLost(self):
-        self.transport.loseConnection()
+        # our half-close of a lingering close is done.  Closing the socket
+        # now would bring back the reset the half-close avoids: wait for the
+        # client's side to close too (readConnectionLost), unless it
+        # already has.
+        if self._peer_done_sending:
+            self.transport.loseConnection()
 
     def connectionLost(self, reason=None):
         self.lost()
@@ -468,7 +483,8 @@ class ConsumerStream(_StyxStream):
     Registered as a streaming producer on the transport: while the socket's
     send buffer is full it holds at most one batch read ahead (so the next
     write does not wait for the disk) and reads nothing more, so a slow
-    consumer never makes the server buffer the log.
+    consumer never makes the server buffer the log (the reading is a
+    L{LogFollower}'s).
     """
 
     role = "consumer"
@@ -478,20 +494,27 @@ class ConsumerStream(_StyxStream):
                  remote_timeout=None, clock=None, metrics=None, read_bytes=DEFAULT_READ_BYTES,
                  start_delay=DEFAULT_CONSUMER_START_DELAY):
         super().__init__(log, timeout, remote_timeout, clock, metrics)
-        self.position = position    # the next record to read
-        self.remaining = count      # records still to read; -1: no limit
         self.follow = follow
-        self.sent_count = 0
         self.read_bytes = read_bytes
+        self._follower = LogFollower(log, position, count, follow, read_bytes,
+                                     deliver=self._send, end=self.finish, failed=self._failed)
         self._start_delay = start_delay
         self._start_call = None
-        self._started = False
-        self._paused = False        # by the transport (send buffer full)
-        self._reading = False       # a log.read or log.wait is in flight
-        self._ready = None          # a batch read ahead, not yet written
-        self._at_end = False        # read to the end and not following
-        self._wait = None
-        self._in_pump = False
+
+    @property
+    def position(self):
+        """The next record to read."""
+        return self._follower.position
+
+    @property
+    def remaining(self):
+        """Records still to read; -1: no limit."""
+        return self._follower.remaining
+
+    @property
+    def sent_count(self):
+        """Records sent so far."""
+        return self._follower.delivered
 
     def connectionMade(self):
         super().connectionMade()
@@ -503,93 +526,28 @@ class ConsumerStream(_StyxStream):
 
     def _start(self):
         self._start_call = None
-        self._started = True
-        self._pump()
+        self._follower.start()
 
     # IPushProducer, driven by the transport
     def pauseProducing(self):
-        self._paused = True
+        self._follower.pauseProducing()
 
     def resumeProducing(self):
-        self._paused = False
-        self._pump()
+        self._follower.resumeProducing()
 
     def stopProducing(self):
-        self._paused = True
+        # the connection is going: connectionLost stops the follower
+        self._follower.pauseProducing()
 
     def _records_received(self, records):
         raise AssertionError("the decoder refuses records on a consumer stream")
 
-    def _pump(self):
-        """
-        Write the batch read ahead unless paused, keep one batch read ahead,
-        finish at the end.  A loop rather than recursion: reads may complete
-        synchronously (their callbacks call back in here).
-        """
-        if self._in_pump:
-            return
-        self._in_pump = True
-        try:
-            while self._state == "streaming" and self._started:
-                if self._ready is not None:
-                    if self._paused:
-                        return
-                    batch, self._ready = self._ready, None
-                    self._send(batch)
-                    continue
-                if self._reading:
-                    return
-                if self.remaining == 0 or self._at_end:
-                    self.finish()
-                    return
-                self._reading = True
-                max_records = self.remaining if self.remaining > 0 else -1
-                self._log.read(self.position, max_records, self.read_bytes).addCallbacks(
-                    self._got_batch, self._failed)
-        finally:
-            self._in_pump = False
-
     def _send(self, batch):
-        n = len(batch)
-        self.sent_count += n
         self._write(encode_batch(batch))
         if self._metrics is not None:
-            self._metrics.consumed(self._log.name, n, batch.nbytes)
-
-    def _got_batch(self, batch):
-        self._reading = False
-        if self._state != "streaming":
-            return
-        n = len(batch)
-        if n:
-            self.position = batch.next_position
-            if self.remaining > 0:
-                self.remaining -= n
-            self._ready = batch
-        elif not self.follow:
-            self._at_end = True
-        else:
-            # at the synced end: woken by the fsync that makes more visible
-            self._reading = True
-            self._wait = self._log.wait(self.position)
-            self._wait.addCallbacks(self._waited, self._failed)
-            return
-        self._pump()
-
-    def _waited(self, _end_position):
-        self._wait = None
-        self._reading = False
-        self._pump()
+            self._metrics.consumed(self._log.name, len(batch), batch.nbytes)
 
     def _failed(self, failure):
-        self._reading = False
-        self._wait = None
-        if self._state != "streaming":
-            return None
-        if self._ready is not None:
-            # what was read before the failure still goes out
-            batch, self._ready = self._ready, None
-            self._send(batch)
         code = error_code_for(failure)
         _log.failure("styx/0 consumer on {log} failed at {position}", failure,
                      log=self._log.name, position=self.position)
@@ -599,10 +557,7 @@ class ConsumerStream(_StyxStream):
         if self._start_call is not None and self._start_call.active():
             self._start_call.cancel()
         self._start_call = None
-        if self._wait is not None:
-            wait, self._wait = self._wait, None
-            wait.addErrback(lambda f: None)
-            wait.cancel()
+        self._follower.stop()
 
     def _on_drained(self):
         self.transport.unregisterProducer()

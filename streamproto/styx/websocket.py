@@ -21,12 +21,11 @@ while its socket is full.  Storage errors close with 1011.
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
-from zope.interface import implementer
 
 from streamproto.styx.errors import APIError
+from streamproto.styx.follow import LogFollower
 
 _log = Logger()
 
@@ -205,104 +204,6 @@ class ProduceProtocol(_GoingAway, WebSocketServerProtocol):
         self._fire_gone()
 
 
-@implementer(IPushProducer)
-class _Reader:
-    """Streams the log into a L{ConsumeProtocol}: at most one batch read
-    ahead, nothing more while the transport is full."""
-
-    def __init__(self, protocol, the_log, position, count, follow, read_bytes):
-        self.protocol = protocol
-        self.log = the_log
-        self.position = position
-        self.remaining = count
-        self.follow = follow
-        self.read_bytes = read_bytes
-        self.sent_count = 0
-        self.paused = False
-        self.done = False
-        self._ready = None
-        self._busy = False
-        self._at_end = False
-        self._wait = None
-        self._in_pump = False
-
-    def pauseProducing(self):
-        self.paused = True
-
-    def resumeProducing(self):
-        self.paused = False
-        self.pump()
-
-    def stopProducing(self):
-        self.stop()
-
-    def stop(self):
-        self.done = True
-        if self._wait is not None:
-            wait, self._wait = self._wait, None
-            wait.addErrback(lambda f: None)
-            wait.cancel()
-
-    def pump(self):
-        if self._in_pump:
-            return
-        self._in_pump = True
-        try:
-            while not self.done:
-                if self._ready is not None:
-                    if self.paused:
-                        return
-                    batch, self._ready = self._ready, None
-                    self.sent_count += len(batch)
-                    self.protocol.send_batch(batch)
-                    continue
-                if self._busy:
-                    return
-                if self.remaining == 0 or self._at_end:
-                    self.done = True
-                    self.protocol.finished(None)
-                    return
-                self._busy = True
-                max_records = self.remaining if self.remaining > 0 else -1
-                self.log.read(self.position, max_records, self.read_bytes).addCallbacks(
-                    self._got, self._failed)
-        finally:
-            self._in_pump = False
-
-    def _got(self, batch):
-        self._busy = False
-        if self.done:
-            return
-        if len(batch):
-            self.position = batch.next_position
-            if self.remaining > 0:
-                self.remaining -= len(batch)
-            self._ready = batch
-        elif not self.follow:
-            self._at_end = True
-        else:
-            self._busy = True
-            self._wait = self.log.wait(self.position)
-            self._wait.addCallbacks(self._woken, self._failed)
-            return
-        self.pump()
-
-    def _woken(self, _):
-        self._wait = None
-        self._busy = False
-        self.pump()
-
-    def _failed(self, failure):
-        self._busy = False
-        self._wait = None
-        if self.done:
-            return
-        self.done = True
-        _log.failure("WebSocket consumer on {log} failed at {position}", failure,
-                     log=self.log.name, position=self.position)
-        self.protocol.finished(failure)
-
-
 class ConsumeProtocol(_GoingAway, WebSocketServerProtocol):
     """Every record is one binary message."""
 
@@ -314,10 +215,13 @@ class ConsumeProtocol(_GoingAway, WebSocketServerProtocol):
     read_bytes = DEFAULT_READ_BYTES
 
     def onOpen(self):
-        self.reader = _Reader(self, self.log_, self.position, self.count, self.follow,
-                              self.read_bytes)
+        # the follower streams the log in: at most one batch read ahead,
+        # nothing more while the transport is full
+        self.reader = LogFollower(self.log_, self.position, self.count, self.follow,
+                                  self.read_bytes, deliver=self.send_batch,
+                                  end=lambda: self.finished(None), failed=self._read_failed)
         self.transport.registerProducer(self.reader, True)
-        self.reader.pump()
+        self.reader.start()
 
     def send_batch(self, batch):
         send = self.sendMessage
@@ -325,6 +229,11 @@ class ConsumeProtocol(_GoingAway, WebSocketServerProtocol):
             send(record, isBinary=True)
         if self.metrics is not None:
             self.metrics.consumed(self.log_.name, len(batch), batch.nbytes)
+
+    def _read_failed(self, failure):
+        _log.failure("WebSocket consumer on {log} failed at {position}", failure,
+                     log=self.log_.name, position=self.reader.position)
+        self.finished(failure)
 
     def finished(self, failure):
         self.transport.unregisterProducer()
