@@ -118,6 +118,19 @@ VECTORS = [
      frame(87, q(7) + s(S1) + i32(0) + b"\x00\x01" + q(40))),
     (codec.ReadTableEntriesDelta(7, S1, "", 0, 10),
      frame(88, q(7) + s(S1) + s("") + q(0) + i32(10))),
+    (codec.CreateTransientSegment(7, U, S1, ""), frame(40, q(7) + UB + s(S1) + s(""))),
+    # TableIteratorArgs: continuation token, prefix filter (empty since
+    # 0.10), from key, to key, each int32 length + bytes
+    (codec.ReadTableKeys(7, S1, "", 10, b"ct", b"", b"a", b"zz"),
+     frame(83, q(7) + s(S1) + s("") + i32(10) + i32(2) + b"ct" + i32(0) + i32(1) + b"a"
+           + i32(2) + b"zz")),
+    (codec.TableKeysRead(7, S1, (TK(b"k", 4),), b"ct"),
+     frame(84, q(7) + s(S1) + i32(1) + i32(13) + i32(1) + b"k" + q(4) + i32(2) + b"ct")),
+    (codec.ReadTableEntries(7, S1, "", 10, b"", b"", b"", b""),
+     frame(85, q(7) + s(S1) + s("") + i32(10) + i32(0) + i32(0) + i32(0) + i32(0))),
+    (codec.TableEntriesRead(7, S1, ((TK(b"k", 4), DATA),), b""),
+     frame(86, q(7) + s(S1) + i32(1) + i32(13) + i32(1) + b"k" + q(4) + i32(9) + i32(5) + DATA
+           + i32(0))),
 ]
 
 # frames from older peers (fields added later are absent) -> what they mean
@@ -141,6 +154,11 @@ OLD_PEER_VECTORS = [
     (frame(55, UB + q(7)), codec.InvalidEventNumber(U, 7, "", -1)),
     (frame(56, q(7) + s(S1) + q(3)), codec.SegmentIsTruncated(7, S1, 3, "", -1)),
     (frame(57, q(7) + s(S1)), codec.OperationUnsupported(7, S1, "")),
+    # the Rust client's ReadTableKeys / ReadTableEntries end with the token
+    (frame(83, q(7) + s(S1) + s("") + i32(10) + i32(2) + b"ct"),
+     codec.ReadTableKeys(7, S1, "", 10, b"ct", b"", b"", b"")),
+    (frame(85, q(7) + s(S1) + s("") + i32(10) + i32(0)),
+     codec.ReadTableEntries(7, S1, "", 10, b"", b"", b"", b"")),
     (frame(60, q(7)), codec.AuthTokenCheckFailed(7, "", -1)),
     (frame(100, b"anything"), codec.KeepAlive()),
 ]
@@ -165,6 +183,8 @@ BAD_FRAMES = [
     ("huge list count", frame(75, q(7) + i32(1 << 30))),
     ("negative list count", frame(75, q(7) + i32(-1))),
     ("table key overrun", frame(78, q(7) + s(S1) + s("") + i32(1) + i32(13) + i32(99) + q(0))),
+    ("continuation token overrun", frame(83, q(7) + s(S1) + s("") + i32(10) + i32(5) + b"ab")),
+    ("half an iterator bound", frame(85, q(7) + s(S1) + s("") + i32(10) + i32(0) + b"\x00\x00")),
     ("truncated key version", frame(78, q(7) + s(S1) + s("") + i32(1) + i32(13) + i32(0)
                                     + b"\x00\x00\x00\x00")),
 ]
@@ -177,7 +197,7 @@ class VectorTests(SynchronousTestCase):
         readme = {-127, -1, -2, 0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11, 12, 20, 21, 28, 29, 30, 31,
                   38, 39, 50, 51, 52, 53, 55, 56, 57, 60, 61, 100}
         self.assertEqual(codes, readme | {34, 35, 36, 37, 89, 58, 59, 70, 71}
-                         | set(range(74, 83)) | {87, 88})
+                         | set(range(74, 89)) | {40})
         self.assertEqual(codes, set(codec.COMMANDS))
 
     def test_encode(self):
@@ -232,10 +252,18 @@ class VectorTests(SynchronousTestCase):
 
     def test_unsupported_known_command(self):
         """A Pravega command we do not implement decodes with its request id."""
-        # ReadTableKeys(requestId, segment, token, suggestedKeyCount, continuationToken)
-        [cmd] = codec.Decoder().feed(frame(83, q(42) + s(S1) + s("") + bytes(8)))
+        # GetTableSegmentInfo(requestId, segment, token)
+        [cmd] = codec.Decoder().feed(frame(68, q(42) + s(S1) + s("")))
         self.assertIsInstance(cmd, codec.UnsupportedCommand)
-        self.assertEqual((cmd.type, cmd.request_id), (83, 42))
+        self.assertEqual((cmd.type, cmd.request_id), (68, 42))
+
+    def test_failures_are_the_error_replies(self):
+        names = {cls.__name__ for cls in codec.FAILURES}
+        self.assertEqual(names, {
+            "WrongHost", "SegmentIsSealed", "SegmentAlreadyExists", "NoSuchSegment",
+            "InvalidEventNumber", "SegmentIsTruncated", "OperationUnsupported",
+            "AuthTokenCheckFailed", "ErrorMessage", "TableSegmentNotEmpty",
+            "TableKeyDoesNotExist", "TableKeyBadVersion"})
 
     def test_modified_utf8(self):
         self.assertEqual(codec.encode_utf("a\x00b"), b"\x00\x04a\xc0\x80b")
@@ -378,6 +406,41 @@ def _command(cls):
 
 
 commands = st.one_of([_command(cls) for cls in codec.COMMANDS.values()])
+
+
+class EventCounterTests(SynchronousTestCase):
+    def test_counts_across_cuts(self):
+        data = b"".join(codec.encode_event(p) for p in (b"a", b"", b"ccc" * 5))
+        c = codec.EventCounter(100)
+        # a cut inside a header, one inside a body, one at a frame end
+        self.assertEqual([c.feed(data[:3]), c.feed(data[3:12]), c.feed(data[12:17]),
+                          c.feed(data[17:])], [0, 1, 1, 1])
+        self.assertEqual(c.offset, 100 + len(data))
+
+    def test_stops_counting_on_garbage(self):
+        c = codec.EventCounter()
+        self.assertEqual(c.feed(codec.encode_event(b"x") + codec.encode(codec.Padding(3))), 1)
+        self.assertEqual(c.feed(codec.encode_event(b"y")), 0)
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(st.lists(st.binary(max_size=20), max_size=30), st.lists(st.integers(1, 30)))
+    def test_any_cuts_count_every_event(self, payloads, cuts):
+        data = b"".join(codec.encode_event(p) for p in payloads)
+        c = codec.EventCounter()
+        total, pos, i = 0, 0, 0
+        while pos < len(data):
+            step = cuts[i % len(cuts)] if cuts else len(data)
+            total += c.feed(memoryview(data)[pos:pos + step])
+            pos += step
+            i += 1
+        self.assertEqual(total, len(payloads))
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(st.lists(st.binary(max_size=40), max_size=6))
+    def test_arbitrary_bytes_never_raise(self, pieces):
+        c = codec.EventCounter()
+        for piece in pieces:
+            self.assertGreaterEqual(c.feed(piece), 0)
 
 
 class PropertyTests(SynchronousTestCase):

@@ -17,7 +17,7 @@ from streamproto.pravega import codec, segments
 from streamproto.pravega.client import (
     ConditionalCheckFailedError, NoSuchSegmentError,
     PravegaClientProtocol, SegmentExistsError, SegmentReader, SegmentSealedError,
-    SegmentTruncatedError, SegmentWriter, _Chunk, connect, pack_blocks,
+    SegmentTruncatedError, SegmentWriter, ServerError, _Chunk, connect, pack_blocks,
 )
 from streamproto.pravega.server import PravegaServerFactory
 from test.tlsutil import certs
@@ -184,9 +184,9 @@ class SessionTests(ServerTestBase):
     @defer.inlineCallbacks
     def test_unsupported_command(self):
         c = yield self.connect()
-        # ReadTableKeys(requestId, segment, token, suggestedKeyCount, continuationToken)
-        c.send_raw(codec.pack_header(83, 8 + 2 + 2 + 4 + 4) + (42).to_bytes(8, "big")
-                   + b"\x00\x00" + b"\x00\x00" + bytes(4) + bytes(4))
+        # GetTableSegmentInfo(requestId, segment, token)
+        c.send_raw(codec.pack_header(68, 8 + 2 + 2) + (42).to_bytes(8, "big")
+                   + b"\x00\x00" + b"\x00\x00")
         reply = yield c.next(codec.OperationUnsupported)
         self.assertEqual(reply.request_id, 42)
         d = c.request(codec.CreateSegment(43, SEG, 0, 0, "", 0))
@@ -223,6 +223,64 @@ class AdminTests(ServerTestBase):
         yield self.assertFailure(c.read_segment(SEG, 0), NoSuchSegmentError)
         e = yield self.assertFailure(c.setup_append(uuid.uuid4(), SEG), NoSuchSegmentError)
         self.assertEqual(e.reply.segment, SEG)
+
+    @defer.inlineCallbacks
+    def test_transient_segments(self):
+        """
+        CreateTransientSegment makes C{parent#transient.<writer>.<random>};
+        a writer appends to it, a merge moves its events into the parent; a
+        transient segment not merged is deleted with its connection.
+        """
+        import re
+        c = yield self.connect()
+        yield c.create_segment(SEG)
+        writer_id = uuid.UUID(int=0xABC)
+        created = yield c.create_transient_segment(SEG, writer_id)
+        name = created.segment
+        self.assertRegex(name, "^" + re.escape(SEG + "#transient." + writer_id.hex + ".")
+                         + "[0-9a-f]{32}$")
+        self.assertTrue(segments.is_transient(name))
+        other = yield c.create_transient_segment(SEG, writer_id)
+        self.assertNotEqual(other.segment, name)
+        c.send(codec.SetupAppend(50, writer_id, name, ""))
+        yield c.next(codec.AppendSetup)
+        c.send(codec.AppendBlockEnd(writer_id, 0, codec.encode_event(b"large") * 2, 2, 1, 50))
+        yield c.next(codec.DataAppended)
+        merged = yield c.merge_segments(SEG, name)
+        self.assertEqual(merged.new_target_write_offset, 2 * (8 + 5))
+        self.assertEqual((yield self.read_all()), [b"large", b"large"])
+        yield self.assertFailure(c.segment_info(name), NoSuchSegmentError)
+
+        c2 = yield self.connect()
+        yield c2.segment_info(other.segment)          # visible to others meanwhile
+        yield self.disconnect(c)
+        for _ in range(100):
+            if other.segment not in self.factory.segments.names():
+                break
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        yield self.assertFailure(c2.segment_info(other.segment), NoSuchSegmentError)
+        self.assertEqual(self.factory.segments.names(), [SEG])
+        # the parent must exist
+        e = yield self.assertFailure(c2.create_transient_segment("no/such/0", writer_id),
+                                     NoSuchSegmentError)
+        self.assertEqual(e.reply.segment, "no/such/0")
+
+    @defer.inlineCallbacks
+    def test_leftover_transient_segments_deleted_at_start(self):
+        store = segments.SegmentStore(self.store)
+        yield store.create(SEG)
+        leftover = segments.transient_name(SEG, uuid.uuid4())
+        yield store.create(leftover)
+        lookalike = SEG + "#transient.short"
+        yield store.create(lookalike)
+        factory = PravegaServerFactory(self.store, read_wait=0.3)
+        factory.doStart()
+        self.addCleanup(factory.doStop)
+        for _ in range(100):
+            if leftover not in store.names():
+                break
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(sorted(store.names()), sorted([SEG, lookalike]))
 
     @defer.inlineCallbacks
     def test_attributes(self):
@@ -502,19 +560,89 @@ class AppendTests(ServerTestBase):
         yield self.assertFailure(w.write(b"y"), ConnectionError)
 
     @defer.inlineCallbacks
-    def test_storage_failure_closes_and_writer_gives_up(self):
+    def test_failed_log_fails_writer_at_once_with_reason(self):
+        """
+        A fail-stopped log: the append gets an ErrorMessage with the reason
+        and the writer fails at once (no reconnect); a new writer's
+        SetupAppend gets the same answer; once the log is back (a restart)
+        writing works, and nothing of the failed append was kept.
+        """
         from streamproto.log import LogFailed
         w = self.writer(max_retries=3, retry_delay=0.01)
         yield w.write(b"ok")
         log = yield self.store.get(segments.log_name(SEG))
         log.failed = LogFailed("disk on fire")
-        yield self.assertFailure(w.write(b"lost?"), ConnectionError)
-        self.assertEqual(len(self.flushLoggedErrors(LogFailed)), 4)
-        self.assertEqual(w.connections, 4)   # the first setup and three retries
+        e = yield self.assertFailure(w.write(b"lost?"), ServerError)
+        self.assertIn("disk on fire", str(e))
+        self.assertIn("restart the server", str(e))
+        self.assertEqual(e.reply.segment, SEG)
+        self.assertEqual(w.connections, 1)              # no retry
+        e = yield self.assertFailure(w.write(b"again"), ServerError)
+        self.assertEqual(len(self.flushLoggedErrors(LogFailed)), 1)
+
+        w2 = self.writer(max_retries=3, retry_delay=0.01)
+        e = yield self.assertFailure(w2.write(b"new writer"), ServerError)
+        self.assertIn("disk on fire", str(e))
+        self.assertEqual(w2.connections, 0)             # refused at SetupAppend
+
         log.failed = None
-        c2 = yield self.connect()
-        info = yield c2.segment_info(SEG)
-        self.assertEqual(info.write_offset, 10)   # nothing half-written
+        w3 = self.writer()
+        yield w3.write(b"back")
+        self.assertEqual((yield self.read_all()), [b"ok", b"back"])
+
+    @defer.inlineCallbacks
+    def test_transient_storage_error_closes_and_writer_resends(self):
+        """A write that failed and was rolled back (ENOSPC) leaves the log
+        usable: the connection is closed, the writer reconnects and resends."""
+        from streamproto.log.errors import WriteFailed
+        w = self.writer(retry_delay=0.01)
+        yield w.write(b"one")
+        log = yield self.store.get(segments.log_name(SEG))
+        real = log.append
+
+        def fail_once(records, attributes=None):
+            log.append = real
+            return defer.fail(WriteFailed("no space left"))
+        log.append = fail_once
+        yield w.write(b"two")
+        self.assertEqual((yield self.read_all()), [b"one", b"two"])
+        self.assertEqual(w.connections, 2)
+        self.assertEqual(len(self.flushLoggedErrors(WriteFailed)), 1)
+
+    @defer.inlineCallbacks
+    def test_failed_log_answers_only_its_writers(self):
+        """On one connection: the writer of the failed log gets one
+        ErrorMessage, the writer of a healthy segment carries on, and so
+        does the connection."""
+        from streamproto.log import LogFailed
+        yield self.c.create_segment("other")
+        c = yield self.connect()
+        bad, good = uuid.UUID(int=1), uuid.UUID(int=2)
+        c.send(codec.SetupAppend(5, bad, SEG, ""))
+        yield c.next(codec.AppendSetup)
+        c.send(codec.SetupAppend(6, good, "other", ""))
+        yield c.next(codec.AppendSetup)
+        log = yield self.store.get(segments.log_name(SEG))
+        log.failed = LogFailed("fsync failed")
+        for n in range(3):
+            c.send(codec.AppendBlockEnd(bad, 0, codec.encode_event(b"x%d" % n), 1, n, 5))
+            c.send(codec.AppendBlockEnd(good, 0, codec.encode_event(b"y%d" % n), 1, n, 6))
+        # then a new SetupAppend on the failed log, and a request (in order)
+        c.send(codec.SetupAppend(7, uuid.UUID(int=3), SEG, ""))
+        info = yield c.segment_info("other")
+        self.assertEqual(info.write_offset, 3 * 10)
+        replies = []
+        while not isinstance(replies[-1:] and replies[-1], codec.StreamSegmentInfo):
+            replies.append((yield c.received.get()))
+        errors = [r for r in replies if isinstance(r, codec.ErrorMessage)]
+        acks = [r for r in replies if isinstance(r, codec.DataAppended)]
+        self.assertEqual([(e.request_id, e.segment, e.error_code) for e in errors],
+                         [(5, SEG, -1), (7, SEG, -1)])        # once per writer
+        self.assertIn("fsync failed", errors[0].message)
+        self.assertIn("fsync failed", errors[1].message)
+        self.assertEqual([(a.writer_id, a.event_number) for a in acks],
+                         [(good, 0), (good, 1), (good, 2)])
+        self.assertEqual(len(self.flushLoggedErrors(LogFailed)), 1)
 
     @defer.inlineCallbacks
     def test_write_to_missing_segment_fails(self):
@@ -932,3 +1060,42 @@ class SlowReaderTests(ServerTestBase):
         self.assertEqual([r.offset for r in got], [(i % 3) * size for i in range(30)])
         self.assertTrue(all(len(r.data) == size for r in got))
         self.assertEqual(server._pause_reasons, set())
+
+
+class ErrorReplyTests(unittest.SynchronousTestCase):
+    """The one table request errors are answered from."""
+
+    def test_table(self):
+        from streamproto.log.errors import CorruptLog, LogFailed, WriteFailed
+        from streamproto.pravega.server import error_reply
+        from streamproto.pravega.tables import BadContinuationToken, TableNotEmpty, UpdateTooLarge
+        read = codec.ReadSegment(SEG, 70, 10, "", 9)
+        trunc = codec.TruncateSegment(9, SEG, 500, "")
+        merge = codec.MergeSegments(9, "target", "source", "")
+        keys = codec.ReadTableKeys(9, "table", "", 10, b"x", b"", b"", b"")
+        cases = [
+            (read, segments.SegmentNotFound(SEG), codec.NoSuchSegment(9, SEG, "", 70)),
+            (trunc, segments.BadOffset(400), codec.SegmentIsTruncated(9, SEG, 400, "", 500)),
+            (read, segments.SegmentTruncated(50), codec.SegmentIsTruncated(9, SEG, 50, "", 70)),
+            (merge, segments.SegmentNotFound("source"), codec.NoSuchSegment(9, "source", "", -1)),
+            (merge, segments.SegmentSealed("target"), codec.SegmentIsSealed(9, "target", "", -1)),
+            (merge, segments.MergeTooLarge("source: 9 bytes"),
+             codec.ErrorMessage(9, "source", "source: 9 bytes", -1)),
+            (codec.CreateSegment(9, SEG, 0, 0, "", 0), segments.SegmentExists(SEG),
+             codec.SegmentAlreadyExists(9, SEG, "")),
+            (codec.DeleteTableSegment(9, "table", True, ""), TableNotEmpty("table"),
+             codec.TableSegmentNotEmpty(9, "table", "")),
+            (keys, BadContinuationToken("bad token"),
+             codec.ErrorMessage(9, "table", "bad token", 0)),
+            (keys, UpdateTooLarge("big"), codec.ErrorMessage(9, "table", "big", -1)),
+        ]
+        for cmd, error, expected in cases:
+            self.assertEqual(error_reply(cmd, error), expected, repr(error))
+        for error in (LogFailed("fsync: EIO"), CorruptLog("bad crc")):
+            reply = error_reply(read, error)
+            self.assertEqual((type(reply), reply.segment, reply.error_code),
+                             (codec.ErrorMessage, SEG, -1))
+            self.assertIn(str(error), reply.message)
+        # anything else is an internal error: no reply, the connection closes
+        self.assertIsNone(error_reply(read, WriteFailed("ENOSPC")))
+        self.assertIsNone(error_reply(read, KeyError("bug")))

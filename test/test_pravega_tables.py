@@ -16,7 +16,9 @@ from streamproto.pravega.controller import (
     ControllerService, ControllerState, segment_name, txn_segment_name,
 )
 from streamproto.pravega.segments import SegmentNotFound, SegmentStore
-from streamproto.pravega.tables import KeyBadVersion, KeyDoesNotExist, TableStore
+from streamproto.pravega.tables import (
+    BadContinuationToken, KeyBadVersion, KeyDoesNotExist, TableStore,
+)
 from test.test_pravega_server import ServerTestBase
 
 TABLE = "scope/_rgtable_kvtable/0.#epoch.0"
@@ -89,6 +91,63 @@ class TableSemanticsTests(unittest.TestCase):
         self.assertEqual(again.delta(0, 100), t.delta(0, 100))
 
     @defer.inlineCallbacks
+    def test_pages_in_key_order_with_token_and_bounds(self):
+        t = self.table
+        keys = [b"k%d" % i for i in (5, 1, 9, 3, 7, 0, 2, 8, 4, 6)]
+        versions = {}
+        for k in keys:
+            [versions[k]] = yield t.update([(TableKey(k, NO), b"v" + k)])
+        items, token = t.page(b"", 3)
+        self.assertEqual(items, [(TableKey(b"k%d" % i, versions[b"k%d" % i]), b"vk%d" % i)
+                                 for i in range(3)])
+        # the key the token names goes, a key behind the cursor comes: the
+        # iteration continues strictly after the token's key and skips it
+        yield t.remove([TableKey(b"k2")])
+        yield t.update([(TableKey(b"k0a", NO), b"late")])
+        seen = [k.data for k, _ in items]
+        while True:
+            items, next_token = t.page(token, 3)
+            if not items:
+                self.assertEqual(next_token, token)     # over: the same token again
+                break
+            seen += [k.data for k, _ in items]
+            token = next_token
+        self.assertEqual(seen, [b"k%d" % i for i in range(10)])
+        # inclusive bounds, and a token inside them
+        items, token = t.page(b"", 2, b"k3", b"k6")
+        self.assertEqual([k.data for k, _ in items], [b"k3", b"k4"])
+        items, token = t.page(token, 10, b"k3", b"k6")
+        self.assertEqual([k.data for k, _ in items], [b"k5", b"k6"])
+        self.assertEqual(t.page(b"", 0), ([(TableKey(b"k0", versions[b"k0"]), b"vk0")],
+                                          b"\x01k0"))          # at least one
+        self.assertRaises(BadContinuationToken, t.page, b"\x07junk", 3)
+        # replay gives the same pages
+        again = yield TableStore(self.store).get(TABLE)
+        self.assertEqual(again.page(b"", 100), t.page(b"", 100))
+
+    @defer.inlineCallbacks
+    def test_java_style_iteration_by_bounds(self):
+        """The Java client (0.10+) sends no token: it asks from the last key
+        plus one (fixed-length keys, carried as a big-endian number) up to
+        an inclusive upper bound."""
+        t = self.table
+        keys = [bytes([a, b]) for a in (0, 1, 255) for b in (0, 7, 255)]
+        for k in keys:
+            yield t.update([(TableKey(k, NO), b"v")])
+
+        def after(key):
+            n = int.from_bytes(key, "big") + 1
+            return n.to_bytes(len(key), "big") if n < 1 << (8 * len(key)) else None
+        seen, start, upper = [], b"\x00\x07", b"\xff\x00"
+        while start is not None and start <= upper:
+            items, _ = t.page(b"", 2, start, upper)
+            if not items:
+                break
+            seen += [k.data for k, _ in items]
+            start = after(items[-1][0].data)
+        self.assertEqual(seen, [k for k in sorted(keys) if b"\x00\x07" <= k <= upper])
+
+    @defer.inlineCallbacks
     def test_table_is_not_a_stream_segment(self):
         # one namespace: the name is taken, and tables only open tables
         segments = SegmentStore(self.store)
@@ -136,6 +195,58 @@ class TableWireTests(ServerTestBase):
         self.assertEqual((yield reply(c)), codec.SegmentDeleted(10, TABLE))
         c.send(codec.ReadTable(11, TABLE, "", (TableKey(b"b"),)))
         self.assertEqual((yield reply(c)), codec.NoSuchSegment(11, TABLE, "", -1))
+
+    @defer.inlineCallbacks
+    def test_read_table_keys_and_entries_paged(self):
+        c = yield self.connect()
+        c.send(codec.CreateTableSegment(1, TABLE, codec.encode_utf("")))
+        yield c.next(codec.SegmentCreated)
+        entries = tuple((TableKey(b"key%02d" % i, -1), b"value%d" % i) for i in range(7))
+        c.send(codec.UpdateTableEntries(2, TABLE, "", entries, -1))
+        versions = (yield c.next(codec.TableEntriesUpdated)).updated_versions
+        expected = [(TableKey(k.data, v), value) for (k, value), v in zip(entries, versions)]
+
+        keys, token, rid = [], b"", 10
+        while True:
+            c.send(codec.ReadTableKeys(rid, TABLE, "", 3, token, b"", b"", b""))
+            r = yield reply(c)
+            self.assertIsInstance(r, codec.TableKeysRead)
+            self.assertEqual((r.request_id, r.segment), (rid, TABLE))
+            self.assertLessEqual(len(r.keys), 3)
+            rid += 1
+            if not r.keys:
+                break
+            keys += r.keys
+            token = r.continuation_token
+        self.assertEqual(keys, [k for k, _ in expected])
+
+        got, token = [], b""
+        while True:
+            c.send(codec.ReadTableEntries(rid, TABLE, "", 4, token, b"", b"", b""))
+            r = yield reply(c)
+            self.assertIsInstance(r, codec.TableEntriesRead)
+            rid += 1
+            if not r.entries:
+                break
+            got += r.entries
+            token = r.continuation_token
+        self.assertEqual(got, expected)
+
+        # the Rust client's frames end with the token (no bounds)
+        c.send_raw(codec.pack_header(85, 8 + 2 + len(TABLE) + 2 + 4 + 4) + (40).to_bytes(8, "big")
+                   + codec.encode_utf(TABLE) + codec.encode_utf("") + (2).to_bytes(4, "big")
+                   + bytes(4))
+        r = yield reply(c)
+        self.assertEqual((r.request_id, list(r.entries)), (40, expected[:2]))
+        # bounds (Java's fixed-key-length tables), inclusive
+        c.send(codec.ReadTableKeys(41, TABLE, "", 10, b"", b"", b"key02", b"key04"))
+        r = yield reply(c)
+        self.assertEqual([k.data for k in r.keys], [b"key02", b"key03", b"key04"])
+        c.send(codec.ReadTableKeys(42, TABLE, "", 10, b"forged", b"", b"", b""))
+        r = yield reply(c)
+        self.assertEqual((type(r), r.request_id, r.error_code), (codec.ErrorMessage, 42, 0))
+        c.send(codec.ReadTableEntries(43, "no/such/table", "", 10, b"", b"", b"", b""))
+        self.assertEqual((yield reply(c)), codec.NoSuchSegment(43, "no/such/table", "", -1))
 
     @defer.inlineCallbacks
     def test_merge_segments(self):

@@ -323,30 +323,51 @@ class PravegaFaults(FaultCase):
 
     @defer.inlineCallbacks
     def test_fsync_failure_then_reopen_writer_dedup_exactly_once(self):
-        from streamproto.pravega.client import SegmentWriter, connect
+        """
+        After an fsync error the writer fails at once with the reason
+        (bug 7: it used to reconnect 21 times, then fail with a bare
+        ConnectionError); after a restart a writer with the same id learns
+        the durable level from AppendSetup and resends the rest: exactly once.
+        """
+        from streamproto.pravega.client import ServerError, SegmentWriter, connect
         s = yield self.server(pravega_factory)
         proto = yield connect(client_endpoint(reactor, "127.0.0.1", s.port))
         yield proto.create_segment(self.segment)
         proto.transport.loseConnection()
         yield proto.closed
+        wid = uuid.UUID(int=7)
         writer = SegmentWriter(client_endpoint(reactor, "127.0.0.1", s.port), self.segment,
-                               writer_id=uuid.UUID(int=7), clock=reactor, max_retries=1000,
+                               writer_id=wid, clock=reactor, max_retries=1000,
                                retry_delay=0.02, max_retry_delay=0.1)
         self.addCleanup(writer.stop, None)
         yield writer.write_batch(self.payloads(b"p", 0, 1000))
         s.io.fail_fsync = True
-        acked = []
-        d = writer.write_batch(self.payloads(b"p", 1000, 1000))
-        d.addCallback(acked.append)
-        yield sleep(reactor, 0.5)
-        self.assertEqual(acked, [])           # never acked by the failed log
+        e = yield self.assertFailure(writer.write_batch(self.payloads(b"p", 1000, 1000)),
+                                     ServerError)
+        self.assertIn("restart the server", str(e))
+        self.assertIn("injected fsync failure", str(e))
+        self.assertEqual(writer.connections, 1)      # failed fast: no reconnect
         self.assertGreater(s.io.failed_fsyncs, 0)
         status = s.store._logs and [lg.info()["status"] for lg in s.store._logs.values()]
         self.assertIn("tainted", status)
-        # an operator restarts the server: the writer resends, dedup keeps it exact
+        # a new writer on the tainted log is refused at SetupAppend, with the reason
+        late = SegmentWriter(client_endpoint(reactor, "127.0.0.1", s.port), self.segment,
+                             clock=reactor, max_retries=1000, retry_delay=0.02)
+        self.addCleanup(late.stop, None)
+        e = yield self.assertFailure(late.write(b"x"), ServerError)
+        self.assertIn("injected fsync failure", str(e))
+        self.assertEqual(late.connections, 0)
+        # an operator restarts the server: the same writer id resumes after
+        # what is durable, and dedup keeps the resend exact
         yield s.restart()
-        yield d
-        yield writer.write_batch(self.payloads(b"p", 2000, 10))
+        resumed = SegmentWriter(client_endpoint(reactor, "127.0.0.1", s.port), self.segment,
+                                writer_id=wid, clock=reactor)
+        self.addCleanup(resumed.stop, None)
+        last = yield resumed.when_set_up()
+        self.assertGreaterEqual(last, 999)       # everything acked is there
+        if last < 1999:
+            yield resumed.write_batch(self.payloads(b"p", last + 1, 1999 - last))
+        yield resumed.write_batch(self.payloads(b"p", 2000, 10))
         events = yield self.read_all(s)
         self.assertEqual(self.assert_served(b"p", events, range(2010)), list(range(2010)))
 

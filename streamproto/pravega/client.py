@@ -18,7 +18,10 @@ the server's DataAppended covers it.  After a dropped connection it
 reconnects, learns the last durable event number from AppendSetup, forgets
 what that covers and resends the rest with the same numbers: the server
 drops anything at or below its stored number, so nothing is lost or
-duplicated.
+duplicated.  An error reply fails the writer at once instead: for
+instance the C{ErrorMessage} of a server whose log fail-stopped (a
+L{ServerError} saying why); a new writer with the same writer id resumes
+after the durable events once the server is back (L{SegmentWriter.when_set_up}).
 """
 
 import bisect
@@ -47,7 +50,12 @@ class PravegaError(Exception):
     """An error reply from the server; C{reply} is the decoded command."""
 
     def __init__(self, reply):
-        super().__init__(repr(reply))
+        message = getattr(reply, "message", None)
+        if message:
+            # an ErrorMessage: the server's reason is the point
+            super().__init__(f"{type(reply).__name__} on {reply.segment!r}: {message}")
+        else:
+            super().__init__(repr(reply))
         self.reply = reply
 
 
@@ -88,7 +96,11 @@ class AuthTokenCheckFailedError(PravegaError):
 
 
 class ServerError(PravegaError):
-    pass
+    """
+    An ErrorMessage: the server could not do what was asked, for the reason
+    in C{reply.message} (e.g. its log fail-stopped after an fsync error).
+    A writer that gets one fails at once: retrying would not help.
+    """
 
 
 class IncompatibleVersionError(Exception):
@@ -210,6 +222,20 @@ class PravegaClientProtocol(Protocol):
     def segment_info(self, segment, token=""):
         """Fire with the L{codec.StreamSegmentInfo} reply."""
         return self.request(codec.GetStreamSegmentInfo(self.next_request_id(), segment, token))
+
+    def create_transient_segment(self, parent, writer_id, token=""):
+        """
+        Create a transient segment of C{parent} for C{writer_id}; fire with
+        the L{codec.SegmentCreated} reply, which names it.  It is deleted
+        when this connection closes: append to it and merge it into
+        C{parent} (L{merge_segments}) on this connection.
+        """
+        return self.request(codec.CreateTransientSegment(self.next_request_id(), writer_id,
+                                                         parent, token))
+
+    def merge_segments(self, target, source, token=""):
+        """Append all of C{source} to C{target} and delete it; fire with L{codec.SegmentsMerged}."""
+        return self.request(codec.MergeSegments(self.next_request_id(), target, source, token))
 
     def seal_segment(self, segment, token=""):
         return self.request(codec.SealSegment(self.next_request_id(), segment, token))
@@ -427,6 +453,7 @@ class SegmentWriter:
         self._retry_call = None
         self._connecting = None
         self._idle_waiters = []
+        self._setup_waiters = []
         self.error = None
         self.start()
 
@@ -522,6 +549,8 @@ class SegmentWriter:
             done = self._acknowledge(last, fire=False)
             self.next_event_number = max(self.next_event_number, last + 1)
         self._proto = proto
+        waiters, self._setup_waiters = self._setup_waiters, []
+        done.extend((d, last) for d in waiters)
         if self.keepalive_interval:
             # like the Java client, so that idle writers are not timed out
             self._keepalive = task.LoopingCall(proto.send, codec.KeepAlive())
@@ -639,6 +668,21 @@ class SegmentWriter:
         long; fails with L{ConditionalCheckFailedError} otherwise.
         """
         return self._enqueue([event], expected_offset)
+
+    def when_set_up(self):
+        """
+        Fire once the writer is set up on a connection, with the last event
+        number the server holds for this writer id (Long.MIN_VALUE for a new
+        one): what a new writer that takes over a failed one's id resumes
+        after.  Fails with the writer's error if it stops first.
+        """
+        if self.error is not None:
+            return defer.fail(self.error)
+        if self._proto is not None:
+            return defer.succeed(self.setups[-1])
+        d = defer.Deferred()
+        self._setup_waiters.append(d)
+        return d
 
     def flush(self):
         """Fire once everything written so far is acknowledged."""
@@ -783,6 +827,9 @@ class SegmentWriter:
         _fire([(d, None) for d in idle])
 
     def _fail_all(self, error):
+        setups, self._setup_waiters = self._setup_waiters, []
+        for d in setups:
+            d.errback(error)
         chunks = list(self._unacked) + list(self._queue)
         self._unacked.clear()
         self._queue.clear()

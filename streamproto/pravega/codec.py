@@ -186,6 +186,8 @@ _SPECS = [
                                     ("new_value", "q"), ("expected_value", "q"),
                                     ("delegation_token", "s")]),
     ("SegmentAttributeUpdated", 37, [("request_id", "q"), ("success", "?")]),
+    ("CreateTransientSegment", 40, [("request_id", "q"), ("writer_id", "u"),
+                                    ("parent_segment", "s"), ("delegation_token", "s")]),
     ("TruncateSegment", 38, [("request_id", "q"), ("segment", "s"),
                              ("truncation_offset", "q"), ("delegation_token", "s")]),
     ("SegmentTruncated", 39, [("request_id", "q"), ("segment", "s")]),
@@ -232,6 +234,21 @@ _SPECS = [
                                   ("server_stack_trace", "s", "")]),
     ("TableKeyBadVersion", 82, [("request_id", "q"), ("segment", "s"),
                                 ("server_stack_trace", "s", "")]),
+    # Paged iteration.  The iterator arguments after the continuation token
+    # (a prefix filter Pravega ignores since 0.10, then the from / to key
+    # bounds) are what Java sends; the Rust client sends the token only.
+    ("ReadTableKeys", 83, [("request_id", "q"), ("segment", "s"), ("delegation_token", "s"),
+                           ("suggested_key_count", "i"), ("continuation_token", "d"),
+                           ("prefix_filter", "d", b""), ("from_key", "d", b""),
+                           ("to_key", "d", b"")]),
+    ("TableKeysRead", 84, [("request_id", "q"), ("segment", "s"), ("keys", "K"),
+                           ("continuation_token", "d")]),
+    ("ReadTableEntries", 85, [("request_id", "q"), ("segment", "s"), ("delegation_token", "s"),
+                              ("suggested_entry_count", "i"), ("continuation_token", "d"),
+                              ("prefix_filter", "d", b""), ("from_key", "d", b""),
+                              ("to_key", "d", b"")]),
+    ("TableEntriesRead", 86, [("request_id", "q"), ("segment", "s"), ("entries", "T"),
+                              ("continuation_token", "d")]),
     ("TableEntriesDeltaRead", 87, [("request_id", "q"), ("segment", "s"), ("entries", "T"),
                                    ("should_clear", "?"), ("reached_end", "?"),
                                    ("last_position", "q")]),
@@ -269,7 +286,7 @@ def _build():
         cls.__module__ = __name__
         cls.__doc__ = f"Pravega wire command {name} (type code {code})."
         COMMANDS[code] = cls
-        if 50 <= code <= 61 or 80 <= code <= 82:
+        if 50 <= code <= 61 and code not in (58, 59) or 80 <= code <= 82:
             failures.append(cls)
     FAILURES = tuple(failures)
 
@@ -281,12 +298,14 @@ del _build
  ConditionalAppend, DataAppended, ConditionalCheckFailed, ReadSegment, SegmentRead,
  GetStreamSegmentInfo, StreamSegmentInfo, CreateSegment, SegmentCreated, SealSegment,
  SegmentSealed, DeleteSegment, SegmentDeleted, GetSegmentAttribute, SegmentAttribute,
- UpdateSegmentAttribute, SegmentAttributeUpdated, TruncateSegment, SegmentTruncated, WrongHost,
+ UpdateSegmentAttribute, SegmentAttributeUpdated, CreateTransientSegment, TruncateSegment,
+ SegmentTruncated, WrongHost,
  SegmentIsSealed, SegmentAlreadyExists, NoSuchSegment, InvalidEventNumber, SegmentIsTruncated,
  OperationUnsupported, AuthTokenCheckFailed, ErrorMessage, MergeSegments, SegmentsMerged,
  CreateTableSegment, DeleteTableSegment, UpdateTableEntries, TableEntriesUpdated, RemoveTableKeys,
  TableKeysRemoved, ReadTable, TableRead, TableSegmentNotEmpty, TableKeyDoesNotExist,
- TableKeyBadVersion, TableEntriesDeltaRead, ReadTableEntriesDelta, ConditionalBlockEnd,
+ TableKeyBadVersion, ReadTableKeys, TableKeysRead, ReadTableEntries, TableEntriesRead,
+ TableEntriesDeltaRead, ReadTableEntriesDelta, ConditionalBlockEnd,
  KeepAlive) = [COMMANDS[code] for _, code, _ in _SPECS]
 
 
@@ -509,12 +528,12 @@ def decode(frame):
     return decode_fields(cls, buf, HEADER_SIZE, len(buf))
 
 
-#: Type codes of Pravega commands we do not implement (table segments,
-#: attributes, merges, ...): decoded as L{UnsupportedCommand} so a server can
-#: answer OperationUnsupported instead of dropping the connection.
+#: Type codes of Pravega commands we do not implement (storage flushes and
+#: chunk listing, segment policies, LocateOffset, table segment info, batch
+#: merges, and the replies to them): decoded as L{UnsupportedCommand} so a
+#: server can answer OperationUnsupported instead of dropping the connection.
 UNSUPPORTED_CODES = frozenset(
-    [-3, -4, -5, -6, 32, 33, 40, 41, 42, 68, 69, 72, 73]
-    + list(range(83, 87)) + [90, 91])
+    [-3, -4, -5, -6, 32, 33, 41, 42, 68, 69, 72, 73, 90, 91])
 
 
 class UnsupportedCommand:
@@ -625,6 +644,58 @@ def split_events(data, max_events=-1):
         pos = end
     view.release()
     return out, pos
+
+
+class EventCounter:
+    """
+    Counts the Event frames in segment bytes that arrive in pieces cut
+    anywhere (successive SegmentReads): C{feed} returns the number of frames
+    whose header completes in the piece.  C{offset} is the segment offset
+    the next piece must start at to continue the count.  Never raises: on
+    bytes that are not Event frames it stops counting.
+    """
+
+    __slots__ = ("offset", "_skip", "_header", "_broken")
+
+    def __init__(self, offset=0):
+        self.offset = offset
+        self._skip = 0           # bytes of the current event's body still to come
+        self._header = b""       # the first bytes of a header cut by the last piece
+        self._broken = False
+
+    def feed(self, data):
+        n = len(data)
+        self.offset += n
+        if self._broken:
+            return 0
+        count = 0
+        pos = self._skip
+        if self._header:
+            pos = HEADER_SIZE - len(self._header)
+            if n < pos:
+                self._header += bytes(data[:n])
+                return 0
+            t, length = _HEADER.unpack(self._header + bytes(data[:pos]))
+            self._header = b""
+            if t != EVENT or length < 0:
+                self._broken = True
+                return 0
+            count = 1
+            pos += length
+        unpack = _HEADER.unpack_from
+        while pos + HEADER_SIZE <= n:
+            t, length = unpack(data, pos)
+            if t != EVENT or length < 0:
+                self._broken = True
+                return count
+            count += 1
+            pos += HEADER_SIZE + length
+        if pos < n:
+            self._header = bytes(data[pos:])
+            self._skip = 0
+        else:
+            self._skip = pos - n
+        return count
 
 
 def skip_events(data, count):

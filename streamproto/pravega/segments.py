@@ -29,6 +29,7 @@ cannot invert.
 import hashlib
 import re
 import time
+import uuid
 
 from twisted.internet.defer import CancelledError, Deferred, fail, inlineCallbacks, succeed
 from twisted.logger import Logger
@@ -49,15 +50,23 @@ class SegmentError(Exception):
     """Base of the errors the server maps to Pravega error replies."""
 
 
-class SegmentNotFound(SegmentError):
+class _NamedSegmentError(SegmentError):
+    """An error about one segment, constructed with its name."""
+
+    @property
+    def segment(self):
+        return self.args[0] if self.args else None
+
+
+class SegmentNotFound(_NamedSegmentError):
     pass
 
 
-class SegmentExists(SegmentError):
+class SegmentExists(_NamedSegmentError):
     pass
 
 
-class SegmentSealed(SegmentError):
+class SegmentSealed(_NamedSegmentError):
     pass
 
 
@@ -121,6 +130,26 @@ def segment_name(name):
         return raw.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:
         return None
+
+
+#: What Pravega puts between a parent segment's name and a transient
+#: segment's ids (NameUtils.getTransientNameFromId).
+TRANSIENT_DELIMITER = "#transient."
+
+
+def transient_name(parent, writer_id):
+    """
+    A new transient segment name for C{parent}, as Pravega makes them:
+    C{parent#transient.<writer id hex>.<random UUID hex>} (32 lowercase hex
+    digits each).
+    """
+    return f"{parent}{TRANSIENT_DELIMITER}{writer_id.hex}.{uuid.uuid4().hex}"
+
+
+def is_transient(name):
+    """Whether C{name} is a transient segment's name (see L{transient_name})."""
+    i = name.rfind(TRANSIENT_DELIMITER)
+    return i >= 0 and len(name) - (i + len(TRANSIENT_DELIMITER)) == 65
 
 
 def attribute_key(attribute_id):
@@ -190,7 +219,7 @@ class Segment:
         """
         try:
             self._check_writable()
-        except SegmentError as e:
+        except Exception as e:  # a SegmentError, or the log error that failed the segment
             return fail(e)
         if self.last_event_number(attribute_id, null) != expected_value:
             return succeed(False)
@@ -226,7 +255,7 @@ class Segment:
         """
         try:
             self._check_writable()
-        except SegmentError as e:
+        except Exception as e:  # a SegmentError, or the log error that failed the segment
             return fail(e)
         if expected_offset is not None and expected_offset != self.issued_offset:
             return fail(BadOffset(self.issued_offset))
@@ -254,7 +283,7 @@ class Segment:
         """
         try:
             self._check_writable()
-        except SegmentError as e:
+        except Exception as e:  # a SegmentError, or the log error that failed the segment
             return fail(e)
         limit = self.log_.config.max_record_size
         view = memoryview(data)
@@ -296,7 +325,7 @@ class Segment:
         """@return: Deferred firing with the final length once the seal is durable."""
         try:
             self._check_writable()
-        except SegmentError as e:
+        except Exception as e:  # a SegmentError, or the log error that failed the segment
             return fail(e)
         self.sealed = True
         self.mtime = _now_ms()
@@ -516,6 +545,27 @@ class SegmentStore:
             pass
         self.log.info("merged {source} into {target}", source=source, target=target)
         return end
+
+    @inlineCallbacks
+    def delete_transients(self):
+        """
+        Delete every transient segment in the store: what a crash left of
+        the transient segments of connections that are gone.
+
+        @return: Deferred firing with the names deleted.
+        """
+        deleted = []
+        for name in self.names():
+            if is_transient(name):
+                try:
+                    yield self.delete(name)
+                except SegmentNotFound:
+                    continue
+                deleted.append(name)
+        if deleted:
+            self.log.info("deleted {n} transient segments left from before",
+                          n=len(deleted))
+        return deleted
 
     def names(self):
         """Segment names in the store (hashed long names are left out)."""

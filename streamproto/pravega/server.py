@@ -23,29 +23,151 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core import metrics
+from streamproto.log.errors import CorruptLog, LogFailed
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
-from streamproto.pravega.tables import (
-    KeyBadVersion, KeyDoesNotExist, TableError, TableNotEmpty, TableStore,
-)
 from streamproto.pravega.segments import (
-    BadOffset, MergeTooLarge, SegmentExists, SegmentNotFound, SegmentSealed, SegmentStore, SegmentTruncated,
+    BadOffset, MergeTooLarge, SegmentExists, SegmentNotFound, SegmentSealed, SegmentStore,
+    SegmentTruncated, transient_name,
+)
+from streamproto.pravega.tables import (
+    BadContinuationToken, KeyBadVersion, KeyDoesNotExist, TableError, TableNotEmpty, TableStore,
 )
 
 #: The reference reads at most this much per ReadSegment.
 MAX_READ_SIZE = 2 * 1024 * 1024
-#: Most entries one TableEntriesDeltaRead carries (the Rust client asks for 10).
+#: Most entries one TableEntriesDeltaRead, TableKeysRead or TableEntriesRead
+#: carries (the Rust client asks for 10).
 MAX_TABLE_READ_ENTRIES = 1000
+#: ErrorMessage error codes (Pravega's ErrorMessage.ErrorCode): UNSPECIFIED
+#: becomes a RuntimeException in the Java client, ILLEGAL_ARGUMENT an
+#: IllegalArgumentException.
+UNSPECIFIED = -1
+ILLEGAL_ARGUMENT = 0
+#: Log errors after which a log takes no more appends until the server is
+#: restarted (recovery runs on open): a fail-stopped log (fsync or write
+#: error) or a corrupt one.  Writers get an ErrorMessage and stop, rather
+#: than reconnecting to a log that cannot take their data.
+FINAL_STORAGE_ERRORS = (LogFailed, CorruptLog)
+
+
+def storage_failure_message(error):
+    """The ErrorMessage text for a log that failed with C{error}."""
+    return f"segment store log failed, restart the server to recover: {error}"
+
+
+def storage_failure(segment):
+    """The reason C{segment}'s log takes no appends, or None if it does."""
+    failed = getattr(segment.log_, "failed", None)
+    if failed is None and isinstance(segment.failed, FINAL_STORAGE_ERRORS):
+        failed = segment.failed
+    if failed is None:
+        return None
+    return storage_failure_message(failed)
+
+
+def _segment_of(cmd, error):
+    """The segment an error reply names: the one the error is about, else the request's."""
+    name = getattr(error, "segment", None)
+    if name is None:
+        name = getattr(cmd, "segment", None)
+    if name is None:
+        name = getattr(cmd, "source", "")
+    return name
+
+
+def _offset_of(cmd):
+    """The offset an error reply about C{cmd} reports (-1: none)."""
+    offset = getattr(cmd, "offset", None)
+    if offset is None:
+        offset = getattr(cmd, "truncation_offset", -1)
+    return offset
+
+
+#: How request handlers answer errors: the first entry whose exception class
+#: matches builds the reply from (request, error).  Anything else is an
+#: internal error: logged, and the connection is closed (the reference does
+#: the same, so that the client reconnects with a clean state).
+ERROR_REPLIES = (
+    (SegmentNotFound, lambda cmd, e: codec.NoSuchSegment(
+        cmd.request_id, _segment_of(cmd, e), "", _offset_of(cmd))),
+    (SegmentExists, lambda cmd, e: codec.SegmentAlreadyExists(
+        cmd.request_id, _segment_of(cmd, e), "")),
+    (SegmentSealed, lambda cmd, e: codec.SegmentIsSealed(
+        cmd.request_id, _segment_of(cmd, e), "", -1)),
+    (SegmentTruncated, lambda cmd, e: codec.SegmentIsTruncated(
+        cmd.request_id, _segment_of(cmd, e), e.start_offset, "", _offset_of(cmd))),
+    # a truncation beyond the end: the reference answers with the segment's
+    # current bounds the same way
+    (BadOffset, lambda cmd, e: codec.SegmentIsTruncated(
+        cmd.request_id, _segment_of(cmd, e), e.expected, "", _offset_of(cmd))),
+    (TableNotEmpty, lambda cmd, e: codec.TableSegmentNotEmpty(
+        cmd.request_id, _segment_of(cmd, e), "")),
+    (KeyBadVersion, lambda cmd, e: codec.TableKeyBadVersion(
+        cmd.request_id, _segment_of(cmd, e), "")),
+    (KeyDoesNotExist, lambda cmd, e: codec.TableKeyDoesNotExist(
+        cmd.request_id, _segment_of(cmd, e), "")),
+    (BadContinuationToken, lambda cmd, e: codec.ErrorMessage(
+        cmd.request_id, _segment_of(cmd, e), str(e), ILLEGAL_ARGUMENT)),
+    (TableError, lambda cmd, e: codec.ErrorMessage(
+        cmd.request_id, _segment_of(cmd, e), str(e), UNSPECIFIED)),
+    (MergeTooLarge, lambda cmd, e: codec.ErrorMessage(
+        cmd.request_id, cmd.source, str(e), UNSPECIFIED)),
+    (FINAL_STORAGE_ERRORS, lambda cmd, e: codec.ErrorMessage(
+        cmd.request_id, _segment_of(cmd, e), storage_failure_message(e), UNSPECIFIED)),
+)
+
+
+#: How failed appends are answered (by writer and event number, not by
+#: request); a log that fail-stopped and other storage errors are handled
+#: in L{PravegaServerProtocol._append_failed}.
+APPEND_ERROR_REPLIES = (
+    (BadOffset, lambda a, e: codec.ConditionalCheckFailed(
+        a.writer_id, a.event_number, a.request_id)),
+    (SegmentSealed, lambda a, e: codec.SegmentIsSealed(
+        a.request_id, a.segment, "", a.event_number)),
+    (SegmentNotFound, lambda a, e: codec.NoSuchSegment(a.request_id, a.segment, "", -1)),
+)
+
+
+def error_reply(cmd, error, table=ERROR_REPLIES):
+    """The reply to request C{cmd} that failed with C{error}, or None (internal error)."""
+    for kind, build in table:
+        if isinstance(error, kind):
+            return build(cmd, error)
+    return None
+
+
+def replying(handler):
+    """
+    A request handler that may fail: the generator C{handler} runs as
+    L{defer.inlineCallbacks}, and an error it raises is answered through
+    L{ERROR_REPLIES} (or closes the connection when no entry matches).
+    """
+    handler = defer.inlineCallbacks(handler)
+
+    def run(self, cmd):
+        return handler(self, cmd).addErrback(self._reply_error, cmd)
+
+    run.__name__ = handler.__name__
+    run.__doc__ = handler.__doc__
+    return run
+
+
+#: Error replies, counted by name in the protocol error metric.
+_ERROR_TYPES = frozenset(codec.FAILURES)
 
 
 class _WriterState:
     """A writer set up on this connection: its segment and its ack level."""
 
-    __slots__ = ("segment", "acked")
+    __slots__ = ("segment", "acked", "failed")
 
     def __init__(self, segment, acked):
         self.segment = segment
         self.acked = acked
+        self.failed = False     # told the writer its log failed: drop what it sends
 
 
 @implementer(IPushProducer)
@@ -65,12 +187,16 @@ class PravegaServerProtocol(Protocol):
         self._idle_timer = None
         self._shutdown = None           # Deferred while shutting down gracefully
         self._send_waiters = []         # reads waiting for room in the send buffer
+        self._read_counters = {}        # segment -> codec.EventCounter of a reader
+        self.transients = set()         # transient segments made on this connection
+        self._producing = False         # registered as the transport's producer
         self.closed = False
 
     # -- connection ------------------------------------------------------
     def connectionMade(self):
         self.peer = str(self.transport.getPeer())
         self.transport.registerProducer(self, True)
+        self._producing = True
         self._arm_idle()
 
     def connectionLost(self, reason):
@@ -81,8 +207,18 @@ class PravegaServerProtocol(Protocol):
             d.cancel()
         self._queue.clear()
         self.factory.connections.discard(self)
+        self._delete_transients()
         if self._shutdown is not None and not self._shutdown.called:
             self._shutdown.callback(None)
+
+    def _delete_transients(self):
+        """Transient segments live as long as the connection that made them."""
+        for name in self.transients:
+            d = self.factory.segments.delete(name)
+            d.addErrback(lambda f: f.trap(SegmentNotFound))   # merged, or deleted already
+            d.addErrback(lambda f, name=name: self.log.failure(
+                "deleting transient segment {segment}", f, segment=name))
+        self.transients = set()
 
     def gracefulShutdown(self):
         """
@@ -104,8 +240,20 @@ class PravegaServerProtocol(Protocol):
             d.cancel()
         if not self.closed:
             self.log.info("closing connection from {peer} for shutdown", peer=self.peer)
-            self.closed = True
-            self.transport.loseConnection()
+            self._close()
+
+    def _close(self):
+        """Close: input is ignored from now on, but read on (see below)."""
+        self.closed = True
+        # TLS starts its close only once no producer is registered, and it
+        # completes only once the peer's close_notify is read
+        if self._producing:
+            self._producing = False
+            self.transport.unregisterProducer()
+        if self._pause_reasons:
+            self._pause_reasons.clear()
+            self.transport.resumeProducing()
+        self.transport.loseConnection()
 
     def _arm_idle(self):
         timeout = self.factory.idle_timeout
@@ -113,26 +261,36 @@ class PravegaServerProtocol(Protocol):
             self._idle_timer = self.factory.clock.callLater(timeout, self._idle)
 
     def _idle(self):
+        if self.closed:
+            return
         if self._reads or self._outstanding_bytes or self._busy:
             self._arm_idle()
             return
         self.log.info("closing idle connection from {peer}", peer=self.peer)
-        self.transport.loseConnection()
+        self.factory.metric_error("idle_timeout")
+        self._close()
 
     def send(self, cmd):
         if not self.closed:
+            if type(cmd) in _ERROR_TYPES:
+                self.factory.metric_error(type(cmd).__name__)
             self.transport.write(codec.encode(cmd))
 
-    def _abort(self, why, **kw):
+    def _abort(self, why, code, **kw):
+        """Close the connection for C{why}, counted as protocol error C{code}."""
         self.log.warn("closing connection from {peer}: " + why, peer=self.peer, **kw)
-        self.closed = True
+        self.factory.metric_error(code)
         self._queue.clear()
-        self.transport.loseConnection()
+        self._close()
 
     # -- flow control ----------------------------------------------------
     def _pause(self, reason):
+        if self.closed:
+            return      # closing: reading on is how a TLS close completes
         if not self._pause_reasons:
             self.transport.pauseProducing()
+        if reason == "storage" and reason not in self._pause_reasons:
+            self.factory.metric_pauses.inc()
         self._pause_reasons.add(reason)
 
     def _unpause(self, reason):
@@ -172,7 +330,7 @@ class PravegaServerProtocol(Protocol):
         try:
             commands = self.decoder.feed(data)
         except codec.ProtocolError as e:
-            self._abort("protocol error: {error}", error=str(e))
+            self._abort("protocol error: {error}", "protocol_error", error=str(e))
             return
         self._queue.extend(commands)
         self._drain()
@@ -186,7 +344,7 @@ class PravegaServerProtocol(Protocol):
             try:
                 cmd = self.assembler.process(cmd)
             except codec.ProtocolError as e:
-                self._abort("protocol error: {error}", error=str(e))
+                self._abort("protocol error: {error}", "protocol_error", error=str(e))
                 return
             if cmd is None:
                 continue
@@ -194,7 +352,7 @@ class PravegaServerProtocol(Protocol):
                 d = self.dispatch(cmd)
             except Exception:
                 self.log.failure("handling {command!r} from {peer}", command=cmd, peer=self.peer)
-                self._abort("internal error")
+                self._abort("internal error", "internal_error")
                 return
             if d is not None:
                 self._busy = True
@@ -213,7 +371,18 @@ class PravegaServerProtocol(Protocol):
     def _internal_error(self, f, cmd):
         self.log.failure("handling {command!r} from {peer}", f, command=cmd, peer=self.peer)
         if not self.closed:
-            self._abort("internal error")
+            self._abort("internal error", "internal_error")
+
+    def _reply_error(self, f, cmd):
+        """Answer a failed request with its error reply (see L{ERROR_REPLIES})."""
+        reply = error_reply(cmd, f.value)
+        if reply is None:
+            return f        # on to _internal_error
+        if isinstance(f.value, FINAL_STORAGE_ERRORS):
+            self.log.error("{command} from {peer}: {error}", command=type(cmd).__name__,
+                           peer=self.peer, error=f.value)
+        self.send(reply)
+        return None
 
     def dispatch(self, cmd):
         """Handle one command; a returned Deferred holds the queue until it fires."""
@@ -224,7 +393,8 @@ class PravegaServerProtocol(Protocol):
             if isinstance(cmd, codec.UnsupportedCommand):
                 self.send(codec.OperationUnsupported(cmd.request_id, f"command {cmd.type}", ""))
                 return None
-            self._abort("unexpected {command}", command=type(cmd).__name__)
+            self._abort("unexpected {command}", "unexpected_command",
+                        command=type(cmd).__name__)
             return None
         return handler(self, cmd)
 
@@ -232,23 +402,31 @@ class PravegaServerProtocol(Protocol):
     def hello(self, cmd):
         self.send(codec.Hello(WIRE_VERSION, OLDEST_COMPATIBLE_VERSION))
         if cmd.low_version > WIRE_VERSION or cmd.high_version < OLDEST_COMPATIBLE_VERSION:
-            self._abort("incompatible wire versions {high}..{low}",
+            self._abort("incompatible wire versions {high}..{low}", "incompatible_version",
                         high=cmd.high_version, low=cmd.low_version)
 
     def keep_alive(self, cmd):
         self.send(cmd)
 
     # -- appends ---------------------------------------------------------
-    @defer.inlineCallbacks
+    @replying
     def setup_append(self, cmd):
         try:
             seg = yield self.factory.segments.get(cmd.segment)
             # earlier connections of this writer may still have appends in
             # flight: once they settle the stored event number is final
             yield seg.settle()
-        except SegmentNotFound:
+            failure = storage_failure(seg)
+        except Exception:
             self.assembler.forget(cmd.writer_id)
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
+            raise
+        if failure is not None:
+            # the log will take nothing until the server restarts: say so at
+            # once rather than take the writer's data and drop the connection
+            self.assembler.forget(cmd.writer_id)
+            self.log.error("refusing writer {writer} on {segment}: {error}",
+                           writer=cmd.writer_id, segment=cmd.segment, error=failure)
+            self.send(codec.ErrorMessage(cmd.request_id, cmd.segment, failure, UNSPECIFIED))
             return
         last = seg.durable_event_number(cmd.writer_id, NULL_EVENT_NUMBER)
         self.writers[cmd.writer_id] = _WriterState(seg, last)
@@ -261,6 +439,8 @@ class PravegaServerProtocol(Protocol):
         if state is None:
             # SetupAppend failed (no such segment) and the client appends anyway
             self.send(codec.NoSuchSegment(append.request_id, append.segment, "", -1))
+            return None
+        if state.failed:
             return None
         seg = state.segment
         writer_id = append.writer_id
@@ -275,6 +455,7 @@ class PravegaServerProtocol(Protocol):
                 seg.settle().addCallback(self._ack_duplicate, state, append)
             return None
         first = append.event_number - append.event_count + 1
+        events = append.event_count
         if first <= last:
             # a resend overlapping what we have: keep only the new events
             try:
@@ -282,23 +463,27 @@ class PravegaServerProtocol(Protocol):
             except codec.ProtocolError as e:
                 self.send(codec.InvalidEventNumber(writer_id, append.request_id, str(e),
                                                    append.event_number))
-                self._abort("bad resend from {writer}: {error}", writer=writer_id, error=str(e))
+                self._abort("bad resend from {writer}: {error}", "bad_resend",
+                            writer=writer_id, error=str(e))
                 return None
+            events = append.event_number - last
         size = len(data)
         self._outstanding_bytes += size
         if self._outstanding_bytes > self.factory.max_outstanding_bytes:
             self._pause("storage")
         d = seg.append(data, writer_id, append.event_number, append.expected_offset)
         d.addCallbacks(self._appended, self._append_failed,
-                       (state, append), None, (state, append), None)
+                       (state, append, events), None, (state, append), None)
         d.addBoth(self._append_settled, size)
         return None
 
-    def _appended(self, end_offset, state, append):
+    def _appended(self, end_offset, state, append, events=0):
+        self.factory.metric_records_in.inc(events)
         # acks go out in order and only when the writer's ack level advances
         if append.event_number > state.acked:
             previous = state.acked
             state.acked = append.event_number
+            self.factory.metric_acks.inc()
             self.send(codec.DataAppended(append.writer_id, append.event_number, previous,
                                          append.request_id, end_offset))
 
@@ -308,18 +493,24 @@ class PravegaServerProtocol(Protocol):
             self._appended(state.segment.log_.end_offset, state, append)
 
     def _append_failed(self, f, state, append):
-        if f.check(BadOffset):
-            self.send(codec.ConditionalCheckFailed(append.writer_id, append.event_number,
-                                                   append.request_id))
-        elif f.check(SegmentSealed):
-            self.send(codec.SegmentIsSealed(append.request_id, append.segment, "",
-                                            append.event_number))
-        elif f.check(SegmentNotFound):
-            self.send(codec.NoSuchSegment(append.request_id, append.segment, "", -1))
+        reply = error_reply(append, f.value, APPEND_ERROR_REPLIES)
+        if reply is not None:
+            self.send(reply)
+        elif f.check(*FINAL_STORAGE_ERRORS) or storage_failure(state.segment) is not None:
+            # the log fail-stopped: it takes nothing more until a restart.
+            # Tell the writer once (its later appends are dropped); its other
+            # writers on this connection carry on.
+            if not state.failed:
+                state.failed = True
+                self.log.failure("append to {segment} failed", f, segment=append.segment)
+                self.send(codec.ErrorMessage(append.request_id, append.segment,
+                                             storage_failure_message(f.value), UNSPECIFIED))
         elif not self.closed:
-            # the log failed: close so the writer reconnects and resends
+            # a transient storage error (a write that failed and was rolled
+            # back, the store closing): close, so that the writer reconnects
+            # and resends what was not acknowledged
             self.log.failure("append to {segment} failed", f, segment=append.segment)
-            self._abort("storage failure")
+            self._abort("storage failure", "storage_failure")
 
     def _append_settled(self, _, size):
         self._outstanding_bytes -= size
@@ -346,196 +537,169 @@ class PravegaServerProtocol(Protocol):
         d.addErrback(self._internal_error, cmd)
         return None
 
-    @defer.inlineCallbacks
+    @replying
     def _read(self, cmd):
         size = min(MAX_READ_SIZE, max(codec.HEADER_SIZE, cmd.suggested_length))
         clock = self.factory.clock
         deadline = clock.seconds() + self.factory.read_wait
-        try:
-            seg = yield self.factory.segments.get(cmd.segment)
-            while True:
-                # a reader that does not keep up stops us reading the log
-                yield self._send_buffer_room()
-                data, at_tail, end = yield seg.read(cmd.offset, size)
-                remaining = deadline - clock.seconds()
-                if data or end or remaining <= 0:
-                    break
-                yield seg.wait_for_data(cmd.offset, remaining)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", cmd.offset))
-            return
-        except SegmentTruncated as e:
-            self.send(codec.SegmentIsTruncated(cmd.request_id, cmd.segment, e.start_offset, "",
-                                               cmd.offset))
-            return
+        seg = yield self.factory.segments.get(cmd.segment)
+        while True:
+            # a reader that does not keep up stops us reading the log
+            yield self._send_buffer_room()
+            data, at_tail, end = yield seg.read(cmd.offset, size)
+            remaining = deadline - clock.seconds()
+            if data or end or remaining <= 0:
+                break
+            yield seg.wait_for_data(cmd.offset, remaining)
         # room again now that the data is here: reads that started together
         # must not all write at once to a peer that does not read
         while "send buffer" in self._pause_reasons and not self.closed:
             yield self._send_buffer_room()
+        if data and not self.closed:
+            self._count_events_out(cmd.segment, cmd.offset, data)
         self.send(codec.SegmentRead(cmd.segment, cmd.offset, at_tail, end, data, cmd.request_id))
 
+    def _count_events_out(self, segment, offset, data):
+        """
+        Count the events a SegmentRead delivers.  Reads may cut events
+        anywhere, so each reader's segment has an L{codec.EventCounter} that
+        carries the cut over to the read that continues it; a read from
+        anywhere else is taken to start at an event.
+        """
+        counters = self._read_counters
+        counter = counters.get(segment)
+        if counter is None or counter.offset != offset:
+            if len(counters) >= 64:
+                counters.clear()     # bounded: readers of many segments recount
+            counter = counters[segment] = codec.EventCounter(offset)
+        self.factory.metric_records_out.inc(counter.feed(data))
+
     # -- admin -----------------------------------------------------------
-    @defer.inlineCallbacks
+    @replying
     def create_segment(self, cmd):
-        try:
-            yield self.factory.segments.create(cmd.segment)
-        except SegmentExists:
-            self.send(codec.SegmentAlreadyExists(cmd.request_id, cmd.segment, ""))
-            return
+        yield self.factory.segments.create(cmd.segment)
         self.log.info("created segment {segment}", segment=cmd.segment)
         self.send(codec.SegmentCreated(cmd.request_id, cmd.segment))
 
-    @defer.inlineCallbacks
-    def segment_info(self, cmd):
-        try:
-            seg = yield self.factory.segments.get(cmd.segment)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
+    @replying
+    def create_transient_segment(self, cmd):
+        """
+        A segment for one large event of C{writer_id} (the Rust and Java
+        writers' large-event path: append it here, then merge it into the
+        parent).  It is deleted when this connection closes, merged or not.
+        """
+        yield self.factory.segments.get(cmd.parent_segment)
+        name = transient_name(cmd.parent_segment, cmd.writer_id)
+        yield self.factory.segments.create(name)
+        if self.closed:
+            # the connection went while we created it: nobody will merge it
+            yield self.factory.segments.delete(name)
             return
+        self.transients.add(name)
+        self.log.debug("created transient segment {segment}", segment=name)
+        self.send(codec.SegmentCreated(cmd.request_id, name))
+
+    @replying
+    def segment_info(self, cmd):
+        seg = yield self.factory.segments.get(cmd.segment)
         i = seg.info()
         self.send(codec.StreamSegmentInfo(cmd.request_id, cmd.segment, True, i["sealed"], False,
                                           i["last_modified"], i["write_offset"],
                                           i["start_offset"]))
 
-    @defer.inlineCallbacks
+    @replying
     def get_attribute(self, cmd):
-        try:
-            seg = yield self.factory.segments.get(cmd.segment)
-            value = seg.attribute(cmd.attribute_id, codec.NULL_ATTRIBUTE_VALUE)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
-            return
+        seg = yield self.factory.segments.get(cmd.segment)
+        value = seg.attribute(cmd.attribute_id, codec.NULL_ATTRIBUTE_VALUE)
         self.send(codec.SegmentAttribute(cmd.request_id, value))
 
-    @defer.inlineCallbacks
+    @replying
     def update_attribute(self, cmd):
-        try:
-            seg = yield self.factory.segments.get(cmd.segment)
-            ok = yield seg.update_attribute(cmd.attribute_id, cmd.new_value, cmd.expected_value,
-                                            codec.NULL_ATTRIBUTE_VALUE)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
-            return
-        except SegmentSealed:
-            self.send(codec.SegmentIsSealed(cmd.request_id, cmd.segment, "", -1))
-            return
+        seg = yield self.factory.segments.get(cmd.segment)
+        ok = yield seg.update_attribute(cmd.attribute_id, cmd.new_value, cmd.expected_value,
+                                        codec.NULL_ATTRIBUTE_VALUE)
         self.send(codec.SegmentAttributeUpdated(cmd.request_id, ok))
 
-    @defer.inlineCallbacks
+    @replying
     def seal_segment(self, cmd):
-        try:
-            seg = yield self.factory.segments.get(cmd.segment)
-            yield seg.seal()
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
-            return
-        except SegmentSealed:
-            self.send(codec.SegmentIsSealed(cmd.request_id, cmd.segment, "", -1))
-            return
+        seg = yield self.factory.segments.get(cmd.segment)
+        yield seg.seal()
         self.log.info("sealed segment {segment}", segment=cmd.segment)
         self.send(codec.SegmentSealed(cmd.request_id, cmd.segment))
 
-    @defer.inlineCallbacks
+    @replying
     def truncate_segment(self, cmd):
-        try:
-            seg = yield self.factory.segments.get(cmd.segment)
-            yield seg.truncate(cmd.truncation_offset)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "",
-                                          cmd.truncation_offset))
-            return
-        except BadOffset as e:
-            self.send(codec.SegmentIsTruncated(cmd.request_id, cmd.segment, e.expected, "",
-                                               cmd.truncation_offset))
-            return
+        seg = yield self.factory.segments.get(cmd.segment)
+        yield seg.truncate(cmd.truncation_offset)
         self.send(codec.SegmentTruncated(cmd.request_id, cmd.segment))
 
-    @defer.inlineCallbacks
+    @replying
     def delete_segment(self, cmd):
-        try:
-            yield self.factory.segments.delete(cmd.segment)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
-            return
+        yield self.factory.segments.delete(cmd.segment)
+        self.transients.discard(cmd.segment)
         self.log.info("deleted segment {segment}", segment=cmd.segment)
         self.send(codec.SegmentDeleted(cmd.request_id, cmd.segment))
 
+    @replying
+    def merge_segments(self, cmd):
+        end = yield self.factory.segments.merge(cmd.target, cmd.source)
+        self.transients.discard(cmd.source)
+        self.send(codec.SegmentsMerged(cmd.request_id, cmd.target, cmd.source, end))
+
     # -- table segments --------------------------------------------------
-    @defer.inlineCallbacks
+    @replying
     def create_table_segment(self, cmd):
-        try:
-            yield self.factory.tables.create(cmd.segment)
-        except SegmentExists:
-            self.send(codec.SegmentAlreadyExists(cmd.request_id, cmd.segment, ""))
-            return
+        yield self.factory.tables.create(cmd.segment)
         self.log.info("created table segment {segment}", segment=cmd.segment)
         self.send(codec.SegmentCreated(cmd.request_id, cmd.segment))
 
-    @defer.inlineCallbacks
+    @replying
     def delete_table_segment(self, cmd):
-        try:
-            yield self.factory.tables.delete(cmd.segment, cmd.must_be_empty)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
-            return
-        except TableNotEmpty:
-            self.send(codec.TableSegmentNotEmpty(cmd.request_id, cmd.segment, ""))
-            return
+        yield self.factory.tables.delete(cmd.segment, cmd.must_be_empty)
         self.log.info("deleted table segment {segment}", segment=cmd.segment)
         self.send(codec.SegmentDeleted(cmd.request_id, cmd.segment))
 
-    @defer.inlineCallbacks
-    def _table_call(self, cmd, operation):
-        """Run C{operation(table)} and map table errors to their replies."""
-        try:
-            table = yield self.factory.tables.get(cmd.segment)
-            result = yield operation(table)
-        except SegmentNotFound:
-            self.send(codec.NoSuchSegment(cmd.request_id, cmd.segment, "", -1))
-        except KeyBadVersion:
-            self.send(codec.TableKeyBadVersion(cmd.request_id, cmd.segment, ""))
-        except KeyDoesNotExist:
-            self.send(codec.TableKeyDoesNotExist(cmd.request_id, cmd.segment, ""))
-        except TableError as e:
-            self.send(codec.ErrorMessage(cmd.request_id, cmd.segment, str(e), -1))
-        else:
-            self.send(result)
-
+    @replying
     def update_table_entries(self, cmd):
-        return self._table_call(cmd, lambda t: t.update(cmd.entries).addCallback(
-            lambda versions: codec.TableEntriesUpdated(cmd.request_id, tuple(versions))))
+        table = yield self.factory.tables.get(cmd.segment)
+        versions = yield table.update(cmd.entries)
+        self.send(codec.TableEntriesUpdated(cmd.request_id, tuple(versions)))
 
+    @replying
     def remove_table_keys(self, cmd):
-        return self._table_call(cmd, lambda t: t.remove(cmd.keys).addCallback(
-            lambda _: codec.TableKeysRemoved(cmd.request_id, cmd.segment)))
+        table = yield self.factory.tables.get(cmd.segment)
+        yield table.remove(cmd.keys)
+        self.send(codec.TableKeysRemoved(cmd.request_id, cmd.segment))
 
+    @replying
     def read_table(self, cmd):
-        return self._table_call(cmd, lambda t: defer.succeed(
-            codec.TableRead(cmd.request_id, cmd.segment, tuple(t.read(cmd.keys)))))
+        table = yield self.factory.tables.get(cmd.segment)
+        self.send(codec.TableRead(cmd.request_id, cmd.segment, tuple(table.read(cmd.keys))))
 
+    @replying
     def read_table_delta(self, cmd):
-        def read(table):
-            entries, reached_end, last = table.delta(
-                cmd.from_position, min(cmd.suggested_entry_count, MAX_TABLE_READ_ENTRIES))
-            return defer.succeed(codec.TableEntriesDeltaRead(
-                cmd.request_id, cmd.segment, tuple(entries), False, reached_end, last))
-        return self._table_call(cmd, read)
+        table = yield self.factory.tables.get(cmd.segment)
+        entries, reached_end, last = table.delta(
+            cmd.from_position, min(cmd.suggested_entry_count, MAX_TABLE_READ_ENTRIES))
+        self.send(codec.TableEntriesDeltaRead(cmd.request_id, cmd.segment, tuple(entries),
+                                              False, reached_end, last))
 
-    @defer.inlineCallbacks
-    def merge_segments(self, cmd):
-        try:
-            end = yield self.factory.segments.merge(cmd.target, cmd.source)
-        except SegmentNotFound as e:
-            self.send(codec.NoSuchSegment(cmd.request_id, str(e.args[0]) if e.args else cmd.source,
-                                          "", -1))
-            return
-        except SegmentSealed:
-            self.send(codec.SegmentIsSealed(cmd.request_id, cmd.target, "", -1))
-            return
-        except MergeTooLarge as e:
-            self.send(codec.ErrorMessage(cmd.request_id, cmd.source, str(e), -1))
-            return
-        self.send(codec.SegmentsMerged(cmd.request_id, cmd.target, cmd.source, end))
+    @replying
+    def read_table_keys(self, cmd):
+        table = yield self.factory.tables.get(cmd.segment)
+        items, token = table.page(cmd.continuation_token,
+                                  min(cmd.suggested_key_count, MAX_TABLE_READ_ENTRIES),
+                                  cmd.from_key, cmd.to_key)
+        self.send(codec.TableKeysRead(cmd.request_id, cmd.segment,
+                                      tuple(key for key, _ in items), token))
+
+    @replying
+    def read_table_entries(self, cmd):
+        table = yield self.factory.tables.get(cmd.segment)
+        items, token = table.page(cmd.continuation_token,
+                                  min(cmd.suggested_entry_count, MAX_TABLE_READ_ENTRIES),
+                                  cmd.from_key, cmd.to_key)
+        self.send(codec.TableEntriesRead(cmd.request_id, cmd.segment, tuple(items), token))
 
     _handlers = {
         codec.CreateTableSegment: create_table_segment,
@@ -544,7 +708,10 @@ class PravegaServerProtocol(Protocol):
         codec.RemoveTableKeys: remove_table_keys,
         codec.ReadTable: read_table,
         codec.ReadTableEntriesDelta: read_table_delta,
+        codec.ReadTableKeys: read_table_keys,
+        codec.ReadTableEntries: read_table_entries,
         codec.MergeSegments: merge_segments,
+        codec.CreateTransientSegment: create_transient_segment,
         codec.Hello: hello,
         codec.KeepAlive: keep_alive,
         codec.SetupAppend: setup_append,
@@ -571,13 +738,16 @@ class PravegaServerFactory(Factory):
     @param idle_timeout: seconds without input (and nothing in flight) after
         which a connection is closed; 0 disables.  Java clients send a
         KeepAlive every 10 s.
+    @param server_name: the C{server} label of the Prometheus metrics.
     """
+
+    log = Logger()
 
     protocol = PravegaServerProtocol
 
     def __init__(self, store, clock=None, read_wait=60.0, max_frame_size=codec.MAX_FRAME_SIZE,
                  max_outstanding_bytes=32 * 1024 * 1024, max_queued_commands=4096,
-                 max_pending_reads=64, idle_timeout=300.0):
+                 max_pending_reads=64, idle_timeout=300.0, server_name="pravega-server"):
         if clock is None:
             from twisted.internet import reactor as clock
         self.clock = clock
@@ -591,6 +761,25 @@ class PravegaServerFactory(Factory):
         self.max_pending_reads = max_pending_reads
         self.idle_timeout = idle_timeout
         self.connections = set()
+        self.server_name = server_name
+        self.metric_records_in = metrics.RECORDS_IN.labels(server_name)
+        self.metric_records_out = metrics.RECORDS_OUT.labels(server_name)
+        self.metric_acks = metrics.ACKS_SENT.labels(server_name)
+        self.metric_pauses = metrics.BACKPRESSURE_PAUSES.labels(server_name)
+        self._metric_errors = {}
+
+    def metric_error(self, code):
+        """Count one error reply (by command name) or closed connection (by reason)."""
+        counter = self._metric_errors.get(code)
+        if counter is None:
+            counter = self._metric_errors[code] = metrics.ERRORS.labels(self.server_name, code)
+        counter.inc()
+
+    def startFactory(self):
+        # transient segments die with their connection: after a crash, with
+        # the server (the connections are all gone)
+        self.segments.delete_transients().addErrback(
+            lambda f: self.log.failure("deleting leftover transient segments", f))
 
     def buildProtocol(self, addr):
         p = self.protocol(self)

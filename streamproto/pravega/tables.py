@@ -19,12 +19,21 @@ the same after a replay.  L{Table.delta} returns the live entries whose
 version is at or beyond a position, in version order, which is what the
 Rust client's reader-group synchronizer polls with C{ReadTableEntriesDelta}.
 
+L{Table.page} serves C{ReadTableKeys} / C{ReadTableEntries}: the live
+entries in key order (bytewise), a page at a time.  The continuation token
+is opaque to clients: C{0x01} then the last key returned, so a page
+continues strictly after it even if that key was removed meanwhile; keys
+added behind the cursor are not seen by that iteration (as in Pravega,
+iteration is not a snapshot).  The optional from / to keys bound the
+iteration, both inclusive.
+
 Operations on one table run one at a time (a L{DeferredLock}): the in-memory
 state changes only once the record is durable, so a reply never reports
 something a crash could take back, and conditional checks see every
 acknowledged update.
 """
 
+import bisect
 import struct
 
 from twisted.internet.defer import DeferredLock, fail, inlineCallbacks, returnValue
@@ -66,6 +75,14 @@ class UpdateTooLarge(TableError):
     pass
 
 
+class BadContinuationToken(TableError, ValueError):
+    """A continuation token this server did not make."""
+
+
+#: first byte of the continuation tokens we hand out (a format version)
+TOKEN_V1 = b"\x01"
+
+
 class Table:
     """One open table segment: C{entries} maps key -> (version, value)."""
 
@@ -75,6 +92,7 @@ class Table:
         self.entries = {}
         self.lock = DeferredLock()
         self.deleted = False
+        self._sorted_keys = None    # sorted(entries), rebuilt after keys come or go
 
     def apply(self, offset, record):
         """Replay one record stored at payload C{offset}; @return: versions."""
@@ -90,6 +108,8 @@ class Table:
                 pos += 8
                 key = bytes(record[pos:pos + klen])
                 pos += klen
+                if key not in entries:
+                    self._sorted_keys = None
                 entries[key] = (version, bytes(record[pos:pos + vlen]))
                 pos += vlen
                 versions.append(version)
@@ -97,7 +117,8 @@ class Table:
             while pos < len(record):
                 (klen,) = _I.unpack_from(record, pos)
                 pos += 4
-                entries.pop(bytes(record[pos:pos + klen]), None)
+                if entries.pop(bytes(record[pos:pos + klen]), None) is not None:
+                    self._sorted_keys = None
                 pos += klen
         else:
             raise TableError(f"table {self.name}: bad record at offset {offset}")
@@ -179,6 +200,44 @@ class Table:
             else:
                 out.append((TableKey(key.data, current[0]), current[1]))
         return out
+
+    def page(self, token, max_items, from_key=b"", to_key=b""):
+        """
+        One page of a key-ordered iteration.
+
+        @param token: the continuation token of the previous page (empty to
+            start).
+        @param from_key, to_key: inclusive bounds (empty: unbounded).
+        @return: C{(items, token)}: up to C{max_items} (at least one) of
+            C{(TableKey with its version, value)} in key order, stopping
+            early past L{MAX_READ_BYTES}, and the token to continue with
+            (the given one when the page is empty: the iteration is over).
+        @raise BadContinuationToken: for a token we did not make.
+        """
+        keys = self._sorted_keys
+        if keys is None:
+            keys = self._sorted_keys = sorted(self.entries)
+        if token:
+            if token[:1] != TOKEN_V1:
+                raise BadContinuationToken(f"table {self.name}: unknown continuation token")
+            start = bisect.bisect_right(keys, bytes(token[1:]))
+        else:
+            start = 0
+        if from_key:
+            start = max(start, bisect.bisect_left(keys, from_key))
+        items = []
+        size = 0
+        for key in keys[start:start + max(1, max_items)]:
+            if to_key and key > to_key:
+                break
+            if items and size > MAX_READ_BYTES:
+                break
+            version, value = self.entries[key]
+            items.append((TableKey(key, version), value))
+            size += len(key) + len(value) + 24
+        if not items:
+            return [], bytes(token)
+        return items, TOKEN_V1 + items[-1][0].data
 
     def delta(self, from_position, max_entries):
         """
