@@ -75,6 +75,44 @@ class EndToEnd(unittest.TestCase):
     def test_tcp_echo(self):
         return self.serve("tcp:0:interface=127.0.0.1").addCallback(self.echo_round_trip)
 
+    @defer.inlineCallbacks
+    def big_echo(self, port, tls=None):
+        """
+        32 MiB of 1 MiB messages echoed: both transports pause and resume
+        their links many times (4 MiB byte windows, 1 MiB writes); every
+        echo arrives, in order, and the send Deferreds fire.
+        """
+        c, handler = self.connector(port, "echo", tls)
+        link = yield c.when_linked()
+        ch = link.channel(4)
+        pauses = []
+        original = link.pause_transmission
+
+        def counting(paused):
+            pauses.append(paused)
+            original(paused)
+        link.pause_transmission = counting
+        msgs = [b"%04d" % i + b"b" * (1 << 20) for i in range(32)]
+        sent = []
+        for m in msgs:
+            if not ch.writable:
+                yield ch.when_writable()
+            sent.append(ch.send([m]))
+        yield defer.gatherResults(sent)
+        yield handler.wait_for(32)
+        self.assertEqual([m[0][:4] for m in handler.messages[4]],
+                         [m[:4] for m in msgs])
+        self.assertEqual(handler.messages[4], [(m,) for m in msgs])
+        self.assertIn(True, pauses)           # the transport did push back
+
+    def test_tcp_big_echo(self):
+        return self.serve("tcp:0:interface=127.0.0.1").addCallback(self.big_echo)
+
+    def test_tls_big_echo(self):
+        d = self.serve(certs().server_endpoint())
+        d.addCallback(self.big_echo, certs().client_options(with_cert=True))
+        return d
+
     def test_tls_echo_with_client_certificate(self):
         d = self.serve(certs().server_endpoint())
         d.addCallback(self.echo_round_trip, certs().client_options(with_cert=True))
@@ -177,6 +215,19 @@ class Plugin(unittest.TestCase):
         from twisted.python import usage
         self.assertRaises(usage.UsageError, tap.Options().parseOptions, ["--log", "{nope}"])
         self.assertRaises(usage.UsageError, tap.Options().parseOptions, ["--id-size", "9"])
+        self.assertRaises(usage.UsageError, tap.Options().parseOptions,
+                          ["--window-bytes", "0"])
+
+    def test_window_bytes_option_reaches_the_links(self):
+        o = tap.Options()
+        o.parseOptions(["--port", "tcp:0:interface=127.0.0.1", "--window-bytes", "65536"])
+        self.assertEqual(o["window-bytes"], 65536)
+        service = tap.makeService(o, store=MemoryLogStore(reactor))
+        trackers = [c.factory for c in service if hasattr(c, "factory")]
+        factory = trackers[0].wrappedFactory
+        for endpoint in factory.endpoints.values():
+            self.assertEqual(endpoint.config.window_bytes, 65536)
+            self.assertEqual(endpoint.config.max_queued_bytes, 65536)
 
     @defer.inlineCallbacks
     def test_make_service_serves_echo(self):

@@ -81,6 +81,47 @@ class Recorder(ChannelHandler):
         self.links_closed.append(reason)
 
 
+class PausingTransport(StringTransport):
+    """
+    A StringTransport that flow-controls its streaming producer the way a
+    real transport does: it pauses the producer when more than C{limit}
+    bytes wait to be sent, and resumes it when the test takes them
+    (L{take}: the peer read them).
+    """
+
+    def __init__(self, limit=65536):
+        super().__init__()
+        self.limit = limit
+        self.largest = 0     # most bytes ever waiting
+        self.paused_producer = False
+
+    def write(self, data):
+        super().write(data)
+        self._written()
+
+    def writeSequence(self, data):
+        super().writeSequence(data)
+        self._written()
+
+    def _written(self):
+        waiting = len(self.value())
+        self.largest = max(self.largest, waiting)
+        if (waiting > self.limit and self.producer is not None and self.streaming
+                and not self.paused_producer):
+            self.paused_producer = True
+            self.producer.pauseProducing()
+
+    def take(self):
+        """The peer read everything: @return: the bytes; resumes the producer."""
+        data = self.value()
+        self.clear()
+        if self.paused_producer:
+            self.paused_producer = False
+            if self.producer is not None:
+                self.producer.resumeProducing()
+        return data
+
+
 class Pair:
     """
     A listener endpoint and a connector, connected in memory.
@@ -121,13 +162,13 @@ class Pair:
         assert len(links) == 1, links
         return links[0]
 
-    def connect(self, run=True):
+    def connect(self, run=True, server_transport=None, client_transport=None):
         self.connections += 1
         self.sp = self.factory.buildProtocol(None)
-        self.st = StringTransport()
+        self.st = server_transport or StringTransport()
         self.sp.makeConnection(self.st)
         self.cp = ConnectorProtocol(self.connector, self.clock)
-        self.ct = StringTransport()
+        self.ct = client_transport or StringTransport()
         self.cp.makeConnection(self.ct)
         if run:
             self.run()

@@ -462,10 +462,19 @@ class RelinkAbuse(AbuseCase):
 
     @defer.inlineCallbacks
     def test_echo_to_a_peer_that_never_reads(self):
-        """Echoes pile up for a connector whose socket is never read: bounded."""
+        """
+        Echoes pile up for a connector whose socket is never read: the
+        server stops transmitting while its transport is full (the link's
+        connection is the transport's streaming producer), and the echo
+        channel is bounded in bytes (C{LinkConfig.window_bytes}), so the
+        echo handler stops consuming and the connector's window closes.
+        """
         from streamproto.relink.api import Connector
+        from streamproto.relink.link import LinkConfig
+        # the connector may offer far more than the server's bounds
+        generous = LinkConfig(window_bytes=64 << 20, max_queued_bytes=64 << 20)
         c = Connector(client_endpoint(reactor, "127.0.0.1", self.srv.port), "echo",
-                      connector_id_size=4, listener_id_size=4, clock=reactor)
+                      connector_id_size=4, listener_id_size=4, clock=reactor, config=generous)
         c.start()
         self.addCleanup(c.stop)
         link = yield c.when_linked()
@@ -473,19 +482,34 @@ class RelinkAbuse(AbuseCase):
         channel = link.channel(2)
         big = b"e" * 65536
         sent = 0
-        for _ in range(400):                    # up to 25 MiB offered
+        for _ in range(400):                    # 25 MiB offered
             if channel.room < 1:
                 break
             channel.send([big], ack=None)
             sent += 1
+        self.assertEqual(sent, 400)
         yield sleep(reactor, 1.5)
-        worst = max(buffered(conn) for conn in self.served_connections())
-        self.assertLess(worst, 16 << 20, f"server buffers {worst} bytes of echoes")
+        conns = self.served_connections()
+        echoing = [conn for conn in conns if conn.wrappedProtocol.link is not None]
+        self.assertEqual(len(echoing), 1)
+        server_link = echoing[0].wrappedProtocol.link
+        worst = max(buffered(conn) for conn in conns)
+        # a flush starts only once the transport drained below its 64 KiB
+        # threshold and writes one chunk (1 MiB) plus the message crossing it
+        self.assertLess(worst, server_link.config.write_chunk_bytes + (256 << 10),
+                        f"server buffers {worst} bytes of echoes")
+        self.assertTrue(server_link.transmission_paused)
+        self.assertGreater(kernel_unsent(echoing[0]), 0)   # it did stream
+        out = server_link.out_channels[2]
+        config = server_link.config
+        self.assertLessEqual(out.unconsumed_bytes,
+                             config.window_bytes + config.max_queued_bytes + (1 << 20))
+        # the echo handler stopped consuming: what the connector sent waits
+        # unconsumed (bounded by max_buffered_bytes, then reading pauses)
+        incoming = server_link.in_channels[2]
+        self.assertLess(incoming.consumed, incoming.received)
+        self.assertLessEqual(incoming.buffered, config.max_buffered_bytes + (1 << 20))
         yield self.still_serves()
-
-    test_echo_to_a_peer_that_never_reads.todo = (
-        "BUG: the echo endpoint's bound is the window in messages (4096), not bytes: "
-        "everything offered (25 MiB) waits in the transport; see doc/reliability.rst")
 
 
 # -- reliable stream ----------------------------------------------------------------

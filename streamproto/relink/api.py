@@ -121,6 +121,9 @@ class RelinkEndpoint:
         self._ids = itertools.count(1)
         self._expiry = {}
         self._connections = {}
+        #: set by L{close}: links still attached then are discarded when
+        #: their connection ends instead of being kept for resumption
+        self.closed = False
 
     def accept(self, hs, connection):
         """
@@ -171,6 +174,9 @@ class RelinkEndpoint:
         return link, False
 
     def _detached(self, link):
+        if self.closed:
+            link.discard(LinkLost("endpoint closed"))
+            return
         if self.links.get(link.link_id) is link and link.lost is None:
             self._cancel_expiry(link.link_id)
             self._expiry[link.link_id] = self.clock.callLater(
@@ -194,10 +200,23 @@ class RelinkEndpoint:
         if call is not None and call.active():
             call.cancel()
 
+    def open(self):
+        """Keep links for resumption again (the factory is listening again)."""
+        self.closed = False
+
     def close(self):
-        """Discard every link (stopping a server)."""
+        """
+        The server stopped listening: discard every detached link now (no
+        connector can come back to resume it) and every attached one when
+        its connection ends.  Attached links are not discarded here: their
+        connections are still draining (a graceful stop lets the handler
+        finish and writes the acknowledgements of what it stored), and
+        discarding would drop those acknowledgements.
+        """
+        self.closed = True
         for link in list(self.links.values()):
-            link.discard(LinkLost("endpoint closed"))
+            if not link.attached:
+                link.discard(LinkLost("endpoint closed"))
 
 
 class _ListenerLink(Link):
@@ -242,7 +261,14 @@ class ListenerFactory(Factory):
         p.factory = self
         return p
 
+    def startFactory(self):
+        for e in self.endpoints.values():
+            e.open()
+
     def stopFactory(self):
+        # called when the last listening port closes, which a graceful stop
+        # does *before* draining the connections (streamproto.core.tap):
+        # attached links must live on until their connection ends
         for e in self.endpoints.values():
             e.close()
 
@@ -306,6 +332,9 @@ class Connector:
             d = Deferred()
             d.callback(None)
             return d
+        if self.protocol is not None:
+            # the service closes the transport, which waits for its producer
+            self.protocol.unregister_producer()
         return service.stopService()
 
     def when_linked(self):

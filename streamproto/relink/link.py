@@ -19,7 +19,9 @@ implicit channel forms target "the message after the one the same packet
 type targeted last", so both ends keep one pointer per packet type.
 """
 
+from bisect import bisect_right
 from dataclasses import dataclass
+from itertools import accumulate
 
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.logger import Logger
@@ -43,15 +45,29 @@ class LinkConfig:
     @ivar window: most messages a sender has transmitted but not seen
         consumed, per channel; a receiver treats more unconsumed messages on
         a channel as a protocol error.
+    @ivar window_bytes: most payload bytes a sender has transmitted but not
+        seen consumed, per channel (a message bigger than this is still
+        transmitted, alone, so nothing deadlocks).  Channels with
+        transactions are bounded by C{window} only: a transaction's messages
+        stay unconsumed until its commit, which must get through.
     @ivar max_queued: messages accepted by C{send} beyond the window, per
         channel; beyond that C{send} fails with L{ChannelBusy} (wait for
         L{OutChannel.when_writable}).
+    @ivar max_queued_bytes: payload bytes accepted by C{send} beyond
+        C{window_bytes}, per channel (the batch that crosses it is still
+        accepted whole).
+    @ivar write_chunk_bytes: payload bytes written to the transport in one
+        go before the link checks again whether the transport asked it to
+        pause (it stops transmitting while the transport's buffer is full).
     @ivar max_channels: open channels per direction.
     @ivar max_buffered_bytes: unconsumed incoming payload bytes per link
         before the connection stops reading (producer pause).
     """
     window: int = 4096
+    window_bytes: int = 4 * 1024 * 1024
     max_queued: int = 4096
+    max_queued_bytes: int = 4 * 1024 * 1024
+    write_chunk_bytes: int = 1024 * 1024
     max_channels: int = 1024
     max_buffered_bytes: int = 32 * 1024 * 1024
     ping_interval: float = 11.0
@@ -83,6 +99,10 @@ class ChannelClosing(LinkError):
 
 class CommitOutcomeUnknown(LinkError):
     """Acknowledgements of this commit were lost with a connection and cannot be told apart."""
+
+
+def _message_size(parts):
+    return sum(map(len, parts))
 
 
 def _unwrap(wire, count):
@@ -132,6 +152,11 @@ class OutChannel:
         self.received = 0       # received by the peer
         self._entries = []      # payload parts of messages consumed.. assigned
         self._head = 0          # index in _entries of message number `consumed`
+        # payload bytes: _ends[i] is the total of every message up to and
+        # including _entries[i]; _base the total before _entries[0]
+        self._ends = []
+        self._base = 0
+        self._total_bytes = 0   # payload bytes of every message accepted
         self._ops = []          # unresolved _Op, in order
         self._ops_sent = 0      # how many of _ops are written on this connection
         self._recv_waiters = []
@@ -154,6 +179,10 @@ class OutChannel:
         if self.closing:
             return 0
         room = self._limit - (self.assigned - self.consumed)
+        config = self.link.config
+        if (self._total_bytes - self._bytes_before(self._head)
+                >= config.window_bytes + config.max_queued_bytes):
+            return 0
         if self.transactional:
             # a transaction must fit the window, or its commit could never
             # be transmitted (the receiver holds it all unconsumed)
@@ -187,7 +216,8 @@ class OutChannel:
         @raise ChannelBusy: window and queue full.
         """
         self._admit(1)
-        self._entries.append(tuple(parts))
+        parts = tuple(parts)
+        self._append(parts, _message_size(parts))
         self.assigned += 1
         self.link._want_transmit(self)
         if ack is not None:
@@ -202,7 +232,7 @@ class OutChannel:
         """
         messages = [tuple(m) for m in messages]
         self._admit(len(messages))
-        self._entries.extend(messages)
+        self._extend(messages, map(_message_size, messages))
         self.assigned += len(messages)
         self.link._want_transmit(self)
         if ack is not None:
@@ -215,12 +245,56 @@ class OutChannel:
         (nothing is copied or wrapped per message).  Like L{send_many}.
         """
         self._admit(len(payloads))
-        self._entries.extend(payloads)
+        self._extend(payloads, map(len, payloads))
         self.assigned += len(payloads)
         self.link._want_transmit(self)
         if ack is not None:
             return self._waiter(ack, self.assigned)
         return None
+
+    def _append(self, entry, size):
+        self._entries.append(entry)
+        self._total_bytes += size
+        self._ends.append(self._total_bytes)
+
+    def _extend(self, entries, sizes):
+        if not entries:
+            return
+        self._entries.extend(entries)
+        ends = accumulate(sizes, initial=self._total_bytes)
+        next(ends)
+        self._ends.extend(ends)
+        self._total_bytes = self._ends[-1]
+
+    def _bytes_before(self, index):
+        """Payload bytes of every message before C{_entries[index]}."""
+        return self._ends[index - 1] if index else self._base
+
+    @property
+    def unconsumed_bytes(self):
+        """Payload bytes accepted by C{send} and not yet consumed by the peer."""
+        return self._total_bytes - self._bytes_before(self._head)
+
+    @property
+    def in_flight_bytes(self):
+        """Payload bytes transmitted and not yet consumed by the peer."""
+        head = self._head
+        return (self._bytes_before(head + self.transmitted - self.consumed)
+                - self._bytes_before(head))
+
+    def _byte_limit(self):
+        """The message count C{window_bytes} lets us transmit up to."""
+        head = self._head
+        end = head + self.assigned - self.consumed
+        if end == head:
+            return self.assigned
+        allowed = self._bytes_before(head) + self.link.config.window_bytes
+        ends = self._ends
+        if ends[end - 1] <= allowed:
+            return self.assigned
+        # a message bigger than the window goes alone
+        cut = max(bisect_right(ends, allowed, head, end), head + 1)
+        return self.consumed + cut - head
 
     def _waiter(self, level, count):
         d = Deferred()
@@ -279,9 +353,17 @@ class OutChannel:
         return self._op(CLOSE)
 
     # -- transmission ------------------------------------------------------
-    def transmit(self, out):
-        """Append to C{out} what the window allows: operations and messages in order."""
+    def transmit(self, out, budget):
+        """
+        Append to C{out} what the window allows, operations and messages in
+        order, stopping once about C{budget} payload bytes are out (at least
+        one message goes).  @return: the payload bytes appended; the caller
+        calls again later when L{pending} says more is due.
+        """
         limit = min(self.assigned, self.consumed + self.link.config.window)
+        if not self.transactional and limit > self.transmitted:
+            limit = min(limit, self._byte_limit())
+        written = 0
         ops = self._ops
         size = self.link.own_id_size
         cid = (self.channel_id,)
@@ -299,17 +381,39 @@ class OutChannel:
                     # always explicit: the peer may have missed earlier operations
                     out.append(codec.encode_sequence_packet(SEQUENCE_OP, op.op, cid,
                                                             op.pos - 1, size))
-            if self.transmitted >= limit:
+            if self.transmitted >= limit or written >= budget:
                 break
             stop = limit
             if self._ops_sent < len(ops):
                 stop = min(stop, ops[self._ops_sent].pos)
+            if stop <= self.transmitted:
+                break   # an operation is held at this position (see above)
             start = self._head + self.transmitted - self.consumed
-            batch = self._entries[start:start + stop - self.transmitted]
+            end = start + stop - self.transmitted
+            ends = self._ends
+            base = self._bytes_before(start)
+            room = budget - written
+            if ends[end - 1] - base > room:
+                # cut at the budget (after at least one message)
+                end = max(bisect_right(ends, base + room, start, end), start + 1)
+                stop = self.transmitted + end - start
+            written += ends[end - 1] - base
+            batch = self._entries[start:end]
             self.transmitted = stop
             if self._encoder is None:
                 self._encoder = codec.UnicastMessageEncoder(self.channel_id, size)
             self._encoder.encode(batch, out)
+        return written
+
+    @property
+    def pending(self):
+        """Whether something is due that the window would let us transmit now."""
+        if self._ops_sent < len(self._ops):
+            return True
+        limit = min(self.assigned, self.consumed + self.link.config.window)
+        if not self.transactional and limit > self.transmitted:
+            limit = min(limit, self._byte_limit())
+        return limit > self.transmitted
 
     def rewind(self):
         """The connection is gone: what the peer did not confirm must be resent."""
@@ -365,7 +469,9 @@ class OutChannel:
         if self.transmitted < count:
             self.transmitted = count
         if self._head > 4096 and self._head * 2 > len(self._entries):
+            self._base = self._ends[self._head - 1]
             del self._entries[:self._head]
+            del self._ends[:self._head]
             self._head = 0
         waiters = self._cons_waiters
         i = 0
@@ -664,6 +770,9 @@ class Link:
         self._write = None
         self._close_connection = None
         self._pause = None
+        #: the transport asked us to stop writing (its buffer is full):
+        #: messages wait (control packets still go, they are small)
+        self.transmission_paused = False
         self._out = []
         self._flush_call = None
         self._to_transmit = {}
@@ -693,6 +802,7 @@ class Link:
         self._write = write_sequence
         self._close_connection = close_connection
         self._pause = pause
+        self.transmission_paused = False
         self.attached = True
         self._buffer = bytearray()
         self._rpos = 0
@@ -736,6 +846,7 @@ class Link:
             return
         self.attached = False
         self.messaging = False
+        self.transmission_paused = False
         self._write = self._close_connection = self._pause = self.owner = None
         self._out = []
         self._acks_due = {}
@@ -807,13 +918,16 @@ class Link:
         for ch in set(channels):
             ch._admit(channels.count(ch))
         parts = tuple(parts)
-        together = (self.messaging and all(
+        size = _message_size(parts)
+        together = (self.messaging and not self.transmission_paused and all(
             ch.transmitted == ch.assigned and not (ch._ops_sent < len(ch._ops))
             and ch.assigned - ch.consumed + channels.count(ch) <= self.config.window
+            and (ch.transactional or ch.assigned == ch.consumed
+                 or ch.in_flight_bytes + size * channels.count(ch) <= self.config.window_bytes)
             for ch in channels))
         ds = []
         for ch in channels:
-            ch._entries.append(parts)
+            ch._append(parts, size)
             ch.assigned += 1
             if together:
                 ch.transmitted += 1
@@ -880,6 +994,17 @@ class Link:
             self.discard(_SHUTDOWN_DONE)
 
     # -- output --------------------------------------------------------------
+    def pause_transmission(self, paused):
+        """
+        The transport's buffer is full (True) or has drained (False): the
+        connection calls this as the transport's streaming producer.  While
+        paused no message is transmitted: C{send} still queues them (up to
+        the channel's bounds) and their Deferreds fire once they got through.
+        """
+        self.transmission_paused = paused
+        if not paused and (self._to_transmit or self._shutdown_due):
+            self._schedule_flush()
+
     def _want_transmit(self, ch):
         if self.messaging:
             self._to_transmit[ch] = None
@@ -899,12 +1024,21 @@ class Link:
             due, self._acks_due = self._acks_due, {}
             for ch in due:
                 self._flush_acks(ch)
-        if self._to_transmit and self.messaging:
+        if self._to_transmit and self.messaging and not self.transmission_paused:
             todo, self._to_transmit = self._to_transmit, {}
+            budget = self.config.write_chunk_bytes
             for ch in todo:
-                if self.out_channels.get(ch.channel_id) is ch:
-                    ch.transmit(out)
-        if self._shutdown_due and self.messaging:
+                if budget <= 0:
+                    self._to_transmit[ch] = None   # next time (if not paused by then)
+                elif self.out_channels.get(ch.channel_id) is ch:
+                    written = ch.transmit(out, budget)
+                    budget -= written
+                    if budget <= 0 and ch.pending:
+                        self._to_transmit[ch] = None
+            if self._to_transmit:
+                self._schedule_flush()
+        if (self._shutdown_due and self.messaging and not self.transmission_paused
+                and not self._to_transmit):
             # after every message of the channels opened before it
             self._shutdown_due = False
             out.append(codec.encode_general(SHUTDOWN))
@@ -1123,6 +1257,8 @@ class Link:
         self._check_shutdown_done()
 
     def _handler_failed(self, failure):
+        if self.lost is not None:
+            return  # the link is gone already: its handler's work fails with it
         self.log.failure("channel handler failed; discarding the link", failure)
         self.discard(LinkLost(f"handler failed: {failure.getErrorMessage()}"))
 

@@ -8,20 +8,33 @@ channels lives in C{link.py}; everything about bytes in C{codec.py}.
 
 from automat import MethodicalMachine
 from twisted.internet.defer import succeed
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from streamproto.relink import codec
 from streamproto.relink.codec import ProtocolError
 from streamproto.relink.link import LinkLost
 
 
+@implementer(IPushProducer)
 class _LinkedConnection(Protocol):
-    """What both roles share once linked: feeding the link, ending cleanly."""
+    """
+    What both roles share once linked: feeding the link, ending cleanly,
+    and flow control both ways.  The connection is its transport's
+    streaming producer: when the transport's buffer fills (the peer reads
+    slower than we send) it pauses us and the link stops transmitting
+    messages until it resumes us.  Reading is paused (the transport's own
+    producer methods) when the handler has too many unconsumed bytes, and
+    for a graceful stop.
+    """
 
     log = Logger()
     link = None
     _timeout_call = None
+    _producing = False      # registered as the transport's producer
+    _draining = False       # graceful stop: read no more (see gracefulShutdown)
 
     def _start_timeout(self, seconds):
         self._timeout_call = self.clock.callLater(seconds, self._handshake_timed_out)
@@ -52,10 +65,26 @@ class _LinkedConnection(Protocol):
         server = self._server()
         if server is not None:
             link.ack_counter = server.metric_acks
-        link.attach(self.transport.writeSequence, self.transport.loseConnection, resumed,
+        self.transport.registerProducer(self, True)
+        self._producing = True
+        link.attach(self.transport.writeSequence, self._lose_connection, resumed,
                     pause=self._pause, owner=self)
         if rest:
             self._feed(bytes(rest))
+
+    def unregister_producer(self):
+        """
+        Stop being the transport's producer: call before C{loseConnection}
+        (a transport with a producer registered waits for it to be
+        unregistered before it closes).
+        """
+        if self._producing:
+            self._producing = False
+            self.transport.unregisterProducer()
+
+    def _lose_connection(self):
+        self.unregister_producer()
+        self.transport.loseConnection()
 
     def _pause(self, paused):
         # backpressure: the handler has too many bytes unconsumed
@@ -64,8 +93,28 @@ class _LinkedConnection(Protocol):
             if server is not None:
                 server.metric_pauses.inc()
             self.transport.pauseProducing()
-        else:
+        elif not self._draining:
             self.transport.resumeProducing()
+
+    # -- IPushProducer: the transport's buffer is full / has room again -------
+    def pauseProducing(self):
+        link = self.link
+        if link is not None and link.owner is self:
+            link.pause_transmission(True)
+
+    def resumeProducing(self):
+        if getattr(self.transport, "disconnecting", False):
+            # someone else called loseConnection (ClientService.stopService):
+            # let the transport close now that its buffer is written
+            self.unregister_producer()
+            return
+        link = self.link
+        if link is not None and link.owner is self:
+            link.pause_transmission(False)
+
+    def stopProducing(self):
+        # the connection is going away; connectionLost detaches the link
+        self._producing = False
 
     def _feed(self, data):
         link = self.link
@@ -87,7 +136,7 @@ class _LinkedConnection(Protocol):
             server.count_error("protocol_error" if isinstance(error, ProtocolError)
                                else "internal_error")
         link.discard(LinkLost(f"protocol error: {error}"))
-        self.transport.loseConnection()
+        self._lose_connection()
 
     def _detach(self):
         self._cancel_timeout()
@@ -145,6 +194,10 @@ class ListenerProtocol(_LinkedConnection):
     def lost(self):
         "The connection is gone."
 
+    @_machine.input()
+    def drained(self):
+        "A graceful stop: the handler is done and every acknowledgement is written."
+
     # -- outputs -------------------------------------------------------------
     @_machine.output()
     def _reply_version(self, version):
@@ -182,6 +235,15 @@ class ListenerProtocol(_LinkedConnection):
     def _forget(self):
         self._detach()
 
+    @_machine.output()
+    def _close_drained(self):
+        # what arrives from now on is neither handled nor acknowledged (the
+        # connector resends it on its next link); reading again lets a TLS
+        # transport see the peer's close_notify, which its close waits for
+        self._stage = "closed"
+        self.transport.resumeProducing()
+        self._lose_connection()
+
     awaiting_version.upon(version_received, enter=awaiting_handshake, outputs=[_reply_version])
     awaiting_version.upon(refused, enter=closed, outputs=[_close])
     awaiting_version.upon(lost, enter=closed, outputs=[_forget])
@@ -192,9 +254,11 @@ class ListenerProtocol(_LinkedConnection):
     linked.upon(packets, enter=linked, outputs=[_feed_packets])
     linked.upon(refused, enter=closed, outputs=[_close])
     linked.upon(lost, enter=closed, outputs=[_forget])
+    linked.upon(drained, enter=closed, outputs=[_close_drained])
     closed.upon(packets, enter=closed, outputs=[])
     closed.upon(refused, enter=closed, outputs=[])
     closed.upon(lost, enter=closed, outputs=[_forget])
+    closed.upon(drained, enter=closed, outputs=[])
 
     # -- Twisted -------------------------------------------------------------
     def gracefulShutdown(self):
@@ -205,12 +269,13 @@ class ListenerProtocol(_LinkedConnection):
         not shut down: the connector reconnects when the server is back.
         """
         link = self.link
-        if link is None or not link.attached:
-            self.transport.loseConnection()
+        if link is None or not link.attached or link.owner is not self:
+            self._lose_connection()
             return succeed(None)
+        self._draining = True
         self.transport.pauseProducing()
         d = link.when_idle()
-        d.addCallback(lambda _: self.transport.loseConnection())
+        d.addCallback(lambda _: self.drained())
         return d
 
     def connectionMade(self):
@@ -220,6 +285,8 @@ class ListenerProtocol(_LinkedConnection):
     def dataReceived(self, data):
         if self._stage == "linked":
             self.packets(data)
+            return
+        if self._stage == "closed":
             return
         self._buf += data
         try:
@@ -321,7 +388,7 @@ class ConnectorProtocol(_LinkedConnection):
     @_machine.output()
     def _close(self, why):
         self.log.warn("relink: closing connection to {peer}: {why}", peer=self._peer(), why=why)
-        self.transport.loseConnection()
+        self._lose_connection()
 
     @_machine.output()
     def _forget(self):

@@ -36,6 +36,9 @@ class Options(ServerOptions):
          "Log name for channel N ({channel} is replaced by the channel id)."],
         ["id-size", None, 4, "Channel id size in bytes, both directions.", _id_size],
         ["window", None, 4096, "Unconsumed messages per channel.", positive_int("window")],
+        ["window-bytes", None, 4 * 1024 * 1024,
+         "Unconsumed payload bytes per channel we send on (a bigger message goes alone).",
+         positive_int("window-bytes")],
         ["link-timeout", None, 60, "Seconds a disconnected link is kept for resumption.",
          positive_int("link-timeout")],
     ]
@@ -50,6 +53,8 @@ class Options(ServerOptions):
 
 def makeService(options, store=None):
     config = LinkConfig(window=options["window"], max_queued=options["window"],
+                        window_bytes=options["window-bytes"],
+                        max_queued_bytes=options["window-bytes"],
                         link_timeout=options["link-timeout"])
 
     def factory(store):
