@@ -839,6 +839,9 @@ class RelinkTarget(CrashTarget):
         connector.start()
         link = yield connector.when_linked()
         channel = link.channel(self.channel)
+        # the server acks each message, a batch's Deferred only fires for the
+        # whole batch: the channel's count of consumed messages is exact
+        result.channel = channel
         seq = 0
         while not stopping[0]:
             if channel.room < self.batch:
@@ -859,6 +862,9 @@ class RelinkTarget(CrashTarget):
             yield sleep(reactor, 0)
 
     def cleanup(self, result):
+        channel = getattr(result, "channel", None)
+        if channel is not None:
+            result.acked.update(range(channel.consumed))
         connector = getattr(result, "connector", None)
         return connector.stop() if connector is not None else defer.succeed(None)
 
