@@ -27,10 +27,11 @@ from twisted.internet import defer, task  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint  # noqa: E402
 
 from streamproto.pravega.client import SegmentReader, SegmentWriter, connect  # noqa: E402
-from test.test_pravega_interop import ServerProcess  # noqa: E402
+from test.test_pravega_interop import SETTLE, ServerProcess  # noqa: E402
 
-CLIENT = r'''
-import asyncio, json, os, sys, time
+# SETTLE: see test/test_pravega_interop.py (the binding's 30 s stall)
+CLIENT = SETTLE + r'''
+import json, os
 import pravega_client
 
 controller, scope, stream, segments, count, size = sys.argv[1:7]
@@ -48,6 +49,7 @@ async def write():
     for first in range(0, count, 5000):
         await asyncio.gather(*[w.write_event_async(payload)
                                for _ in range(min(5000, count - first))])
+    await settle()
 asyncio.run(write())
 w.flush()
 written = time.perf_counter() - started
@@ -63,9 +65,11 @@ async def read():
     try:
         while got < count:
             sl = await r.get_segment_slice_async()
+            await settle()
             got += sum(1 for _ in sl)
             r.release_segment(sl)
     finally:
+        await settle()
         await asyncio.get_running_loop().run_in_executor(None, r.reader_offline)
 asyncio.run(read())
 read_s = time.perf_counter() - started

@@ -48,6 +48,12 @@ class Options(usage.Options):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
+        ["pravega-controller", None, None,
+         "Endpoint of pravega-server's gRPC controller: tcp:PORT[:interface=HOST], "
+         "ssl:PORT:privateKey=..[:certKey=..] or mtls:..:caCerts=.. (default: none, "
+         "no controller)."],
+        ["pravega-advertise", None, None,
+         "HOST:PORT of the Pravega segment store as the controller hands it to clients."],
     ]
 
     def __init__(self):
@@ -70,10 +76,29 @@ class Options(usage.Options):
 
     def postOptions(self):
         check_ops_options(self)
-        known = {name for name, _ in available_servers()}
+        servers = dict(available_servers())
+        known = set(servers)
         for name in list(self["ports"]) + self.get("only", []):
             if name not in known:
                 raise usage.UsageError(f"unknown server {name!r}; known: {sorted(known)}")
+        if self["pravega-advertise"] and not self["pravega-controller"]:
+            raise usage.UsageError("--pravega-advertise needs --pravega-controller")
+        if self["pravega-controller"] and "pravega-server" in servers:
+            # check them now, not when twistd builds the service
+            servers["pravega-server"].Options().parseOptions(
+                server_arguments("pravega-server", self) + ["--data", self["data"]]
+                + [a for e in self["ports"].get("pravega-server", []) for a in ("--port", e)])
+
+
+def server_arguments(name, options):
+    """The umbrella options that go on to server C{name}'s own options."""
+    args = []
+    if name == "pravega-server":
+        if options["pravega-controller"]:
+            args += ["--controller", options["pravega-controller"]]
+        if options["pravega-advertise"]:
+            args += ["--advertise", options["pravega-advertise"]]
+    return args
 
 
 class UmbrellaService(ServerService):
@@ -107,7 +132,7 @@ def makeService(options):
                 str(options["shutdown-timeout"])]
         for endpoint in options["ports"].get(name, []):
             args += ["--port", endpoint]
-        sub.parseOptions(args)
+        sub.parseOptions(args + server_arguments(name, options))
         module.makeService(sub, store=owner.store).setServiceParent(top)
         log.info("streamproto: {name} on {ports}", name=name, ports=sub["port"])
     return top

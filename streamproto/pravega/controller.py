@@ -3,21 +3,31 @@ A single-node Pravega Controller: the gRPC C{ControllerService} clients ask
 for scopes, streams, segments and segment-store addresses before they talk
 to the segment store.
 
-Streams have a fixed number of segments (epoch 0, never scaled): creating
-one creates the segments C{scope/stream/N.#epoch.0} on our segment store.
-A segment id is C{epoch << 32 | number}, as the clients compute it.
-C{getURI} answers every segment (also reader-group table segments) with this
-server's segment-store address.  Transactions, scaling, reader-group and
-key-value-table RPCs are not implemented: gRPC answers them UNIMPLEMENTED.
+Streams and their segments
+==========================
+Creating a stream with I{n} segments creates C{scope/stream/K.#epoch.0}
+(K < n, equal key ranges) on our segment store.  A segment id is
+C{creation epoch << 32 | number}, as the clients compute it.  A manual
+C{scale} seals some active segments and creates successors covering exactly
+their key ranges, with the next segment numbers, in a new epoch; the
+clients find them through C{getSegmentsImmediatelyFollowing}.
+C{truncateStream} truncates the segments of a stream cut at its offsets and
+deletes every segment before the cut; C{getSegments} then answers the cut as
+the stream's head.  C{updateStream} records the configuration (it does not
+scale: use C{scale}).  C{getURI} answers every segment (also reader-group
+table segments) with this server's segment-store address.  Auto-scaling,
+retention policies (they are recorded, not enforced), reader-group and
+key-value-table RPCs are not implemented: gRPC answers the RPCs UNIMPLEMENTED.
 
 grpcio runs handlers on its own thread pool.  L{ControllerState} lives on
 the reactor thread (it uses the log store); each handler hands its request
 to it with C{blockingCallFromThread} and waits, so the reactor never blocks
 and all store access stays on the reactor thread.
 
-The state (scopes and streams) is one JSON document; every change appends
-the whole document to the log C{pravega-controller} and is answered only
-once that append is durable.  Opening replays the last record.
+The state (scopes, stream layouts, transactions) is one JSON document; every
+change appends the whole document to the log C{pravega-controller} and is
+answered only once that append is durable.  Opening replays the last record
+and finishes what a crash interrupted (a scale, a truncation, a commit).
 """
 
 import json
@@ -28,7 +38,9 @@ from twisted.application import service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
-from streamproto.pravega.segments import SegmentExists, SegmentNotFound, SegmentSealed
+from streamproto.pravega.segments import (
+    BadOffset, SegmentExists, SegmentNotFound, SegmentSealed,
+)
 
 SERVICE_NAME = "io.pravega.controller.stream.api.grpc.v1.ControllerService"
 STATE_LOG = "pravega-controller"
@@ -37,10 +49,24 @@ DEFAULT_LEASE_MS = 120_000
 MAX_LEASE_MS = 24 * 3600 * 1000
 #: Completed transactions remembered (for checkTransactionState).
 MAX_COMPLETED_TXNS = 1000
+#: Most segments a stream may have at once, and most epochs (scales) it may go through.
+MAX_SEGMENTS = 1024
+MAX_EPOCHS = 100_000
+#: Key ranges closer than this are the same boundary (they travel as doubles).
+KEY_EPSILON = 1e-9
 
 
 def segment_name(scope, stream, number, epoch=0):
     return f"{scope}/{stream}/{number}.#epoch.{epoch}"
+
+
+def segment_id(number, epoch):
+    return (epoch << 32) | number
+
+
+def name_of(scope, stream, seg_id):
+    """The segment-store name of segment id C{seg_id}."""
+    return segment_name(scope, stream, seg_id & 0xFFFFFFFF, seg_id >> 32)
 
 
 def _valid_name(name):
@@ -48,8 +74,183 @@ def _valid_name(name):
     return bool(name) and len(name) <= 255 and all(c.isalnum() or c in "-._" for c in name)
 
 
+class Layout:
+    """
+    The segments of one stream through its epochs, as a JSON-able dict:
+    C{epoch} (current), C{next} (next segment number), C{segments} (id ->
+    [min key, max key, creation epoch, sealing epoch or -1]), C{epochs}
+    (active ids of every epoch), C{head} (the truncation cut, id -> offset),
+    C{deleted} (ids truncated away), C{config} (the stream configuration as
+    the client gave it) and, while one is under way, C{scaling} or
+    C{truncating}.
+    """
+
+    def __init__(self, doc):
+        self.doc = doc
+
+    @classmethod
+    def new(cls, count):
+        segments = {str(n): [n / count, 1.0 if n == count - 1 else (n + 1) / count, 0, -1]
+                    for n in range(count)}
+        return cls({"epoch": 0, "next": count, "segments": segments,
+                    "epochs": [list(range(count))], "deleted": []})
+
+    @property
+    def epoch(self):
+        return self.doc["epoch"]
+
+    def active(self, epoch=None):
+        """[(id, min, max)] of the active segments of C{epoch} (default: current)."""
+        epoch = self.epoch if epoch is None else epoch
+        if not 0 <= epoch < len(self.doc["epochs"]):
+            return []
+        return [self.segment(i) for i in self.doc["epochs"][epoch]]
+
+    def segment(self, seg_id):
+        lo, hi, _, _ = self.doc["segments"][str(seg_id)]
+        return seg_id, lo, hi
+
+    def known(self, seg_id):
+        return str(seg_id) in self.doc["segments"] and seg_id not in self.doc["deleted"]
+
+    def created(self, seg_id):
+        return self.doc["segments"][str(seg_id)][2]
+
+    def sealed_at(self, seg_id):
+        """The epoch whose scale sealed C{seg_id}, or None while it is active."""
+        e = self.doc["segments"][str(seg_id)][3]
+        return None if e < 0 else e
+
+    def all_ids(self):
+        return [int(i) for i in self.doc["segments"]]
+
+    def successors(self, seg_id):
+        """[(id, min, max, [predecessor ids])] of the segments that replaced C{seg_id}."""
+        sealed = self.sealed_at(seg_id)
+        if sealed is None:
+            return []
+        _, lo, hi = self.segment(seg_id)
+        out = []
+        for i in self.doc["epochs"][sealed]:
+            _, a, b = self.segment(i)
+            if self.created(i) == sealed and _overlap(lo, hi, a, b):
+                preds = [p for p in self.all_ids() if self.sealed_at(p) == sealed
+                         and _overlap(a, b, *self.segment(p)[1:])]
+                out.append((i, a, b, sorted(preds)))
+        return out
+
+    def head(self):
+        """{id: offset} where the stream starts (its truncation cut, or epoch 0)."""
+        if "head" in self.doc:
+            return {int(k): v for k, v in self.doc["head"].items()}
+        return {i: 0 for i in self.doc["epochs"][0]}
+
+    # -- changes (pure: they return what to do, or an error status) -------
+    def plan_scale(self, sealed, ranges):
+        """
+        @return: (None, new layout doc) or (reason, None): C{sealed} must be
+            active, C{ranges} must cover their key ranges exactly.
+        """
+        active = {i for i, _, _ in self.active()}
+        if not sealed or not set(sealed) <= active or len(set(sealed)) != len(sealed):
+            return "segments to seal must be active segments of the stream", None
+        if not ranges or any(not (0.0 <= a < b <= 1.0) for a, b in ranges):
+            return "key ranges must satisfy 0 <= start < end <= 1", None
+        if len(active) - len(sealed) + len(ranges) > MAX_SEGMENTS:
+            return f"a stream has at most {MAX_SEGMENTS} segments", None
+        if len(self.doc["epochs"]) >= MAX_EPOCHS:
+            return f"a stream goes through at most {MAX_EPOCHS} epochs", None
+        old = _merge_intervals([self.segment(i)[1:] for i in sealed])
+        new = sorted(ranges)
+        if any(nxt[0] < prev[1] - KEY_EPSILON for prev, nxt in zip(new, new[1:])):
+            return "new key ranges overlap", None
+        # no overlaps: equal unions mean no gaps and nothing outside
+        if _merge_intervals(new) != old:
+            return "new key ranges must cover the sealed segments' ranges exactly", None
+        doc = json.loads(json.dumps(self.doc))
+        epoch = doc["epoch"] + 1
+        ids = []
+        for a, b in new:
+            i = segment_id(doc["next"], epoch)
+            doc["next"] += 1
+            doc["segments"][str(i)] = [a, b, epoch, -1]
+            ids.append(i)
+        for i in sealed:
+            doc["segments"][str(i)][3] = epoch
+        survivors = [i for i in doc["epochs"][-1] if i not in sealed]
+        doc["epochs"].append(sorted(survivors + ids, key=lambda i: doc["segments"][str(i)][0]))
+        doc["epoch"] = epoch
+        return None, doc
+
+    def plan_truncation(self, cut):
+        """
+        @param cut: {id: offset}.
+        @return: (None, [ids before the cut]) or (reason, None).  The cut
+            must be a consistent stream cut: its segments tile the key space,
+            and every other segment lies wholly before or after it.
+        """
+        if not cut or any(not self.known(i) for i in cut) or any(o < 0 for o in cut.values()):
+            return "the cut names unknown or deleted segments", None
+        if _merge_intervals([self.segment(i)[1:] for i in cut]) != [(0.0, 1.0)] or \
+                _total_length([self.segment(i)[1:] for i in cut]) > 1.0 + KEY_EPSILON:
+            return "the cut's segments must cover the key space once", None
+        before = []
+        for s in self.all_ids():
+            if s in cut or not self.known(s):
+                continue
+            sides = set()
+            for c in cut:
+                if not _overlap(*self.segment(s)[1:], *self.segment(c)[1:]):
+                    continue
+                s_sealed, c_sealed = self.sealed_at(s), self.sealed_at(c)
+                if s_sealed is not None and s_sealed <= self.created(c):
+                    sides.add("before")
+                elif c_sealed is not None and c_sealed <= self.created(s):
+                    sides.add("after")
+                else:
+                    sides.add("across")
+            if "across" in sides or len(sides) > 1:
+                return f"segment {s} is neither before nor after the cut", None
+            if sides == {"before"}:
+                before.append(s)
+        head = self.head()
+        for c, offset in cut.items():
+            if c in head and offset < head[c]:
+                return f"the cut is before the stream's head in segment {c}", None
+        for h in head:
+            if h in before:
+                continue
+            if any(self.sealed_at(c) is not None and self.sealed_at(c) <= self.created(h)
+                   and _overlap(*self.segment(c)[1:], *self.segment(h)[1:]) for c in cut):
+                return "the cut is before the stream's head", None
+        return None, sorted(before)
+
+
+def _overlap(a, b, c, d):
+    return a < d - KEY_EPSILON and c < b - KEY_EPSILON
+
+
+def _merge_intervals(ranges):
+    """Sorted, joined intervals (boundaries within KEY_EPSILON meet)."""
+    out = []
+    for a, b in sorted(ranges):
+        if out and a <= out[-1][1] + KEY_EPSILON:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return [(round(a, 9), round(b, 9)) for a, b in out]
+
+
+def _total_length(ranges):
+    return sum(b - a for a, b in ranges)
+
+
 class ControllerState:
-    """Scopes and streams, on the reactor thread; every method returns a Deferred."""
+    """
+    Scopes, streams and transactions, on the reactor thread; every method
+    returns a Deferred.  C{scopes} is scope -> {stream: {"segments": initial
+    count, "sealed": bool}}; C{layouts} is "scope/stream" -> L{Layout} doc.
+    """
 
     log = Logger()
 
@@ -59,8 +260,9 @@ class ControllerState:
         self.clock = clock
         self.store = store
         self.segments = segments
-        self.scopes = {}     # scope -> {stream: {"segments": n, "sealed": bool}}
-        # transaction id (32 hex digits) -> {"scope", "stream", "state", "deadline"}
+        self.scopes = {}
+        self.layouts = {}
+        # transaction id (32 hex digits) -> {"scope", "stream", "state", "deadline", "segments"}
         self.txns = {}
         self._log = None
         self._lock = defer.DeferredLock()
@@ -73,9 +275,20 @@ class ControllerState:
             state = json.loads(bytes(batch.records()[0]))
             self.scopes = state["scopes"]
             self.txns = state.get("txns", {})
+            self.layouts = state.get("layouts", {})
+        # documents written before streams could scale have no layouts
+        for scope, streams in self.scopes.items():
+            for stream, info in streams.items():
+                self.layouts.setdefault(f"{scope}/{stream}", Layout.new(info["segments"]).doc)
         self.log.info("controller state: {n} scopes, {t} transactions", n=len(self.scopes),
                       t=len(self.txns))
-        # finish what a crash interrupted (merges are idempotent)
+        # finish what a crash interrupted (every step is idempotent)
+        for key, doc in list(self.layouts.items()):
+            scope, _, stream = key.partition("/")
+            if "scaling" in doc:
+                yield self._mutate(self._finish_scale, scope, stream)
+            if "truncating" in doc:
+                yield self._mutate(self._finish_truncation, scope, stream)
         for txn_id, txn in list(self.txns.items()):
             if txn["state"] == "COMMITTING":
                 yield self.commit_txn(txn["scope"], txn["stream"], txn_id)
@@ -83,7 +296,8 @@ class ControllerState:
                 yield self.abort_txn(txn["scope"], txn["stream"], txn_id)
 
     def _save(self):
-        record = json.dumps({"scopes": self.scopes, "txns": self.txns}, sort_keys=True).encode()
+        record = json.dumps({"scopes": self.scopes, "txns": self.txns, "layouts": self.layouts},
+                            sort_keys=True).encode()
         d = self._log.append([record])
         # keep only the newest document
         return d.addCallback(lambda r: self._log.truncate(r.first_position))
@@ -93,6 +307,12 @@ class ControllerState:
 
     def stream(self, scope, stream):
         return self.scopes.get(scope, {}).get(stream)
+
+    def layout(self, scope, stream):
+        """The L{Layout} of an existing stream, or None."""
+        if self.stream(scope, stream) is None:
+            return None
+        return Layout(self.layouts[f"{scope}/{stream}"])
 
     # -- scopes ----------------------------------------------------------
     def create_scope(self, scope):
@@ -122,12 +342,16 @@ class ControllerState:
         return self._mutate(delete)
 
     # -- streams ---------------------------------------------------------
-    def create_stream(self, scope, stream, count):
+    def create_stream(self, scope, stream, count, config=None):
+        """
+        @param config: the stream configuration to remember (a JSON-able
+            dict, answered by getStreamConfiguration), or None.
+        """
         @defer.inlineCallbacks
         def create():
             if scope not in self.scopes:
                 return "SCOPE_NOT_FOUND"
-            if not _valid_name(stream) or count < 1 or count > 1024:
+            if not _valid_name(stream) or count < 1 or count > MAX_SEGMENTS:
                 return "INVALID_STREAM_NAME"
             if stream in self.scopes[scope]:
                 return "STREAM_EXISTS"
@@ -137,11 +361,33 @@ class ControllerState:
                 except SegmentExists:
                     pass   # left by an earlier attempt that failed half-way
             self.scopes[scope][stream] = {"segments": count, "sealed": False}
+            doc = Layout.new(count).doc
+            if config is not None:
+                doc["config"] = config
+            self.layouts[f"{scope}/{stream}"] = doc
             yield self._save()
             self.log.info("created stream {scope}/{stream} with {n} segments",
                           scope=scope, stream=stream, n=count)
             return "SUCCESS"
         return self._mutate(create)
+
+    def update_stream(self, scope, stream, config):
+        """Record a new configuration: "SUCCESS", "SCOPE_NOT_FOUND", "STREAM_NOT_FOUND" or "STREAM_SEALED"."""
+        @defer.inlineCallbacks
+        def update():
+            if scope not in self.scopes:
+                return "SCOPE_NOT_FOUND"
+            info = self.stream(scope, stream)
+            if info is None:
+                return "STREAM_NOT_FOUND"
+            if info["sealed"]:
+                return "STREAM_SEALED"
+            self.layouts[f"{scope}/{stream}"]["config"] = config
+            yield self._save()
+            self.log.info("updated the configuration of {scope}/{stream}", scope=scope,
+                          stream=stream)
+            return "SUCCESS"
+        return self._mutate(update)
 
     def seal_stream(self, scope, stream):
         @defer.inlineCallbacks
@@ -151,9 +397,9 @@ class ControllerState:
             info = self.stream(scope, stream)
             if info is None:
                 return "STREAM_NOT_FOUND"
-            for n in range(info["segments"]):
+            for seg_id, _, _ in self.layout(scope, stream).active():
                 try:
-                    seg = yield self.segments.get(segment_name(scope, stream, n))
+                    seg = yield self.segments.get(name_of(scope, stream, seg_id))
                     yield seg.seal()
                 except (SegmentSealed, SegmentNotFound):
                     pass
@@ -171,16 +417,142 @@ class ControllerState:
                 return "STREAM_NOT_FOUND"
             if not info["sealed"]:
                 return "STREAM_NOT_SEALED"
-            for n in range(info["segments"]):
+            layout = self.layout(scope, stream)
+            for seg_id in layout.all_ids():
+                if not layout.known(seg_id):
+                    continue
                 try:
-                    yield self.segments.delete(segment_name(scope, stream, n))
+                    yield self.segments.delete(name_of(scope, stream, seg_id))
                 except SegmentNotFound:
                     pass
             del self.scopes[scope][stream]
+            del self.layouts[f"{scope}/{stream}"]
             yield self._save()
             return "SUCCESS"
         return self._mutate(delete)
 
+    # -- scaling ---------------------------------------------------------
+    def scale(self, scope, stream, sealed, ranges):
+        """
+        Seal the active segments C{sealed} (ids) and replace them with new
+        segments over C{ranges} ([(start, end)]) in a new epoch.
+
+        @return: Deferred firing with C{(status, reason, [(id, min, max)]
+            of the new segments, the epoch the scale started from)}: status
+            "STARTED" (done: scaling here is synchronous), "FAILURE" or
+            "PRECONDITION_FAILED".
+        """
+        @defer.inlineCallbacks
+        def scale():
+            info = self.stream(scope, stream)
+            if info is None:
+                return "FAILURE", "no such stream", [], 0
+            if info["sealed"]:
+                return "PRECONDITION_FAILED", "the stream is sealed", [], 0
+            if any(t["scope"] == scope and t["stream"] == stream
+                   and t["state"] in ("OPEN", "COMMITTING", "ABORTING")
+                   for t in self.txns.values()):
+                # their segments belong to this epoch's segments
+                return "PRECONDITION_FAILED", "the stream has open transactions", [], 0
+            layout = self.layout(scope, stream)
+            reason, doc = layout.plan_scale(list(sealed), [tuple(r) for r in ranges])
+            if reason:
+                return "PRECONDITION_FAILED", reason, [], layout.epoch
+            old_epoch = layout.epoch
+            # record the intent first: a crash half-way is finished on open
+            self.layouts[f"{scope}/{stream}"]["scaling"] = {"sealed": list(sealed), "to": doc}
+            yield self._save()
+            new = yield self._finish_scale(scope, stream)
+            self.log.info("scaled {scope}/{stream} to epoch {epoch}: sealed {sealed}, "
+                          "created {created}", scope=scope, stream=stream,
+                          epoch=old_epoch + 1, sealed=list(sealed), created=[n[0] for n in new])
+            return "STARTED", "", new, old_epoch
+        return self._mutate(scale)
+
+    @defer.inlineCallbacks
+    def _finish_scale(self, scope, stream):
+        key = f"{scope}/{stream}"
+        pending = self.layouts[key]["scaling"]
+        target = Layout(pending["to"])
+        created = [i for i in target.doc["epochs"][-1] if target.created(i) == target.epoch]
+        # successors first: a writer that finds its segment sealed asks for them
+        for i in created:
+            try:
+                yield self.segments.create(name_of(scope, stream, i))
+            except SegmentExists:
+                pass
+        # The new epoch is visible before the old segments are sealed: a
+        # writer that finds its segment sealed must find the successors.
+        # (The saved document still holds the intent until the end.)
+        self.layouts[key] = target.doc
+        for i in pending["sealed"]:
+            try:
+                seg = yield self.segments.get(name_of(scope, stream, i))
+                yield seg.seal()
+            except (SegmentSealed, SegmentNotFound):
+                pass
+        yield self._save()
+        return [target.segment(i) for i in created]
+
+    def check_scale(self, scope, stream, epoch):
+        """@return: "SUCCESS" once the stream is past C{epoch}, else "INVALID_INPUT"."""
+        layout = self.layout(scope, stream)
+        if layout is None or epoch < 0 or epoch >= layout.epoch:
+            # scales finish before scale() answers: nothing is ever in progress
+            return "INVALID_INPUT"
+        return "SUCCESS"
+
+    # -- truncation ------------------------------------------------------
+    def truncate_stream(self, scope, stream, cut):
+        """
+        Truncate the stream at the stream cut C{cut} ({segment id: offset}).
+
+        @return: Deferred firing with C{(status, reason)}: "SUCCESS",
+            "STREAM_NOT_FOUND", "STREAM_SEALED" or "FAILURE".
+        """
+        @defer.inlineCallbacks
+        def truncate():
+            layout = self.layout(scope, stream)
+            if layout is None:
+                return "STREAM_NOT_FOUND", "no such stream"
+            reason, before = layout.plan_truncation(dict(cut))
+            if reason:
+                return "FAILURE", reason
+            for seg_id, offset in cut.items():
+                try:
+                    seg = yield self.segments.get(name_of(scope, stream, seg_id))
+                except SegmentNotFound:
+                    return "FAILURE", f"segment {seg_id} does not exist"
+                if offset > seg.info()["write_offset"]:
+                    return "FAILURE", f"offset {offset} is beyond the end of segment {seg_id}"
+            self.layouts[f"{scope}/{stream}"]["truncating"] = {
+                "cut": {str(k): v for k, v in cut.items()}, "before": before}
+            yield self._save()
+            yield self._finish_truncation(scope, stream)
+            self.log.info("truncated {scope}/{stream} at {cut}; deleted {before}", scope=scope,
+                          stream=stream, cut=dict(cut), before=before)
+            return "SUCCESS", ""
+        return self._mutate(truncate)
+
+    @defer.inlineCallbacks
+    def _finish_truncation(self, scope, stream):
+        doc = self.layouts[f"{scope}/{stream}"]
+        pending = doc["truncating"]
+        for seg_id, offset in pending["cut"].items():
+            try:
+                seg = yield self.segments.get(name_of(scope, stream, int(seg_id)))
+                yield seg.truncate(offset)
+            except (SegmentNotFound, BadOffset) as e:
+                self.log.warn("truncating segment {id}: {e}", id=seg_id, e=e)
+        for seg_id in pending["before"]:
+            try:
+                yield self.segments.delete(name_of(scope, stream, seg_id))
+            except SegmentNotFound:
+                pass
+        doc["head"] = pending["cut"]
+        doc["deleted"] = sorted(set(doc["deleted"]) | set(pending["before"]))
+        del doc["truncating"]
+        yield self._save()
 
     # -- transactions ----------------------------------------------------
     def _now_ms(self):
@@ -201,21 +573,23 @@ class ControllerState:
                 return "STREAM_SEALED", None, 0
             if lease_ms > MAX_LEASE_MS:
                 return "LEASE_TOO_LARGE", None, 0
-            # The top 32 bits of a transaction id are its epoch (always 0
-            # here): clients derive the transaction segments' names from them.
+            # The top 32 bits of a transaction id are its epoch: clients
+            # find the transaction's segments with getEpochSegments(epoch).
             # The Rust client also sign-extends the low 64 bits when it joins
             # the halves, so their top bit must be 0 too.
+            epoch = self.layout(scope, stream).epoch
+            ids = [i for i, _, _ in self.layout(scope, stream).active()]
             rand = uuid.uuid4().int
-            txn_id = f"{(rand >> 64) & 0xFFFFFFFF:016x}{rand & ((1 << 63) - 1):016x}"
-            for n in range(info["segments"]):
-                yield self.segments.create(txn_segment_name(scope, stream, n, txn_id))
+            txn_id = f"{epoch:08x}{(rand >> 64) & 0xFFFFFFFF:08x}{rand & ((1 << 63) - 1):016x}"
+            for i in ids:
+                yield self.segments.create(txn_name_of(scope, stream, i, txn_id))
             self.txns[txn_id] = {"scope": scope, "stream": stream, "state": "OPEN",
-                                 "segments": info["segments"],
+                                 "segments": ids, "epoch": epoch,
                                  "deadline": self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)}
             yield self._save()
             self.log.info("opened transaction {txn} on {scope}/{stream}", txn=txn_id,
                           scope=scope, stream=stream)
-            return "SUCCESS", txn_id, info["segments"]
+            return "SUCCESS", txn_id, len(ids)
         return self._mutate(create)
 
     def _txn(self, scope, stream, txn_id):
@@ -238,9 +612,9 @@ class ControllerState:
             if txn["state"] == "OPEN":
                 txn["state"] = "COMMITTING"
                 yield self._save()
-            for n in range(txn["segments"]):
-                yield self.segments.merge(segment_name(scope, stream, n),
-                                          txn_segment_name(scope, stream, n, txn_id))
+            for i in _txn_segments(txn):
+                yield self.segments.merge(name_of(scope, stream, i),
+                                          txn_name_of(scope, stream, i, txn_id))
             txn["state"] = "COMMITTED"
             self._prune()
             yield self._save()
@@ -261,9 +635,9 @@ class ControllerState:
             if txn["state"] == "OPEN":
                 txn["state"] = "ABORTING"
                 yield self._save()
-            for n in range(txn["segments"]):
+            for i in _txn_segments(txn):
                 try:
-                    yield self.segments.delete(txn_segment_name(scope, stream, n, txn_id))
+                    yield self.segments.delete(txn_name_of(scope, stream, i, txn_id))
                 except SegmentNotFound:
                     pass
             txn["state"] = "ABORTED"
@@ -312,6 +686,16 @@ class ControllerState:
 
 def txn_segment_name(scope, stream, number, txn_id, epoch=0):
     return segment_name(scope, stream, number, epoch) + "#transaction." + txn_id
+
+
+def txn_name_of(scope, stream, seg_id, txn_id):
+    return name_of(scope, stream, seg_id) + "#transaction." + txn_id
+
+
+def _txn_segments(txn):
+    # documents from before scaling kept a count of epoch-0 segments
+    segments = txn["segments"]
+    return list(range(segments)) if isinstance(segments, int) else segments
 
 
 def _txn_hex(txn_id):
@@ -373,6 +757,9 @@ class ControllerServicer:
             "getSegments": (pb.GetSegmentsRequest, self.get_segments),
             "getSegmentsImmediatelyFollowing": (pb.SegmentId, self.get_successors),
             "getSegmentsImmediatlyFollowing": (pb.SegmentId, self.get_successors),
+            "scale": (pb.ScaleRequest, self.scale),
+            "checkScale": (pb.ScaleStatusRequest, self.check_scale),
+            "truncateStream": (pb.StreamCut, self.truncate_stream),
             "getURI": (pb.SegmentId, self.get_uri),
             "isSegmentValid": (pb.SegmentId, self.is_segment_valid),
             "getDelegationToken": (pb.StreamInfo, self.get_delegation_token),
@@ -403,15 +790,29 @@ class ControllerServicer:
         return handle
 
     # -- helpers ---------------------------------------------------------
-    def _ranges(self, scope, stream, count):
+    def _ranges(self, scope, stream, segments):
+        """SegmentRange messages of C{segments}, [(id, min, max)]."""
         pb = self.pb
         return [pb.SegmentRange(
             segmentId=pb.SegmentId(streamInfo=pb.StreamInfo(scope=scope, stream=stream),
-                                   segmentId=n),
-            minKey=n / count, maxKey=(n + 1) / count) for n in range(count)]
+                                   segmentId=i),
+            minKey=lo, maxKey=hi) for i, lo, hi in segments]
 
     def _stream(self, info):
         return self.call(lambda: self.state.stream(info.scope, info.stream))
+
+    def _layout(self, info):
+        """A copy of the stream's L{Layout}, or None (read on the reactor thread)."""
+        def copy():
+            layout = self.state.layout(info.scope, info.stream)
+            return None if layout is None else Layout(json.loads(json.dumps(layout.doc)))
+        return self.call(copy)
+
+    def _config_dict(self, config):
+        from google.protobuf import json_format
+        config = self.pb.StreamConfig.FromString(config.SerializeToString())
+        config.ClearField("streamInfo")
+        return json_format.MessageToDict(config)
 
     # -- handlers --------------------------------------------------------
     def get_controller_server_list(self, request):
@@ -440,31 +841,31 @@ class ControllerServicer:
         info = request.streamInfo
         policy = request.scalingPolicy
         if policy.scaleType != self.pb.ScalingPolicy.FIXED_NUM_SEGMENTS:
-            self.log.info("stream {scope}/{stream}: only fixed scaling, {n} segments",
+            self.log.info("stream {scope}/{stream}: no auto-scaling, {n} segments",
                           scope=info.scope, stream=info.stream, n=policy.minNumSegments)
         status = self.call(self.state.create_stream, info.scope, info.stream,
-                           max(1, policy.minNumSegments))
+                           max(1, policy.minNumSegments), self._config_dict(request))
         return self.pb.CreateStreamStatus(status=status)
 
     def update_stream(self, request):
-        info = self._stream(request.streamInfo)
-        pb = self.pb
-        if info is None:
-            return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.STREAM_NOT_FOUND)
-        if info["sealed"]:
-            return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.STREAM_SEALED)
-        if max(1, request.scalingPolicy.minNumSegments) != info["segments"]:
-            # streams never scale here
-            return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.FAILURE)
-        return pb.UpdateStreamStatus(status=pb.UpdateStreamStatus.SUCCESS)
+        info = request.streamInfo
+        status = self.call(self.state.update_stream, info.scope, info.stream,
+                           self._config_dict(request))
+        return self.pb.UpdateStreamStatus(status=status)
 
     def get_stream_configuration(self, request):
-        info = self._stream(request)
+        from google.protobuf import json_format
         pb = self.pb
-        count = info["segments"] if info else 0
-        return pb.StreamConfig(
-            streamInfo=pb.StreamInfo(scope=request.scope, stream=request.stream),
-            scalingPolicy=pb.ScalingPolicy(minNumSegments=count, scaleFactor=1))
+        layout = self._layout(request)
+        config = pb.StreamConfig()
+        if layout is not None and "config" in layout.doc:
+            json_format.ParseDict(layout.doc["config"], config, ignore_unknown_fields=True)
+        elif layout is not None:
+            config.scalingPolicy.minNumSegments = len(layout.active(0))
+            config.scalingPolicy.scaleFactor = 1
+        config.streamInfo.scope = request.scope
+        config.streamInfo.stream = request.stream
+        return config
 
     def check_stream_exists(self, request):
         return self.pb.ExistsResponse(exists=self._stream(request) is not None)
@@ -495,39 +896,77 @@ class ControllerServicer:
         if info is None or info["sealed"]:
             # a sealed stream has no current segments, as in Pravega
             return self.pb.SegmentRanges()
+        layout = self._layout(request)
         return self.pb.SegmentRanges(
-            segmentRanges=self._ranges(request.scope, request.stream, info["segments"]))
+            segmentRanges=self._ranges(request.scope, request.stream, layout.active()))
 
     def get_epoch_segments(self, request):
-        info = self._stream(request.streamInfo)
-        if info is None or request.epoch != 0:
-            return self.pb.SegmentRanges()
         s = request.streamInfo
+        layout = self._layout(s)
+        if layout is None:
+            return self.pb.SegmentRanges()
         return self.pb.SegmentRanges(
-            segmentRanges=self._ranges(s.scope, s.stream, info["segments"]))
+            segmentRanges=self._ranges(s.scope, s.stream, layout.active(request.epoch)))
 
     def get_segments(self, request):
         pb = self.pb
         s = request.streamInfo
-        info = self._stream(s)
-        count = info["segments"] if info else 0
-        # no retention or truncation: every segment's head is offset 0
+        layout = self._layout(s)
+        # the head: where the stream was truncated, else the first epoch at 0
+        head = layout.head() if layout is not None else {}
         return pb.SegmentsAtTime(segments=[pb.SegmentsAtTime.SegmentLocation(
             segmentId=pb.SegmentId(streamInfo=pb.StreamInfo(scope=s.scope, stream=s.stream),
-                                   segmentId=n), offset=0) for n in range(count)])
+                                   segmentId=i), offset=offset)
+            for i, offset in sorted(head.items())])
 
     def get_successors(self, request):
-        # fixed segments: a sealed segment has no successor (end of stream)
-        return self.pb.SuccessorResponse()
+        pb = self.pb
+        s = request.streamInfo
+        layout = self._layout(s)
+        if layout is None or str(request.segmentId) not in layout.doc["segments"]:
+            return pb.SuccessorResponse()
+        # an active segment, or one sealed with its stream, has none
+        return pb.SuccessorResponse(segments=[
+            pb.SuccessorResponse.SegmentEntry(
+                segment=self._ranges(s.scope, s.stream, [(i, lo, hi)])[0], value=preds)
+            for i, lo, hi, preds in layout.successors(request.segmentId)])
+
+    def scale(self, request):
+        pb = self.pb
+        s = request.streamInfo
+        ranges = [(r.start, r.end) for r in request.newKeyRanges]
+        status, reason, created, epoch = self.call(
+            self.state.scale, s.scope, s.stream, list(request.sealedSegments), ranges)
+        if reason:
+            self.log.info("scale of {scope}/{stream} refused: {reason}", scope=s.scope,
+                          stream=s.stream, reason=reason)
+        return pb.ScaleResponse(status=status, epoch=epoch,
+                                segments=self._ranges(s.scope, s.stream, created))
+
+    def check_scale(self, request):
+        s = request.streamInfo
+        status = self.call(self.state.check_scale, s.scope, s.stream, request.epoch)
+        return self.pb.ScaleStatusResponse(status=status)
+
+    def truncate_stream(self, request):
+        s = request.streamInfo
+        status, reason = self.call(self.state.truncate_stream, s.scope, s.stream,
+                                   dict(request.cut))
+        if reason:
+            self.log.info("truncation of {scope}/{stream} refused: {reason}", scope=s.scope,
+                          stream=s.stream, reason=reason)
+        return self.pb.UpdateStreamStatus(status=status)
 
     def get_uri(self, request):
         return self.pb.NodeUri(endpoint=self.host, port=self.port)
 
     def is_segment_valid(self, request):
         info = self._stream(request.streamInfo)
+        if not info or info["sealed"]:
+            return self.pb.SegmentValidityResponse(response=False)
+        layout = self._layout(request.streamInfo)
         return self.pb.SegmentValidityResponse(
-            response=bool(info) and not info["sealed"]
-            and 0 <= request.segmentId < info["segments"])
+            response=request.segmentId in {i for i, _, _ in layout.active()})
 
     def get_delegation_token(self, request):
         return self.pb.DelegationToken(delegationToken="")
@@ -549,8 +988,10 @@ class ControllerServicer:
                 status, self.grpc.StatusCode.FAILED_PRECONDITION)
             raise _RpcError(code, status)
         high, low = _txn_bits(txn_id)
-        return pb.CreateTxnResponse(txnId=pb.TxnId(highBits=high, lowBits=low),
-                                    activeSegments=self._ranges(s.scope, s.stream, count))
+        layout = self._layout(s)
+        return pb.CreateTxnResponse(
+            txnId=pb.TxnId(highBits=high, lowBits=low),
+            activeSegments=self._ranges(s.scope, s.stream, layout.active(int(txn_id[:8], 16))))
 
     def commit_transaction(self, request):
         s = request.streamInfo
@@ -574,26 +1015,88 @@ class ControllerServicer:
         return self.pb.TxnState(state=state)
 
 
+class ControllerTLS:
+    """
+    PEM bytes for the controller's TLS: its key and certificate chain, and
+    (to require and verify client certificates) the CAs to trust.
+    """
+
+    def __init__(self, private_key, cert_chain, client_ca=None):
+        self.private_key = private_key
+        self.cert_chain = cert_chain
+        self.client_ca = client_ca
+
+    def credentials(self):
+        import grpc
+        return grpc.ssl_server_credentials(
+            [(self.private_key, self.cert_chain)], root_certificates=self.client_ca,
+            require_client_auth=self.client_ca is not None)
+
+
+def _split_endpoint(description):
+    """Split at ':' as Twisted endpoint strings do ('\\:' is a literal colon)."""
+    parts, current, chars = [], [], iter(description)
+    for c in chars:
+        if c == "\\":
+            current.append(next(chars, ""))
+        elif c == ":":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+    parts.append("".join(current))
+    return parts
+
+
+def _read_pem(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read the {what} {path}: {e.strerror}")
+
+
 def parse_controller_endpoint(description):
     """
-    C{tcp:PORT[:interface=HOST]} -> (host, port).  gRPC needs its own
-    listener, so only plain TCP endpoint strings are accepted.
+    The controller's listening endpoint, in the words of Twisted's endpoint
+    strings (gRPC needs its own listener, so only these):
+    C{tcp:PORT[:interface=HOST]}, C{ssl:PORT[:interface=HOST]:privateKey=KEY
+    [:certKey=CERT][:extraCertChain=CHAIN]} and C{mtls:...} (the same, plus
+    C{caCerts=CA} to require client certificates signed by CA).
 
+    @return: C{(host, port, tls)}: C{tls} a L{ControllerTLS} or None.
     @raise ValueError: on anything else.
     """
-    parts = description.split(":")
-    if parts[0] != "tcp" or len(parts) < 2:
-        raise ValueError(f"controller endpoint must be tcp:PORT[:interface=HOST]: {description}")
+    parts = _split_endpoint(description)
+    kind = parts[0]
+    if kind not in ("tcp", "ssl", "mtls") or len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError("controller endpoint must be tcp:PORT[:interface=HOST], "
+                         f"ssl:PORT:privateKey=KEY[:certKey=CERT] or mtls:...: {description}")
     port = int(parts[1])
-    host = "0.0.0.0"
+    allowed = {"interface"} if kind == "tcp" else {
+        "interface", "privateKey", "certKey", "extraCertChain"} | (
+        {"caCerts", "requireClientCert"} if kind == "mtls" else set())
+    options = {}
     for p in parts[2:]:
-        key, _, value = p.partition("=")
-        if key != "interface" or not value:
+        key, sep, value = p.partition("=")
+        if not sep or key not in allowed or not value:
             raise ValueError(f"unsupported controller endpoint option {p!r}")
-        host = value
+        options[key] = value
     if not 0 <= port <= 65535:
         raise ValueError(f"bad port {port}")
-    return host, port
+    host = options.get("interface", "0.0.0.0")
+    if kind == "tcp":
+        return host, port, None
+    if "privateKey" not in options:
+        raise ValueError(f"{kind}: controller endpoint needs privateKey=")
+    key = _read_pem(options["privateKey"], "private key")
+    chain = _read_pem(options.get("certKey", options["privateKey"]), "certificate")
+    if "extraCertChain" in options:
+        chain += b"\n" + _read_pem(options["extraCertChain"], "certificate chain")
+    client_ca = None
+    if "caCerts" in options and options.get("requireClientCert", "yes") != "no":
+        client_ca = _read_pem(options["caCerts"], "CA certificates")
+    return host, port, ControllerTLS(key, chain, client_ca)
 
 
 class ControllerService(service.Service):
@@ -605,7 +1108,7 @@ class ControllerService(service.Service):
     log = Logger()
 
     def __init__(self, store, segments, host, port, segment_store_address, reactor=None,
-                 max_workers=8, expiry_interval=1.0):
+                 max_workers=8, expiry_interval=1.0, tls=None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
@@ -616,6 +1119,7 @@ class ControllerService(service.Service):
         self.port = port
         self.segment_store_address = segment_store_address
         self.max_workers = max_workers
+        self.tls = tls
         self._server = None
         self.ready = None
 
@@ -656,12 +1160,18 @@ class ControllerService(service.Service):
         self._server = server = grpc.server(futures.ThreadPoolExecutor(
             max_workers=self.max_workers, thread_name_prefix="pravega-controller"))
         server.add_generic_rpc_handlers((servicer.handler(),))
-        self.port = server.add_insecure_port(f"{self.host}:{self.port}")
+        address = f"{self.host}:{self.port}"
+        if self.tls is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            self.port = server.add_secure_port(address, self.tls.credentials())
         if not self.port:
             raise OSError(f"controller cannot listen on {self.host}")
         server.start()
-        self.log.info("pravega controller listening on {host}:{port}",
-                      host=self.host, port=self.port)
+        self.log.info("pravega controller listening on {host}:{port} ({tls})",
+                      host=self.host, port=self.port,
+                      tls="plain" if self.tls is None else
+                      "TLS" if self.tls.client_ca is None else "TLS, client certificates")
 
     def _expire(self):
         if self.state._log is None:

@@ -1,5 +1,8 @@
 """C{twistd pravega-server}: the Pravega segment store on the shared log store."""
 
+import ipaddress
+
+from twisted.logger import Logger
 from twisted.python import usage
 
 from streamproto.core.tap import ServerOptions, non_negative_float, positive_int, server_service
@@ -9,6 +12,7 @@ from streamproto.pravega.server import PravegaServerFactory
 
 
 DEFAULT_CONTROLLER = "tcp:9090"
+log = Logger()
 
 
 class Options(ServerOptions):
@@ -24,9 +28,11 @@ class Options(ServerOptions):
          "Unacknowledged append bytes per connection before reading from it pauses.",
          positive_int("max-outstanding")],
         ["controller", None, None,
-         "Endpoint of the gRPC Controller service: tcp:PORT[:interface=HOST], or 'none' "
+         "Endpoint of the gRPC Controller service: tcp:PORT[:interface=HOST], "
+         "ssl:PORT[:interface=HOST]:privateKey=KEY[:certKey=CERT] (TLS), "
+         "mtls:...:caCerts=CA (TLS, client certificates signed by CA required), or 'none' "
          "(default tcp:9090; under 'twistd streamproto', which shares one store between "
-         "servers, none unless given)."],
+         "servers, none unless --pravega-controller is given)."],
         ["advertise", None, None,
          "HOST:PORT of the segment store that the controller hands to clients "
          "(default: the first --port's interface, or 127.0.0.1, and port)."],
@@ -44,14 +50,30 @@ class Options(ServerOptions):
             self["controller"] = DEFAULT_CONTROLLER
         if self["controller"] != "none":
             try:
-                self["controller-address"] = parse_controller_endpoint(self["controller"])
+                host, port, tls = parse_controller_endpoint(self["controller"])
             except ValueError as e:
                 raise usage.UsageError(str(e))
+            self["controller-address"] = host, port
+            self["controller-tls"] = tls
             try:
                 self["advertise-address"] = advertised_address(self["advertise"],
                                                                self["port"])
             except ValueError as e:
                 raise usage.UsageError(f"--advertise: {e}")
+            if tls is not None and _is_ip_literal(self["advertise-address"][0]):
+                # the Rust client checks the segment store's certificate
+                # against the advertised host as a DNS name: an address fails
+                log.warn("--controller uses TLS but clients are told to reach the segment "
+                         "store at the address {host}; Rust clients need a DNS name "
+                         "(--advertise NAME:PORT)", host=self["advertise-address"][0])
+
+
+def _is_ip_literal(host):
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def advertised_address(advertise, ports):
@@ -83,12 +105,13 @@ def makeService(options, store=None):
         built.append(f)
         return f
     top = server_service(options, factory, store, name="pravega-server")
-    # With a shared store (the umbrella, which cannot pass --controller) the
-    # controller only runs when asked for: its default port is fixed.
+    # With a shared store (the umbrella) the controller only runs when asked
+    # for (--pravega-controller there): its default port is fixed.
     wanted = not (store is not None and options.get("controller-default", True))
     if wanted and options.get("controller", "none") != "none":
         host, port = options["controller-address"]
         # added last: stopped before the store it writes to
         ControllerService(built[0].store, built[0].segments, host, port,
-                          options["advertise-address"]).setServiceParent(top)
+                          options["advertise-address"],
+                          tls=options.get("controller-tls")).setServiceParent(top)
     return top

@@ -1,0 +1,495 @@
+"""
+The Pravega controller: manual scaling, truncation and configuration updates
+(state on the memory store, durable across reopening), the same through
+gRPC, the controller over TLS (with and without client certificates), and
+the umbrella plugin's --pravega-controller.
+"""
+
+import uuid
+
+from twisted.internet import defer, reactor, threads
+from twisted.python import usage
+from twisted.trial import unittest
+
+from streamproto.log import MemoryLogStore
+from streamproto.pravega import codec
+from streamproto.pravega.controller import (
+    ControllerService, ControllerState, Layout, name_of, parse_controller_endpoint, segment_id,
+    txn_name_of,
+)
+from streamproto.pravega.segments import SegmentNotFound, SegmentSealed, SegmentStore
+from test.tlsutil import certs
+
+SERVICE = "/io.pravega.controller.stream.api.grpc.v1.ControllerService/"
+
+
+def e1(number):
+    """The id of segment C{number} created by the first scale."""
+    return segment_id(number, 1)
+
+
+class LayoutTests(unittest.SynchronousTestCase):
+    """The pure part: which scales and stream cuts are valid, and what they make."""
+
+    def test_new_stream(self):
+        layout = Layout.new(3)
+        self.assertEqual(layout.active(), [(0, 0.0, 1 / 3), (1, 1 / 3, 2 / 3), (2, 2 / 3, 1.0)])
+        self.assertEqual(layout.head(), {0: 0, 1: 0, 2: 0})
+        self.assertEqual(layout.successors(0), [])
+
+    def test_split_and_merge(self):
+        reason, doc = Layout.new(2).plan_scale([1], [(0.5, 0.75), (0.75, 1.0)])
+        self.assertIsNone(reason)
+        layout = Layout(doc)
+        self.assertEqual(layout.epoch, 1)
+        self.assertEqual(layout.active(), [(0, 0.0, 0.5), (e1(2), 0.5, 0.75),
+                                           (e1(3), 0.75, 1.0)])
+        self.assertEqual(layout.active(0), [(0, 0.0, 0.5), (1, 0.5, 1.0)])
+        self.assertEqual(layout.successors(1), [(e1(2), 0.5, 0.75, [1]),
+                                                (e1(3), 0.75, 1.0, [1])])
+        self.assertEqual(layout.successors(0), [])
+        # merge all three: one successor, three predecessors
+        reason, doc = layout.plan_scale([0, e1(2), e1(3)], [(0.0, 1.0)])
+        self.assertIsNone(reason)
+        merged = Layout(doc)
+        e2 = segment_id(4, 2)
+        self.assertEqual(merged.active(), [(e2, 0.0, 1.0)])
+        self.assertEqual(merged.successors(e1(3)), [(e2, 0.0, 1.0, [0, e1(2), e1(3)])])
+        # the plan did not touch the layout it came from
+        self.assertEqual(layout.epoch, 1)
+
+    def test_refused_scales(self):
+        layout = Layout.new(2)
+        for sealed, ranges in [
+                ([], [(0.0, 1.0)]),                       # nothing to seal
+                ([7], [(0.0, 1.0)]),                      # not a segment
+                ([0, 0], [(0.0, 0.5)]),                   # twice
+                ([0], [(0.0, 0.3)]),                      # a gap at the end
+                ([0], [(0.0, 0.2), (0.3, 0.5)]),          # a gap inside
+                ([0], [(0.0, 0.3), (0.2, 0.5)]),          # overlapping
+                ([0], [(0.0, 0.6)]),                      # beyond the sealed range
+                ([0], [(0.3, 0.1), (0.0, 0.5)]),          # start after end
+                ([0], []),                                # no ranges
+                ([0], [(-0.1, 0.5)])]:                    # outside the key space
+            reason, doc = layout.plan_scale(sealed, ranges)
+            self.assertIsNotNone(reason, (sealed, ranges))
+            self.assertIsNone(doc)
+        reason, _ = Layout(layout.plan_scale([0], [(0.0, 0.5)])[1]).plan_scale([0], [(0.0, 0.5)])
+        self.assertIn("active", reason)
+
+    def test_stream_cuts(self):
+        layout = Layout(Layout.new(2).plan_scale([1], [(0.5, 0.75), (0.75, 1.0)])[1])
+        # the first epoch's segments: nothing before it
+        self.assertEqual(layout.plan_truncation({0: 5, 1: 7}), (None, []))
+        # past the scale: segment 1 is before the cut
+        self.assertEqual(layout.plan_truncation({0: 5, e1(2): 0, e1(3): 3}), (None, [1]))
+        for cut in ({0: 5},                          # does not cover the key space
+                    {0: 5, 1: 0, e1(2): 0},          # covers part of it twice
+                    {0: 5, 1: 0, e1(3): 0},          # 1 and its successor
+                    {0: 5, 9: 0},                    # unknown segment
+                    {0: -1, 1: 0}):                  # negative offset
+            reason, before = layout.plan_truncation(cut)
+            self.assertIsNotNone(reason, cut)
+        # a cut behind an earlier truncation is refused
+        layout.doc["head"] = {"0": 5, str(e1(2)): 0, str(e1(3)): 0}
+        layout.doc["deleted"] = [1]
+        self.assertIsNotNone(layout.plan_truncation({0: 4, e1(2): 0, e1(3): 0})[0])
+        self.assertIsNotNone(layout.plan_truncation({0: 5, 1: 0})[0])
+        self.assertEqual(layout.plan_truncation({0: 6, e1(2): 1, e1(3): 0}), (None, []))
+
+
+class ScalingStateTests(unittest.TestCase):
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.store = MemoryLogStore(reactor)
+        self.segments = SegmentStore(self.store)
+        self.state = ControllerState(self.store, self.segments)
+        yield self.state.open()
+        yield self.state.create_scope("sc")
+        yield self.state.create_stream("sc", "st", 2)
+
+    @defer.inlineCallbacks
+    def append(self, seg_id, *events):
+        seg = yield self.segments.get(name_of("sc", "st", seg_id))
+        writer = uuid.uuid4()
+        for n, e in enumerate(events, 1):
+            yield seg.append(codec.encode_event(e), writer, n)
+        return seg
+
+    @defer.inlineCallbacks
+    def reopen(self):
+        self.state = ControllerState(self.store, self.segments)
+        yield self.state.open()
+        return self.state
+
+    @defer.inlineCallbacks
+    def test_scale_seals_creates_and_survives_restart(self):
+        s = self.state
+        old = yield self.append(1, b"a")
+        status, reason, new, epoch = yield s.scale("sc", "st", [1], [(0.5, 0.75), (0.75, 1.0)])
+        self.assertEqual((status, reason, epoch), ("STARTED", "", 0))
+        self.assertEqual(new, [(e1(2), 0.5, 0.75), (e1(3), 0.75, 1.0)])
+        self.assertTrue(old.sealed)
+        yield self.assertFailure(old.append(codec.encode_event(b"b"), uuid.uuid4(), 1),
+                                 SegmentSealed)
+        seg = yield self.segments.get("sc/st/3.#epoch.1")
+        self.assertFalse(seg.sealed)
+        self.assertEqual(s.check_scale("sc", "st", 0), "SUCCESS")
+        self.assertEqual(s.check_scale("sc", "st", 1), "INVALID_INPUT")
+        again = yield self.reopen()
+        self.assertEqual(again.layout("sc", "st").active(), [(0, 0.0, 0.5), (e1(2), 0.5, 0.75),
+                                                             (e1(3), 0.75, 1.0)])
+        self.assertEqual(again.layout("sc", "st").successors(1)[0][0], e1(2))
+        # sealing the stream seals the current segments, deleting deletes them all
+        self.assertEqual((yield again.seal_stream("sc", "st")), "SUCCESS")
+        self.assertTrue(seg.sealed)
+        self.assertEqual((yield again.delete_stream("sc", "st")), "SUCCESS")
+        for i in (0, 1, e1(2), e1(3)):
+            yield self.assertFailure(self.segments.get(name_of("sc", "st", i)), SegmentNotFound)
+
+    @defer.inlineCallbacks
+    def test_refusals(self):
+        s = self.state
+        self.assertEqual((yield s.scale("sc", "nope", [0], [(0.0, 0.5)]))[0], "FAILURE")
+        self.assertEqual((yield s.scale("sc", "st", [0], [(0.0, 0.4)]))[0],
+                         "PRECONDITION_FAILED")
+        _, txn, _ = yield s.create_txn("sc", "st", 60000)
+        status, reason, _, _ = yield s.scale("sc", "st", [0], [(0.0, 0.5)])
+        self.assertEqual((status, reason), ("PRECONDITION_FAILED",
+                                            "the stream has open transactions"))
+        yield s.abort_txn("sc", "st", txn)
+        self.assertEqual((yield s.scale("sc", "st", [0], [(0.0, 0.5)]))[0], "STARTED")
+        yield s.seal_stream("sc", "st")
+        self.assertEqual((yield s.scale("sc", "st", [1], [(0.5, 1.0)]))[0],
+                         "PRECONDITION_FAILED")
+
+    @defer.inlineCallbacks
+    def test_transaction_after_scale_uses_the_new_segments(self):
+        s = self.state
+        yield s.scale("sc", "st", [0, 1], [(0.0, 1.0)])
+        status, txn, count = yield s.create_txn("sc", "st", 60000)
+        self.assertEqual((status, count, txn[:8]), ("SUCCESS", 1, "00000001"))
+        tseg = yield self.segments.get(txn_name_of("sc", "st", e1(2), txn))
+        yield tseg.append(codec.encode_event(b"in-txn"), uuid.uuid4(), 1)
+        self.assertEqual((yield s.commit_txn("sc", "st", txn)), "SUCCESS")
+        target = yield self.segments.get("sc/st/2.#epoch.1")
+        data, _, _ = yield target.read(0, 100)
+        self.assertEqual(codec.split_events(data)[0], [b"in-txn"])
+
+    @defer.inlineCallbacks
+    def test_interrupted_scale_finishes_on_open(self):
+        s = self.state
+        layout = s.layout("sc", "st")
+        _, doc = layout.plan_scale([0], [(0.0, 0.25), (0.25, 0.5)])
+        # as if we crashed after recording the intent, before touching segments
+        s.layouts["sc/st"]["scaling"] = {"sealed": [0], "to": doc}
+        yield s._save()
+        again = yield self.reopen()
+        self.assertEqual([i for i, _, _ in again.layout("sc", "st").active()],
+                         [e1(2), e1(3), 1])
+        self.assertNotIn("scaling", again.layouts["sc/st"])
+        seg = yield self.segments.get(name_of("sc", "st", 0))
+        self.assertTrue(seg.sealed)
+        yield self.segments.get(name_of("sc", "st", e1(3)))
+
+    @defer.inlineCallbacks
+    def test_truncation(self):
+        s = self.state
+        seg0 = yield self.append(0, b"one", b"two")
+        yield self.append(1, b"x")
+        yield s.scale("sc", "st", [1], [(0.5, 1.0)])
+        first_len = len(codec.encode_event(b"one"))
+        cut = {0: first_len, e1(2): 0}
+        self.assertEqual((yield s.truncate_stream("sc", "st", cut)), ("SUCCESS", ""))
+        self.assertEqual(seg0.info()["start_offset"], first_len)
+        yield self.assertFailure(self.segments.get(name_of("sc", "st", 1)), SegmentNotFound)
+        again = yield self.reopen()
+        self.assertEqual(again.layout("sc", "st").head(), cut)
+        # behind the head, beyond the end, or not a cut: refused, nothing changes
+        for bad in ({0: 0, e1(2): 0}, {0: 10_000, e1(2): 0}, {0: first_len}):
+            status, reason = yield again.truncate_stream("sc", "st", bad)
+            self.assertEqual(status, "FAILURE", bad)
+        self.assertEqual((yield again.truncate_stream("sc", "nope", cut))[0],
+                         "STREAM_NOT_FOUND")
+        self.assertEqual(again.layout("sc", "st").head(), cut)
+
+    @defer.inlineCallbacks
+    def test_update_stream_configuration(self):
+        s = self.state
+        config = {"scalingPolicy": {"minNumSegments": 2}, "tags": {"tag": ["a", "b"]}}
+        self.assertEqual((yield s.update_stream("sc", "st", config)), "SUCCESS")
+        self.assertEqual((yield s.update_stream("sc", "nope", config)), "STREAM_NOT_FOUND")
+        self.assertEqual((yield s.update_stream("nope", "st", config)), "SCOPE_NOT_FOUND")
+        again = yield self.reopen()
+        self.assertEqual(again.layouts["sc/st"]["config"], config)
+        yield again.seal_stream("sc", "st")
+        self.assertEqual((yield again.update_stream("sc", "st", config)), "STREAM_SEALED")
+
+    @defer.inlineCallbacks
+    def test_state_from_before_layouts(self):
+        # a document written before scaling existed: streams by count only
+        import json
+        log = yield self.store.get("pravega-controller")
+        yield log.append([json.dumps({"scopes": {"old": {"s": {"segments": 3, "sealed": False}}},
+                                      "txns": {}}).encode()])
+        again = yield self.reopen()
+        self.assertEqual([i for i, _, _ in again.layout("old", "s").active()], [0, 1, 2])
+
+
+class GrpcTestBase(unittest.TestCase):
+    timeout = 30
+    tls = None
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        from streamproto.pravega import controller_pb2
+        self.pb = controller_pb2
+        self.store = MemoryLogStore(reactor)
+        self.segments = SegmentStore(self.store)
+        self.service = ControllerService(self.store, self.segments, "127.0.0.1", 0,
+                                         ("store.example", 12345), tls=self.tls)
+        self.service.startService()
+        self.addCleanup(self.service.stopService)
+        yield self.service.ready
+
+    def channel(self, credentials=None):
+        import grpc
+        target = f"localhost:{self.service.port}"
+        if credentials is None:
+            channel = grpc.insecure_channel(target)
+        else:
+            channel = grpc.secure_channel(target, credentials)
+        self.addCleanup(channel.close)
+        return channel
+
+    def call(self, method, request, response, channel=None):
+        rpc = (channel or self.default_channel()).unary_unary(
+            SERVICE + method, request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response.FromString)
+        return threads.deferToThread(rpc, request, timeout=10)
+
+    def default_channel(self):
+        if not hasattr(self, "_channel"):
+            self._channel = self.channel()
+        return self._channel
+
+
+class ScalingGrpcTests(GrpcTestBase):
+    @defer.inlineCallbacks
+    def test_scale_successors_truncate_update(self):
+        pb = self.pb
+        info = pb.StreamInfo(scope="sc", stream="st")
+        yield self.call("createScope", pb.ScopeInfo(scope="sc"), pb.CreateScopeStatus)
+        r = yield self.call("createStream", pb.StreamConfig(
+            streamInfo=info, scalingPolicy=pb.ScalingPolicy(minNumSegments=2),
+            tags=pb.Tags(tag=["t1"])), pb.CreateStreamStatus)
+        self.assertEqual(r.status, pb.CreateStreamStatus.SUCCESS)
+        seg1 = yield self.segments.get("sc/st/1.#epoch.0")
+        yield seg1.append(codec.encode_event(b"e"), uuid.uuid4(), 1)
+        r = yield self.call("scale", pb.ScaleRequest(
+            streamInfo=info, sealedSegments=[1],
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=0.75),
+                          pb.ScaleRequest.KeyRangeEntry(start=0.75, end=1.0)]),
+            pb.ScaleResponse)
+        self.assertEqual(r.status, pb.ScaleResponse.STARTED)
+        self.assertEqual(r.epoch, 0)
+        self.assertEqual([(s.segmentId.segmentId, s.minKey, s.maxKey) for s in r.segments],
+                         [(e1(2), 0.5, 0.75), (e1(3), 0.75, 1.0)])
+        r = yield self.call("checkScale", pb.ScaleStatusRequest(streamInfo=info, epoch=0),
+                            pb.ScaleStatusResponse)
+        self.assertEqual(r.status, pb.ScaleStatusResponse.SUCCESS)
+        r = yield self.call("scale", pb.ScaleRequest(
+            streamInfo=info, sealedSegments=[1],
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]), pb.ScaleResponse)
+        self.assertEqual(r.status, pb.ScaleResponse.PRECONDITION_FAILED)
+        r = yield self.call("getCurrentSegments", info, pb.SegmentRanges)
+        self.assertEqual([s.segmentId.segmentId for s in r.segmentRanges], [0, e1(2), e1(3)])
+        r = yield self.call("getEpochSegments", pb.GetEpochSegmentsRequest(
+            streamInfo=info, epoch=0), pb.SegmentRanges)
+        self.assertEqual([s.segmentId.segmentId for s in r.segmentRanges], [0, 1])
+        r = yield self.call("getSegmentsImmediatelyFollowing",
+                            pb.SegmentId(streamInfo=info, segmentId=1), pb.SuccessorResponse)
+        self.assertEqual([(e.segment.segmentId.segmentId, list(e.value)) for e in r.segments],
+                         [(e1(2), [1]), (e1(3), [1])])
+        r = yield self.call("getSegmentsImmediatelyFollowing",
+                            pb.SegmentId(streamInfo=info, segmentId=0), pb.SuccessorResponse)
+        self.assertEqual(list(r.segments), [])
+        r = yield self.call("isSegmentValid", pb.SegmentId(streamInfo=info, segmentId=1),
+                            pb.SegmentValidityResponse)
+        self.assertFalse(r.response)
+        # truncate past the scale: segment 1 goes, the head moves
+        r = yield self.call("truncateStream", pb.StreamCut(
+            streamInfo=info, cut={0: 0, e1(2): 0, e1(3): 0}), pb.UpdateStreamStatus)
+        self.assertEqual(r.status, pb.UpdateStreamStatus.SUCCESS)
+        r = yield self.call("getSegments", pb.GetSegmentsRequest(streamInfo=info),
+                            pb.SegmentsAtTime)
+        self.assertEqual(sorted((s.segmentId.segmentId, s.offset) for s in r.segments),
+                         [(0, 0), (e1(2), 0), (e1(3), 0)])
+        yield self.assertFailure(self.segments.get("sc/st/1.#epoch.0"), SegmentNotFound)
+        r = yield self.call("truncateStream", pb.StreamCut(streamInfo=info, cut={0: 0}),
+                            pb.UpdateStreamStatus)
+        self.assertEqual(r.status, pb.UpdateStreamStatus.FAILURE)
+        # the configuration as created, then as updated
+        r = yield self.call("getStreamConfiguration", info, pb.StreamConfig)
+        self.assertEqual((r.streamInfo.stream, r.scalingPolicy.minNumSegments, list(r.tags.tag)),
+                         ("st", 2, ["t1"]))
+        r = yield self.call("updateStream", pb.StreamConfig(
+            streamInfo=info, scalingPolicy=pb.ScalingPolicy(minNumSegments=3),
+            retentionPolicy=pb.RetentionPolicy(retentionType=pb.RetentionPolicy.SIZE,
+                                               retentionParam=1000),
+            tags=pb.Tags(tag=["t2"])), pb.UpdateStreamStatus)
+        self.assertEqual(r.status, pb.UpdateStreamStatus.SUCCESS)
+        r = yield self.call("getStreamConfiguration", info, pb.StreamConfig)
+        self.assertEqual((r.scalingPolicy.minNumSegments, r.retentionPolicy.retentionParam,
+                          list(r.tags.tag)), (3, 1000, ["t2"]))
+        r = yield self.call("updateStream", pb.StreamConfig(
+            streamInfo=pb.StreamInfo(scope="sc", stream="nope")), pb.UpdateStreamStatus)
+        self.assertEqual(r.status, pb.UpdateStreamStatus.STREAM_NOT_FOUND)
+
+
+class EndpointTests(unittest.SynchronousTestCase):
+    def test_parse(self):
+        c = certs()
+        self.assertEqual(parse_controller_endpoint("tcp:9090"), ("0.0.0.0", 9090, None))
+        self.assertEqual(parse_controller_endpoint("tcp:0:interface=127.0.0.1"),
+                         ("127.0.0.1", 0, None))
+        host, port, tls = parse_controller_endpoint(c.ssl_endpoint(9091))
+        self.assertEqual((host, port, tls.client_ca), ("127.0.0.1", 9091, None))
+        with open(c.server_cert, "rb") as f:
+            self.assertEqual(tls.cert_chain, f.read())
+        _, _, tls = parse_controller_endpoint(c.server_endpoint(9092))
+        with open(c.ca, "rb") as f:
+            self.assertEqual(tls.client_ca, f.read())
+        _, _, tls = parse_controller_endpoint(c.server_endpoint(9092) + ":requireClientCert=no")
+        self.assertIsNone(tls.client_ca)
+        _, _, tls = parse_controller_endpoint(c.server_endpoint(9092, client_ca=False))
+        self.assertIsNone(tls.client_ca)
+        for bad in ("ssl:9090", "tcp:x", "tcp:9090:backlog=5", "unix:/tmp/s", "tcp:70000",
+                    "ssl:1:privateKey=/nonexistent.pem", "tcp:1:caCerts=x",
+                    f"ssl:1:privateKey={c.server_key}:caCerts={c.ca}"):
+            self.assertRaises(ValueError, parse_controller_endpoint, bad)
+
+    def test_pravega_server_options(self):
+        from streamproto.pravega import tap
+        o = tap.Options()
+        o.parseOptions(["--port", "tcp:7000", "--controller", certs().server_endpoint(0),
+                        "--advertise", "localhost:7000"])
+        self.assertEqual(o["controller-address"], ("127.0.0.1", 0))
+        self.assertIsNotNone(o["controller-tls"].client_ca)
+        self.assertRaises(usage.UsageError, tap.Options().parseOptions,
+                          ["--controller", "ssl:1:privateKey=/nonexistent"])
+
+
+class TLSGrpcTests(GrpcTestBase):
+    """Server TLS: clients that trust our CA get in, the others do not."""
+
+    tls = parse_controller_endpoint(certs().ssl_endpoint())[2]
+
+    def credentials(self, with_cert=False, ca=None):
+        import grpc
+        c = certs()
+        with open(ca or c.ca, "rb") as f:
+            root = f.read()
+        if not with_cert:
+            return grpc.ssl_channel_credentials(root_certificates=root)
+        with open(c.client_key, "rb") as k, open(c.client_cert, "rb") as cert:
+            return grpc.ssl_channel_credentials(root, k.read(), cert.read())
+
+    @defer.inlineCallbacks
+    def assertRefused(self, channel):
+        import grpc
+        pb = self.pb
+        try:
+            yield self.call("createScope", pb.ScopeInfo(scope="no"), pb.CreateScopeStatus,
+                            channel)
+        except grpc.RpcError as e:
+            self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE)
+        else:
+            self.fail("the call went through")
+        self.assertNotIn("no", self.service.state.scopes)
+
+    @defer.inlineCallbacks
+    def test_tls(self):
+        pb = self.pb
+        r = yield self.call("createScope", pb.ScopeInfo(scope="sc"), pb.CreateScopeStatus,
+                            self.channel(self.credentials()))
+        self.assertEqual(r.status, pb.CreateScopeStatus.SUCCESS)
+        yield self.assertRefused(self.channel())   # plain text
+        yield self.assertRefused(self.channel(self.credentials(ca=certs().other_ca)))
+
+
+class MutualTLSGrpcTests(TLSGrpcTests):
+    """mtls: with caCerts: a client certificate from that CA is required."""
+
+    tls = parse_controller_endpoint(certs().server_endpoint())[2]
+
+    @defer.inlineCallbacks
+    def test_tls(self):
+        pb = self.pb
+        r = yield self.call("createScope", pb.ScopeInfo(scope="sc"), pb.CreateScopeStatus,
+                            self.channel(self.credentials(with_cert=True)))
+        self.assertEqual(r.status, pb.CreateScopeStatus.SUCCESS)
+        yield self.assertRefused(self.channel(self.credentials()))   # no client certificate
+        yield self.assertRefused(self.channel())
+
+
+class UmbrellaTests(unittest.TestCase):
+    timeout = 30
+
+    def options(self, *extra):
+        import tempfile
+
+        from streamproto import tap
+        o = tap.Options()
+        o.parseOptions(["--data", tempfile.mkdtemp(), "--metrics", "none", "--only",
+                        "pravega-server", "--listen",
+                        "pravega-server=tcp:0:interface=127.0.0.1", *extra])
+        return o
+
+    def controllers(self, top):
+        found = []
+
+        def walk(svc):
+            if isinstance(svc, ControllerService):
+                found.append(svc)
+            for child in getattr(svc, "services", []):
+                walk(child)
+        walk(top)
+        return found
+
+    @defer.inlineCallbacks
+    def test_pravega_controller(self):
+        import grpc
+
+        from streamproto import tap
+        from streamproto.pravega import controller_pb2 as pb
+        top = tap.makeService(self.options(
+            "--pravega-controller", "tcp:0:interface=127.0.0.1",
+            "--pravega-advertise", "store.example:7777"))
+        [controller] = self.controllers(top)
+        top.startService()
+        try:
+            yield controller.ready
+            channel = grpc.insecure_channel(f"127.0.0.1:{controller.port}")
+            try:
+                rpc = channel.unary_unary(SERVICE + "getURI",
+                                          request_serializer=lambda m: m.SerializeToString(),
+                                          response_deserializer=pb.NodeUri.FromString)
+                r = yield threads.deferToThread(rpc, pb.SegmentId(), timeout=10)
+            finally:
+                channel.close()
+            self.assertEqual((r.endpoint, r.port), ("store.example", 7777))
+        finally:
+            yield top.stopService()
+
+    def test_no_controller_unless_asked(self):
+        from streamproto import tap
+        self.assertEqual(self.controllers(tap.makeService(self.options())), [])
+
+    def test_bad_options(self):
+        for bad in (["--pravega-advertise", "h:1"],
+                    ["--pravega-controller", "tcp:x"],
+                    ["--pravega-controller", "tcp:1", "--pravega-advertise", "nohost"]):
+            self.assertRaises(usage.UsageError, self.options, *bad)
