@@ -286,6 +286,11 @@ class InProcessTests(unittest.SynchronousTestCase):
         self.assertEqual(cli.main(["consume"]), 2)
         self.assertEqual(cli.main(["logs", "read", "x", "-w", "middle"]), 2)
 
+    def test_help_names_every_command(self):
+        text = cli.build_parser().format_help()
+        for command in ("logs", "produce", "consume", "benchmark"):
+            self.assertIn(command, text)
+
     def test_benchmark_dispatch(self):
         calls = []
         fake = types.ModuleType("streamproto.styx.benchmark")

@@ -13,12 +13,12 @@ import json
 import time
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IHalfCloseableProtocol
+from twisted.internet.interfaces import IHalfCloseableProtocol, IProtocolNegotiationFactory
 from twisted.logger import Logger, jsonFileLogObserver
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.web import resource
 from twisted.web.server import Site
-from zope.interface import implementer
+from zope.interface import alsoProvides, implementer
 
 from streamproto.core import metrics
 from streamproto.core.tls import peer_identity
@@ -119,6 +119,11 @@ class TrackingFactory(WrappingFactory):
         self.name = name
         self.bytes_in = metrics.BYTES_IN.labels(name)
         self.bytes_out = metrics.BYTES_OUT.labels(name)
+        if IProtocolNegotiationFactory.providedBy(wrapped):
+            # TLS asks the factory it wraps (this one) for the ALPN protocols; without
+            # them a client offering ALPN (curl, browsers, Go's net/http) gets a TLS
+            # "internal error" alert.  acceptableProtocols() is forwarded by __getattr__.
+            alsoProvides(self, IProtocolNegotiationFactory)
 
     def __getattr__(self, name):
         # the wrapped factory's public attributes (store, options) stay reachable

@@ -36,12 +36,8 @@ class ServerOptions(usage.Options):
         self["port"] = []
 
     def opt_port(self, description):
-        """
-        Endpoint to listen on (repeatable), e.g. tcp:7123:interface=127.0.0.1,
-        ssl:8443:privateKey=key.pem:certKey=cert.pem, or
-        mtls:8443:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem to
-        require client certificates.
-        """
+        # one line: usage.Options keeps a docstring's indentation in --help
+        """Endpoint to listen on (repeatable), e.g. tcp:7123:interface=127.0.0.1, ssl:8443:privateKey=key.pem:certKey=cert.pem, or mtls:8443:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem to require client certificates."""
         self["port"].append(description)
 
     opt_p = opt_port

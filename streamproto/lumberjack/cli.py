@@ -10,6 +10,7 @@ file or stdin to a Lumberjack server, with a progress line on a terminal.
 import sys
 
 from twisted.internet import defer, task
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python import usage
 
 from streamproto.core.progress import Progress
@@ -47,7 +48,7 @@ class SendOptions(usage.Options):
 
 
 class Options(usage.Options):
-    synopsis = "send [options] [FILE]"
+    synopsis = "streamproto lumberjack"
     subCommands = [["send", None, SendOptions, "Send JSON lines as events."]]
 
     def postOptions(self):
@@ -74,6 +75,19 @@ def read_events(stream, chunk, errors):
             events = []
     if events:
         yield events
+
+
+def _client_warnings(stream, client):
+    """
+    A log observer writing C{client}'s warnings (cannot connect, TLS
+    refused, no ack) to C{stream}: the client retries for ever, and without
+    them a wrong address or TLS setting would look like a silent hang.
+    """
+    def observer(event):
+        if (event.get("log_source") is client
+                and event.get("log_level", LogLevel.info) >= LogLevel.warn):
+            stream.write(f"streamproto lumberjack: {formatEvent(event)}\n")
+    return observer
 
 
 class _Errors:
@@ -111,6 +125,8 @@ def send(reactor, options, stream, out=None, err=None):
         progress.update(counts["acked"], counts["bytes"])
         return n
 
+    warnings = _client_warnings(err.stream, client)
+    globalLogPublisher.addObserver(warnings)
     try:
         for events in read_events(stream, chunk, err):
             nbytes = sum(map(len, events))
@@ -122,6 +138,7 @@ def send(reactor, options, stream, out=None, err=None):
         for d in in_flight:
             yield d
     finally:
+        globalLogPublisher.removeObserver(warnings)
         yield client.close()
     progress.finish()
     out.write(f"sent {counts['acked']} events")

@@ -164,6 +164,7 @@ class LumberjackClient:
         self._attempt = None
         self._retry_call = None
         self._timeout_call = None
+        self._loss_reason = None    # why the last connection ended (for the log)
         self._close_waiters = []
         self._failures = 0
         self._stopped = False
@@ -291,6 +292,13 @@ class LumberjackClient:
         self.log.warn("lumberjack client: cannot connect: {error}", error=reason.value)
 
     @_machine.output()
+    def _note_loss(self):
+        # a TLS refusal (wrong CA, no client certificate) shows up here, as a
+        # connection lost right after it was made: say why before retrying
+        self.log.warn("lumberjack client: connection lost ({reason}); reconnecting",
+                      reason=self._loss_reason)
+
+    @_machine.output()
     def _schedule_retry(self):
         delay = min(self.backoff_max, self.backoff_initial * 2 ** max(0, self._failures - 1))
         self._retry_call = self.clock.callLater(delay, self._retry_due)
@@ -327,7 +335,7 @@ class LumberjackClient:
     _waiting.upon(_retry_due, enter=_connecting, outputs=[_connect])
     _waiting.upon(_close, enter=_closed, outputs=[_cancel_retry, _finish])
     _connected.upon(_work_queued, enter=_connected, outputs=[_send_more])
-    _connected.upon(_lost_with_work, enter=_waiting, outputs=[_schedule_retry])
+    _connected.upon(_lost_with_work, enter=_waiting, outputs=[_note_loss, _schedule_retry])
     _connected.upon(_lost_idle, enter=_idle, outputs=[])
     _connected.upon(_close, enter=_closing, outputs=[_disconnect])
     _closing.upon(_close, enter=_closing, outputs=[])
@@ -346,6 +354,7 @@ class LumberjackClient:
         if protocol is not self._protocol:
             return
         self._protocol = None
+        self._loss_reason = reason.getErrorMessage()
         self._cancel_timeout()
         if self._inflight:
             # whatever was not acked goes out again, first

@@ -30,7 +30,7 @@ class Options(ServerOptions):
         ["store", None, "sqlite", "Session store: sqlite (durable, under --data) or memory."],
         ["expiry", None, DEFAULT_EXPIRY, "Seconds a disconnected session is kept.",
          positive_float("expiry")],
-        ["rate", None, None, "Messages per second per connection (default: unlimited).",
+        ["rate", None, None, "Messages per second per connection (default: unlimited)",
          positive_float("rate")],
         ["max-line", None, codec.DEFAULT_MAX_LINE, "Longest accepted line, in bytes.",
          positive_int("max-line")],

@@ -119,8 +119,11 @@ def _reader_options(p):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="streamproto styx",
-                                     description="Styx logs, produce and consume.")
+    # "benchmark" is dispatched before parsing (its own parser, an optional
+    # module): name it here so that --help shows every command
+    parser = argparse.ArgumentParser(
+        prog="streamproto styx", description="Styx logs, produce and consume.",
+        epilog="streamproto styx benchmark [--help]: the styx/0 produce/consume benchmark.")
     _globals(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)

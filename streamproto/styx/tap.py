@@ -68,10 +68,8 @@ class Options(ServerOptions):
         self["cors-origin"] = []
 
     def opt_cors_origin(self, origin):
-        """
-        Origin allowed to call the API from browsers, "*" wildcards allowed
-        (repeatable; default "*" like the reference; "none" turns CORS off).
-        """
+        # one line: usage.Options keeps a docstring's indentation in --help
+        """Origin allowed to call the API from browsers, "*" wildcards allowed (repeatable; default "*" like the reference; "none" turns CORS off)."""
         self["cors-origin"].append(origin)
 
     def postOptions(self):

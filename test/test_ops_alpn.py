@@ -1,0 +1,82 @@
+"""
+TLS clients that offer ALPN (curl, browsers, Go's net/http, the Go styx CLI
+over https) against an HTTP server wrapped in L{TrackingFactory}, as every
+C{twistd} server is: the handshake must negotiate http/1.1, not fail.
+"""
+
+from twisted.internet import defer, protocol, reactor, ssl
+from twisted.internet.endpoints import serverFromString, wrapClientTLS
+from twisted.internet.interfaces import IProtocolNegotiationFactory
+from twisted.trial import unittest
+
+from streamproto.core.ops import TrackingFactory
+from streamproto.core.tls import _pem_certificates, client_endpoint
+from streamproto.log import MemoryLogStore
+from streamproto.styx.resource import make_site
+from test.tlsutil import certs
+
+
+class OneRequest(protocol.Protocol):
+    """Sends one HTTP request, collects the answer until the server closes."""
+
+    def __init__(self):
+        self.received = b""
+        self.negotiated = None
+        self.reason = None
+        self.closed = defer.Deferred()
+
+    def connectionMade(self):
+        self.transport.write(b"GET /logs HTTP/1.1\r\nHost: localhost\r\n"
+                             b"Connection: close\r\n\r\n")
+
+    def dataReceived(self, data):
+        if self.negotiated is None:
+            self.negotiated = self.transport.negotiatedProtocol
+        self.received += data
+
+    def connectionLost(self, reason):
+        self.reason = reason
+        self.closed.callback(None)
+
+
+class TrackingFactoryALPNTests(unittest.TestCase):
+
+    @defer.inlineCallbacks
+    def _request(self, endpoint_string):
+        site = TrackingFactory(make_site(MemoryLogStore(reactor), timeout=30), "styx-server")
+        port = yield serverFromString(reactor, endpoint_string).listen(site)
+        self.addCleanup(port.stopListening)
+        options = ssl.optionsForClientTLS(
+            "localhost", trustRoot=ssl.trustRootFromCertificates(_pem_certificates(certs().ca)),
+            acceptableProtocols=[b"h2", b"http/1.1"])
+        client = OneRequest()
+        yield wrapClientTLS(options, client_endpoint(reactor, "127.0.0.1",
+                                                     port.getHost().port)).connect(
+            protocol.Factory.forProtocol(lambda: client))
+        yield client.closed
+        return client
+
+    @defer.inlineCallbacks
+    def test_alpn_client_over_ssl(self):
+        client = yield self._request(certs().ssl_endpoint())
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 200 "), client.reason)
+        self.assertEqual(client.negotiated, b"http/1.1")
+
+    @defer.inlineCallbacks
+    def test_alpn_client_over_mtls(self):
+        # requireClientCert=no: an anonymous ALPN client (curl without --cert)
+        client = yield self._request(certs().server_endpoint() + ":requireClientCert=no")
+        self.assertTrue(client.received.startswith(b"HTTP/1.1 200 "), client.reason)
+        self.assertEqual(client.negotiated, b"http/1.1")
+
+
+class TrackingFactoryInterfaceTests(unittest.SynchronousTestCase):
+
+    def test_only_negotiating_factories(self):
+        # a factory that does not negotiate must not look as if it did: TLS would
+        # call acceptableProtocols() on it
+        plain = TrackingFactory(protocol.Factory.forProtocol(protocol.Protocol), "plain")
+        self.assertFalse(IProtocolNegotiationFactory.providedBy(plain))
+        site = TrackingFactory(make_site(MemoryLogStore(reactor), timeout=30), "styx")
+        self.assertTrue(IProtocolNegotiationFactory.providedBy(site))
+        self.assertIn(b"http/1.1", site.acceptableProtocols())
