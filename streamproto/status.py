@@ -83,7 +83,11 @@ def render(now, before=None, elapsed=None):
 
 def main(argv=None, out=None):
     out = out or sys.stdout
-    p = argparse.ArgumentParser(prog="streamproto status", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="streamproto status",
+        description="A live summary of a running server from its metrics endpoint: "
+                    "connections, rates, store size per log.  Refreshes in place on a "
+                    "terminal; prints once otherwise.")
     p.add_argument("--metrics", default=DEFAULT_URL, help=f"metrics URL (default {DEFAULT_URL})")
     p.add_argument("--once", action="store_true", help="print one summary and exit")
     p.add_argument("--interval", type=float, default=2.0, help="refresh period in seconds")

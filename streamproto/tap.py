@@ -61,10 +61,8 @@ class Options(usage.Options):
         self["ports"] = {}
 
     def opt_listen(self, value):
-        """
-        NAME=ENDPOINT: listen for server NAME (e.g. styx-server) on ENDPOINT
-        instead of its default port (repeatable).
-        """
+        # one line: usage.Options keeps a docstring's indentation in --help
+        """NAME=ENDPOINT: listen for server NAME (e.g. styx-server) on ENDPOINT instead of its default port (repeatable)."""
         name, sep, endpoint = value.partition("=")
         if not sep:
             raise usage.UsageError("--listen takes NAME=ENDPOINT")

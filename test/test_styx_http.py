@@ -644,6 +644,20 @@ class BodyLimitTests(HTTPTestBase):
         self.assertEqual(log.end_position, 0)
 
     @defer.inlineCallbacks
+    def test_refusal_carries_cors_headers(self):
+        # a browser can only read the 413 if it is marked like any answer
+        yield self.make_log("events")
+        response = yield self.raw(
+            b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
+            b"Origin: https://app.example\r\n"
+            b"Content-Type: application/octet-stream\r\n"
+            b"Content-Length: 5000\r\n\r\n" + b"x" * 5000)
+        head = response.split(b"\r\n\r\n", 1)[0].lower()
+        self.assertTrue(head.startswith(b"http/1.1 413 "), response)
+        self.assertIn(b"\r\naccess-control-allow-origin: *\r\n", head)
+        self.assertIn(b"\r\nvary: origin", head)
+
+    @defer.inlineCallbacks
     def test_batch_bodies_are_streamed_not_bounded(self):
         # line-delimited and binary bodies go to the log as they arrive
         yield self.make_log("events")

@@ -35,7 +35,10 @@ class _Counter(ChannelHandler):
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="streamproto relink", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="streamproto relink",
+        description="A small Relink client: send stdin lines as messages, or echo "
+                    "messages through the server's echo endpoint and print the rate.")
     p.add_argument("--connect", default="127.0.0.1:7350", help="HOST:PORT of the server")
     p.add_argument("--ca", help="CA bundle to verify the server with (turns TLS on)")
     p.add_argument("--cert", help="client certificate (PEM)")

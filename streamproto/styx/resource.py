@@ -197,9 +197,15 @@ class StyxRequest(server.Request):
             metrics.error("request_too_large")
         body = render_error("request_too_large",
                             f"api: request body exceeds {limit} bytes")
+        # written raw (the body is not read), with the CORS headers any
+        # answer gets, so that a browser can read the error
+        origin = self.requestHeaders.getRawHeaders(b"origin", [None])[0]
+        cors = getattr(site.resource, "cors_headers", lambda origin: [])(
+            origin.decode("latin-1") if origin is not None else None)
         response = (b"HTTP/1.1 413 Request Entity Too Large\r\n"
                     b"Content-Type: application/json\r\n"
-                    b"Connection: close\r\n"
+                    + b"".join(name + b": " + value + b"\r\n" for name, value in cors)
+                    + b"Connection: close\r\n"
                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         transport = self.channel.transport
         transport.write(response)
@@ -639,9 +645,9 @@ class StyxResource(Resource):
             return False
         origin = origin.decode("latin-1")
         asked_method = header(request, b"access-control-request-method")
-        allowed = self._allowed_origin(origin)
-        all_origins = "*" in self.cors_origins
         if request.method == b"OPTIONS" and asked_method is not None:
+            allowed = self._allowed_origin(origin)
+            all_origins = "*" in self.cors_origins
             request.responseHeaders.addRawHeader(b"Vary", b"Origin")
             request.responseHeaders.addRawHeader(b"Vary", b"Access-Control-Request-Method")
             request.responseHeaders.addRawHeader(b"Vary", b"Access-Control-Request-Headers")
@@ -656,11 +662,22 @@ class StyxResource(Resource):
                         request.setHeader(b"Access-Control-Allow-Headers", asked_headers)
             request.setResponseCode(204)
             return True
-        request.responseHeaders.addRawHeader(b"Vary", b"Origin")
-        if allowed:
-            request.setHeader(b"Access-Control-Allow-Origin",
-                              b"*" if all_origins else origin.encode("latin-1"))
+        for name, value in self.cors_headers(origin):
+            request.responseHeaders.addRawHeader(name, value)
         return False
+
+    def cors_headers(self, origin):
+        """
+        The CORS headers of an answer (not a preflight) to a request from
+        C{origin} (a str, or None without an Origin header).
+        """
+        if not self.cors_origins:
+            return []
+        headers = [(b"Vary", b"Origin")]
+        if origin is not None and self._allowed_origin(origin):
+            headers.append((b"Access-Control-Allow-Origin",
+                            b"*" if "*" in self.cors_origins else origin.encode("latin-1")))
+        return headers
 
     # routing ------------------------------------------------------------
     def render(self, request):
