@@ -80,3 +80,71 @@ class TrackingFactoryInterfaceTests(unittest.SynchronousTestCase):
         site = TrackingFactory(make_site(MemoryLogStore(reactor), timeout=30), "styx")
         self.assertTrue(IProtocolNegotiationFactory.providedBy(site))
         self.assertIn(b"http/1.1", site.acceptableProtocols())
+
+
+class Echo(protocol.Protocol):
+    def dataReceived(self, data):
+        self.transport.write(data)
+
+
+class EchoOnce(protocol.Protocol):
+    """Sends a line, closes once it is echoed."""
+
+    def __init__(self):
+        self.received = b""
+        self.negotiated = "unset"
+        self.reason = None
+        self.closed = defer.Deferred()
+
+    def connectionMade(self):
+        self.transport.write(b"ping\n")
+
+    def dataReceived(self, data):
+        self.negotiated = self.transport.negotiatedProtocol
+        self.received += data
+        if self.received.endswith(b"\n"):
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason):
+        self.reason = reason
+        self.closed.callback(None)
+
+
+class NonHTTPServerALPNTests(unittest.TestCase):
+    """
+    A server that speaks no ALPN protocol (every protocol here but HTTP),
+    listening through L{streamproto.core.tap.server_endpoint} as under
+    twistd: a client offering ALPN protocols is served without ALPN.
+    """
+
+    @defer.inlineCallbacks
+    def _echo(self, endpoint_string, client_cert=False):
+        from streamproto.core.tap import server_endpoint
+        factory = TrackingFactory(protocol.Factory.forProtocol(Echo), "echo")
+        port = yield server_endpoint(endpoint_string, reactor).listen(factory)
+        self.addCleanup(port.stopListening)
+        kwargs = {}
+        if client_cert:
+            kwargs["clientCertificate"] = ssl.PrivateCertificate.loadPEM(
+                open(certs().client_key, "rb").read() + open(certs().client_cert, "rb").read())
+        options = ssl.optionsForClientTLS(
+            "localhost", trustRoot=ssl.trustRootFromCertificates(_pem_certificates(certs().ca)),
+            acceptableProtocols=[b"h2", b"http/1.1"], **kwargs)
+        client = EchoOnce()
+        yield wrapClientTLS(options, client_endpoint(reactor, "127.0.0.1",
+                                                     port.getHost().port)).connect(
+            protocol.Factory.forProtocol(lambda: client))
+        yield client.closed
+        return client
+
+    @defer.inlineCallbacks
+    def test_ssl(self):
+        client = yield self._echo(certs().ssl_endpoint())
+        self.assertEqual(client.received, b"ping\n", client.reason)
+        self.assertIsNone(client.negotiated)
+
+    @defer.inlineCallbacks
+    def test_mtls(self):
+        client = yield self._echo(certs().server_endpoint(), client_cert=True)
+        self.assertEqual(client.received, b"ping\n", client.reason)
+        self.assertIsNone(client.negotiated)

@@ -11,8 +11,9 @@ C{--data} through L{StoreService}.
 import os
 import sys
 
-from twisted.application import service, strports
-from twisted.internet import defer
+from twisted.application import service
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet import defer, ssl
 from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
@@ -144,10 +145,29 @@ class ServerService(service.MultiService):
                 yield child.stopService()
 
 
+def server_endpoint(description, reactor=None):
+    """
+    The server endpoint of an endpoint string; TLS ones (C{ssl:}, C{mtls:})
+    accept clients offering ALPN protocols the server does not speak
+    (L{streamproto.core.tls.tolerate_alpn}).
+    """
+    from twisted.internet.endpoints import SSL4ServerEndpoint, serverFromString
+
+    from streamproto.core.tls import tolerate_alpn
+    if reactor is None:
+        from twisted.internet import reactor
+    endpoint = serverFromString(reactor, description)
+    options = getattr(endpoint, "_sslContextFactory", None)
+    if isinstance(endpoint, SSL4ServerEndpoint) and isinstance(options, ssl.CertificateOptions):
+        tolerate_alpn(options)
+    return endpoint
+
+
 def listen(parent, descriptions, factory):
     """Add one listening service per endpoint description to C{parent}."""
     for description in descriptions:
-        listener = strports.service(description, factory)
+        listener = StreamServerEndpointService(server_endpoint(description), factory)
+        listener._raiseSynchronously = True     # as strports.service: fail twistd at start
         listener._streamproto_listener = True
         listener.setServiceParent(parent)
 

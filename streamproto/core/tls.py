@@ -17,10 +17,12 @@ Clients verify the server with service_identity (through
 L{optionsForClientTLS}) against a CA file, or the platform's trust store.
 """
 
-from OpenSSL import crypto
+from OpenSSL import SSL, crypto
 from twisted.internet import ssl
 from twisted.internet.endpoints import SSL4ServerEndpoint, TCP4ClientEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IStreamServerEndpointStringParser
+from twisted.internet.interfaces import (
+    IProtocolNegotiationFactory, IStreamServerEndpointStringParser,
+)
 from twisted.python.filepath import FilePath
 from twisted.plugin import IPlugin
 from zope.interface import implementer
@@ -59,12 +61,43 @@ def server_tls_options(private_key, cert=None, ca_certs=None, require_client_cer
     if ca_certs:
         kwargs.update(verify=True, caCerts=[c.original for c in _pem_certificates(ca_certs)],
                       requireCertificate=require_client_cert)
-    return ssl.CertificateOptions(
+    return tolerate_alpn(ssl.CertificateOptions(
         privateKey=crypto.load_privatekey(crypto.FILETYPE_PEM, key_pem),
         certificate=crypto.load_certificate(crypto.FILETYPE_PEM, cert_pem),
         extraCertChain=chain,
         **kwargs,
-    )
+    ))
+
+
+def _select_alpn(connection, offered):
+    """
+    Pick the first ALPN protocol the served factory speaks that the client
+    offered; with none in common, go on without ALPN (RFC 7301 lets a
+    server ignore the extension) instead of Twisted's fatal alert.
+    """
+    tls_protocol = connection.get_app_data()
+    wrapped = getattr(getattr(tls_protocol, "factory", None), "wrappedFactory", None)
+    negotiation = IProtocolNegotiationFactory(wrapped, None)
+    for name in (negotiation.acceptableProtocols() if negotiation is not None else ()):
+        if name in offered:
+            return name
+    return SSL.NO_OVERLAPPING_PROTOCOLS
+
+
+def tolerate_alpn(options):
+    """
+    Make server TLS C{options} (L{ssl.CertificateOptions}) accept clients
+    that offer ALPN protocols the server does not speak.  Twisted (26.10)
+    installs an ALPN callback on every server context that answers "no
+    overlap" with a fatal alert, so a client offering, say, C{h2} (curl,
+    Go's and Java's HTTP stacks, C{openssl s_client -alpn}) could not reach
+    a Lumberjack, Pravega, Relink, reliable or styx/0 server at all.  The
+    context is the one every connection of these options uses.
+
+    @return: C{options}
+    """
+    options.getContext().set_alpn_select_callback(_select_alpn)
+    return options
 
 
 def client_tls_options(hostname, ca_certs=None, cert=None, private_key=None):
