@@ -8,7 +8,10 @@ writing and reading the same events on a one-segment stream.
     python bench/pravega_client_bench.py [--events 100000] [--size 100] [--segments 1]
 
 Starts the server (a child ``twistd -n pravega-server`` on 127.0.0.1, data in
-a temporary directory); the Pravega client runs in a child process too.
+a temporary directory); the Pravega client runs in a child process too.  To
+tell who limits the writers, it reports the CPU time the server process and
+the client process used during each write phase, as a share of one core
+(from ``/proc/PID/stat``; 100% is one core busy all along).
 """
 
 import argparse
@@ -41,6 +44,8 @@ m.create_scope(scope)
 m.create_stream(scope, stream, segments)
 w = m.create_writer(scope, stream)
 payload = "x" * size
+# markers: the parent samples both processes' CPU time at each
+print(json.dumps({"phase": "write"}), flush=True)
 started = time.perf_counter()
 
 
@@ -53,6 +58,7 @@ async def write():
 asyncio.run(write())
 w.flush()
 written = time.perf_counter() - started
+print(json.dumps({"phase": "written"}), flush=True)
 
 rg = m.create_reader_group("bench", scope, stream)
 r = rg.create_reader("r")
@@ -78,14 +84,53 @@ os._exit(0)
 '''
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of process C{pid} so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    # after the command: state is field 3, utime and stime fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU time of some processes between two instants, as a share of one core."""
+
+    def __init__(self, **pids):
+        self.pids = pids
+        self.marks = []
+
+    def mark(self):
+        self.marks.append((time.perf_counter(),
+                           {name: cpu_seconds(pid) for name, pid in self.pids.items()}))
+
+    def shares(self):
+        (t0, c0), (t1, c1) = self.marks[-2:]
+        return {name: (c1[name] - c0[name]) / (t1 - t0) for name in self.pids}
+
+
 def pravega_client_run(server, events, size, segments):
-    out = subprocess.run([sys.executable, "-c", CLIENT, server.controller, "bench", "events",
-                          str(segments), str(events), str(size)],
-                         capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, RUST_LOG="error"))
-    if out.returncode:
-        raise SystemExit(f"pravega client failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    proc = subprocess.Popen([sys.executable, "-c", CLIENT, server.controller, "bench",
+                             "events", str(segments), str(events), str(size)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, RUST_LOG="error"))
+    meter = CpuMeter(server=server.process.pid, client=proc.pid)
+    result = None
+    try:
+        for line in proc.stdout:
+            msg = json.loads(line)
+            if "phase" in msg:
+                meter.mark()
+            else:
+                result = msg
+        err = proc.stderr.read()
+        if proc.wait(600) or result is None:
+            raise SystemExit(f"pravega client failed:\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    result["write_cpu"] = meter.shares()
+    return result
 
 
 @defer.inlineCallbacks
@@ -99,11 +144,15 @@ def baseline_run(reactor, server, events, size):
     writer = SegmentWriter(ep, name)
     payload = b"x" * size
     result = {}
+    meter = CpuMeter(server=server.process.pid, client=os.getpid())
+    meter.mark()
     started = time.perf_counter()
     for first in range(0, events, 5000):
         yield writer.write_batch([payload] * min(5000, events - first))
     yield writer.close()
     result["write_s"] = time.perf_counter() - started
+    meter.mark()
+    result["write_cpu"] = meter.shares()
     reader = SegmentReader(ep, name)
     got = 0
     started = time.perf_counter()
@@ -115,8 +164,10 @@ def baseline_run(reactor, server, events, size):
 
 
 def report(name, events, r):
+    cpu = r["write_cpu"]
     print(f"{name:34s} write {events / r['write_s']:9.0f} events/s   "
-          f"read {events / r['read_s']:9.0f} events/s")
+          f"read {events / r['read_s']:9.0f} events/s   "
+          f"CPU while writing: server {cpu['server']:4.0%}  client {cpu['client']:4.0%}")
 
 
 def main():

@@ -1,21 +1,23 @@
 """
 The Pravega controller: manual scaling, truncation and configuration updates
-(state on the memory store, durable across reopening), the same through
-gRPC, the controller over TLS (with and without client certificates), and
-the umbrella plugin's --pravega-controller.
+(state on the memory store, durable across reopening), retention policies
+(on a fake clock), segments between stream cuts and stream-cut validity,
+the same through gRPC, the controller over TLS (with and without client
+certificates), the advertised port learned from a port-0 listener, and the
+umbrella plugin's --pravega-controller.
 """
 
 import uuid
 
-from twisted.internet import defer, reactor, threads
+from twisted.internet import defer, reactor, task, threads
 from twisted.python import usage
 from twisted.trial import unittest
 
 from streamproto.log import MemoryLogStore
 from streamproto.pravega import codec
 from streamproto.pravega.controller import (
-    ControllerService, ControllerState, Layout, name_of, parse_controller_endpoint, segment_id,
-    txn_name_of,
+    MAX_RETENTION_CUTS, ControllerService, ControllerState, Layout, choose_retention_cut,
+    name_of, parse_controller_endpoint, retention_policy, segment_id, txn_name_of,
 )
 from streamproto.pravega.segments import SegmentNotFound, SegmentSealed, SegmentStore
 from test.tlsutil import certs
@@ -96,6 +98,94 @@ class LayoutTests(unittest.SynchronousTestCase):
         self.assertIsNotNone(layout.plan_truncation({0: 4, e1(2): 0, e1(3): 0})[0])
         self.assertIsNotNone(layout.plan_truncation({0: 5, 1: 0})[0])
         self.assertEqual(layout.plan_truncation({0: 6, e1(2): 1, e1(3): 0}), (None, []))
+
+
+    def scaled_twice(self):
+        """0 and 1; 1 split into e1(2), e1(3); then e1(3) merged... into e2(4) with e1(2)."""
+        layout = Layout(Layout.new(2).plan_scale([1], [(0.5, 0.75), (0.75, 1.0)])[1])
+        return Layout(layout.plan_scale([e1(2), e1(3)], [(0.5, 1.0)])[1])
+
+    def test_cut_validity(self):
+        layout = self.scaled_twice()
+        e2 = segment_id(4, 2)
+        for cut in ({0: 0, 1: 0}, {0: 3, e1(2): 0, e1(3): 9}, {0: 1, e2: 0}):
+            self.assertIsNone(layout.cut_problem(cut), cut)
+        for cut in ({0: 0}, {0: 0, 1: 0, e2: 0}, {0: 0, e1(2): 0, e2: 0}, {0: 0, 7: 0},
+                    {0: -1, 1: 0}, {}):
+            self.assertIsNotNone(layout.cut_problem(cut), cut)
+        # a cut of segments truncated away was valid once
+        layout.doc["deleted"] = [1]
+        layout.doc["head"] = {"0": 0, str(e1(2)): 0, str(e1(3)): 0}
+        self.assertIsNotNone(layout.cut_problem({0: 0, 1: 0}))
+        self.assertIsNone(layout.cut_problem({0: 0, 1: 0}, include_deleted=True))
+
+    def test_segments_between(self):
+        layout = self.scaled_twice()
+        e2 = segment_id(4, 2)
+        self.assertEqual(layout.between(None, None), (None, sorted([0, 1, e1(2), e1(3), e2])))
+        self.assertEqual(layout.between({0: 0, 1: 5}, {0: 9, 1: 6}), (None, [0, 1]))
+        self.assertEqual(layout.between({0: 0, e1(2): 0, e1(3): 0}, None),
+                         (None, sorted([0, e1(2), e1(3), e2])))
+        self.assertEqual(layout.between(None, {0: 0, e1(2): 1, e1(3): 0}),
+                         (None, sorted([0, 1, e1(2), e1(3)])))
+        self.assertEqual(layout.between({0: 4, e2: 0}, {0: 4, e2: 0}), (None, [0, e2]))
+        # from after to, in one segment and across a scale; bad cuts
+        for start, end in (({0: 5, 1: 0}, {0: 4, 1: 0}),
+                           ({0: 0, e2: 0}, {0: 0, 1: 0}),
+                           ({0: 0}, None), (None, {0: 0, 1: 0, e2: 0})):
+            reason, ids = layout.between(start, end)
+            self.assertIsNotNone(reason, (start, end))
+            self.assertIsNone(ids)
+        # truncated away: not listed
+        layout.doc["deleted"] = [1]
+        layout.doc["head"] = {"0": 0, str(e1(2)): 0, str(e1(3)): 0}
+        self.assertEqual(layout.between(None, None)[1], sorted([0, e1(2), e1(3), e2]))
+
+    def test_retained_bytes(self):
+        layout = self.scaled_twice()
+        e2 = segment_id(4, 2)
+        lengths = {0: 100, 1: 50, e1(2): 20, e1(3): 30, e2: 7}
+        # from epoch 0's cut: the rest of 0 and 1, and every later segment
+        self.assertEqual(layout.retained_bytes(0, {0: 60, 1: 50}, lengths), 40 + 20 + 30 + 7)
+        self.assertEqual(layout.retained_bytes(1, {0: 100, e1(2): 5, e1(3): 30}, lengths),
+                         15 + 7)
+        self.assertEqual(layout.retained_bytes(2, {0: 100, e2: 7}, lengths), 0)
+
+
+class RetentionPolicyTests(unittest.SynchronousTestCase):
+    def test_policy_from_configuration(self):
+        # as json_format writes them: int64 as strings, enums by name
+        self.assertEqual(retention_policy(
+            {"retentionPolicy": {"retentionType": "SIZE", "retentionParam": "1048576",
+                                 "retentionMax": "9223372036854775807"}}), ("SIZE", 1 << 20))
+        self.assertEqual(retention_policy(
+            {"retentionPolicy": {"retentionType": "TIME", "retentionParam": "60000"}}),
+            ("TIME", 60000))
+        self.assertEqual(retention_policy({"retentionPolicy": {"retentionType": "SIZE"}}),
+                         ("SIZE", 0))
+        for config in (None, {}, {"retentionPolicy": {}},
+                       {"retentionPolicy": {"retentionType": "UNKNOWN", "retentionParam": "5"}},
+                       {"retentionPolicy": {"retentionType": "SIZE", "retentionParam": "-1"}},
+                       {"retentionPolicy": {"retentionType": "SIZE", "retentionParam": "x"}}):
+            self.assertIsNone(retention_policy(config), config)
+
+    def test_choose_cut(self):
+        records = [{"t": 0, "size": 100}, {"t": 10, "size": 60}, {"t": 20, "size": 10},
+                   {"t": 30, "size": 0}]
+
+        def size(r):
+            return r["size"]
+        # SIZE: the cut keeping least, but at least the parameter
+        self.assertIs(choose_retention_cut("SIZE", 50, records, 30, size), records[1])
+        self.assertIs(choose_retention_cut("SIZE", 60, records, 30, size), records[1])
+        self.assertIs(choose_retention_cut("SIZE", 61, records, 30, size), records[0])
+        self.assertIs(choose_retention_cut("SIZE", 0, records, 30, size), records[3])
+        self.assertIsNone(choose_retention_cut("SIZE", 101, records, 30, size))
+        # TIME: the newest cut at least that old
+        self.assertIs(choose_retention_cut("TIME", 15, records, 30, size), records[1])
+        self.assertIs(choose_retention_cut("TIME", 10, records, 30, size), records[2])
+        self.assertIsNone(choose_retention_cut("TIME", 31, records, 30, size))
+        self.assertIsNone(choose_retention_cut("TIME", 0, [], 30, size))
 
 
 class ScalingStateTests(unittest.TestCase):
@@ -238,9 +328,155 @@ class ScalingStateTests(unittest.TestCase):
         self.assertEqual([i for i, _, _ in again.layout("old", "s").active()], [0, 1, 2])
 
 
+def event_size(data):
+    return len(codec.encode_event(data))
+
+
+class RetentionStateTests(unittest.TestCase):
+    """Retention rounds on a fake clock, against the memory store."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.clock = task.Clock()
+        self.store = MemoryLogStore(reactor)
+        self.segments = SegmentStore(self.store)
+        self.state = ControllerState(self.store, self.segments, self.clock)
+        yield self.state.open()
+        yield self.state.create_scope("sc")
+
+    def policy(self, kind, param):
+        return {"retentionPolicy": {"retentionType": kind, "retentionParam": str(param),
+                                    "retentionMax": str(2 ** 63 - 1)}}
+
+    @defer.inlineCallbacks
+    def append(self, seg_id, *events):
+        seg = yield self.segments.get(name_of("sc", "st", seg_id))
+        writer = uuid.uuid4()
+        for n, e in enumerate(events, 1):
+            yield seg.append(codec.encode_event(e), writer, n)
+        return seg
+
+    @defer.inlineCallbacks
+    def start_offset(self, seg_id):
+        seg = yield self.segments.get(name_of("sc", "st", seg_id))
+        return seg.info()["start_offset"]
+
+    @defer.inlineCallbacks
+    def test_size_keeps_at_least_the_parameter(self):
+        s = self.state
+        event = b"x" * 90
+        size = event_size(event)
+        yield s.create_stream("sc", "st", 2, self.policy("SIZE", 3 * size))
+        yield self.append(0, event, event)
+        # a cut at the tails is recorded; nothing after it yet: nothing goes
+        self.assertEqual((yield s.apply_retention()), {})
+        self.assertEqual(s.retention["sc/st"][-1]["cut"], {"0": 2 * size, "1": 0})
+        yield self.append(1, event, event)
+        self.assertEqual((yield s.apply_retention()), {})   # 2 events after the cut < 3
+        self.assertEqual(len(s.retention["sc/st"]), 2)
+        yield self.append(1, event)
+        # 3 events after the first cut: truncated there, and only there
+        self.assertEqual((yield s.apply_retention()), {"sc/st": {0: 2 * size, 1: 0}})
+        self.assertEqual((yield self.start_offset(0)), 2 * size)
+        self.assertEqual((yield self.start_offset(1)), 0)
+        self.assertEqual(s.layout("sc", "st").head(), {0: 2 * size, 1: 0})
+        # the stream scales; retention carries on over the successors and
+        # deletes the sealed segment once a cut past it is due
+        yield s.scale("sc", "st", [1], [(0.5, 1.0)])
+        yield self.append(e1(2), event, event, event)
+        # of the cuts recorded before the scale, the newest one keeping 3
+        self.assertEqual((yield s.apply_retention()), {"sc/st": {0: 2 * size, 1: 3 * size}})
+        self.assertEqual((yield self.start_offset(1)), 3 * size)
+        yield self.append(e1(2), event, event, event)
+        self.assertEqual((yield s.apply_retention()),
+                         {"sc/st": {0: 2 * size, e1(2): 3 * size}})
+        yield self.assertFailure(self.segments.get(name_of("sc", "st", 1)), SegmentNotFound)
+        self.assertEqual((yield self.start_offset(e1(2))), 3 * size)
+        # the recorded cuts survive a restart
+        again = ControllerState(self.store, self.segments, self.clock)
+        yield again.open()
+        self.assertEqual(again.retention["sc/st"], s.retention["sc/st"])
+        self.assertEqual(again.layout("sc", "st").head(), {0: 2 * size, e1(2): 3 * size})
+
+    @defer.inlineCallbacks
+    def test_time_truncates_what_is_older(self):
+        s = self.state
+        yield s.create_stream("sc", "st", 1, self.policy("TIME", 60_000))
+        a = event_size(b"old")
+        yield self.append(0, b"old")
+        yield s.apply_retention()                       # t=0: a cut after "old"
+        self.clock.advance(30)
+        yield self.append(0, b"newer")
+        self.assertEqual((yield s.apply_retention()), {})   # t=30 s: nothing 60 s old
+        self.clock.advance(29.9)
+        self.assertEqual((yield s.apply_retention()), {})   # still younger than 60 s
+        self.clock.advance(0.1)
+        # t=60 s: "old" was written before the cut of t=0, now 60 s old
+        self.assertEqual((yield s.apply_retention()), {"sc/st": {0: a}})
+        self.assertEqual((yield self.start_offset(0)), a)
+        # an idle stream: once the last data is old enough, all of it goes
+        self.clock.advance(30)
+        b = event_size(b"newer")
+        self.assertEqual((yield s.apply_retention()), {"sc/st": {0: a + b}})
+        self.clock.advance(600)
+        self.assertEqual((yield s.apply_retention()), {})   # nothing left to truncate
+
+    @defer.inlineCallbacks
+    def test_no_policy_no_truncation(self):
+        s = self.state
+        yield s.create_stream("sc", "st", 1, self.policy("SIZE", 0))
+        yield self.append(0, b"a")
+        yield s.create_stream("sc", "plain", 1, {"scalingPolicy": {"minNumSegments": 1}})
+        seg = yield self.segments.get(name_of("sc", "plain", 0))
+        yield seg.append(codec.encode_event(b"kept"), uuid.uuid4(), 1)
+        self.assertEqual((yield s.apply_retention()), {"sc/st": {0: event_size(b"a")}})
+        self.assertNotIn("sc/plain", s.retention)
+        self.assertEqual(seg.info()["start_offset"], 0)
+        # removing the policy stops it, and forgets the recorded cuts
+        yield s.update_stream("sc", "st", {"scalingPolicy": {"minNumSegments": 1}})
+        yield self.append(0, b"b")
+        self.assertEqual((yield s.apply_retention()), {})
+        self.assertNotIn("sc/st", s.retention)
+
+    @defer.inlineCallbacks
+    def test_manual_truncation_ahead_of_the_recorded_cuts(self):
+        s = self.state
+        yield s.create_stream("sc", "st", 1, self.policy("TIME", 1000))
+        yield self.append(0, b"one")
+        yield s.apply_retention()
+        yield self.append(0, b"two")
+        end = event_size(b"one") + event_size(b"two")
+        self.assertEqual((yield s.truncate_stream("sc", "st", {0: end})), ("SUCCESS", ""))
+        self.clock.advance(2)
+        # the cut recorded after "one" is behind the head now: dropped, no harm
+        self.assertEqual((yield s.apply_retention()), {})
+        self.assertEqual(s.layout("sc", "st").head(), {0: end})
+        self.assertEqual([r["cut"] for r in s.retention["sc/st"]], [{"0": end}])
+
+    @defer.inlineCallbacks
+    def test_recorded_cuts_are_bounded(self):
+        s = self.state
+        yield s.create_stream("sc", "st", 1, self.policy("TIME", 10 ** 12))
+        seg = yield self.append(0)
+        writer = uuid.uuid4()
+        for n in range(1, MAX_RETENTION_CUTS + 40):
+            yield seg.append(codec.encode_event(b"e"), writer, n)
+            self.clock.advance(1)
+            yield s.apply_retention()
+        records = s.retention["sc/st"]
+        self.assertLessEqual(len(records), MAX_RETENTION_CUTS)
+        # the oldest and newest are kept, in order
+        self.assertEqual(records[0]["t"], 1000)
+        self.assertEqual(records[-1]["t"], (MAX_RETENTION_CUTS + 39) * 1000)
+        self.assertEqual([r["t"] for r in records], sorted(r["t"] for r in records))
+
+
 class GrpcTestBase(unittest.TestCase):
     timeout = 30
     tls = None
+    retention_interval = 60.0
 
     @defer.inlineCallbacks
     def setUp(self):
@@ -249,7 +485,8 @@ class GrpcTestBase(unittest.TestCase):
         self.store = MemoryLogStore(reactor)
         self.segments = SegmentStore(self.store)
         self.service = ControllerService(self.store, self.segments, "127.0.0.1", 0,
-                                         ("store.example", 12345), tls=self.tls)
+                                         ("store.example", 12345), tls=self.tls,
+                                         retention_interval=self.retention_interval)
         self.service.startService()
         self.addCleanup(self.service.stopService)
         yield self.service.ready
@@ -347,6 +584,150 @@ class ScalingGrpcTests(GrpcTestBase):
         r = yield self.call("updateStream", pb.StreamConfig(
             streamInfo=pb.StreamInfo(scope="sc", stream="nope")), pb.UpdateStreamStatus)
         self.assertEqual(r.status, pb.UpdateStreamStatus.STREAM_NOT_FOUND)
+
+
+class StreamCutGrpcTests(GrpcTestBase):
+    @defer.inlineCallbacks
+    def setUp(self):
+        yield super().setUp()
+        pb = self.pb
+        self.info = pb.StreamInfo(scope="sc", stream="st")
+        yield self.call("createScope", pb.ScopeInfo(scope="sc"), pb.CreateScopeStatus)
+        yield self.call("createStream", pb.StreamConfig(
+            streamInfo=self.info, scalingPolicy=pb.ScalingPolicy(minNumSegments=2)),
+            pb.CreateStreamStatus)
+        r = yield self.call("scale", pb.ScaleRequest(
+            streamInfo=self.info, sealedSegments=[1],
+            newKeyRanges=[pb.ScaleRequest.KeyRangeEntry(start=0.5, end=1.0)]),
+            pb.ScaleResponse)
+        self.assertEqual(r.status, pb.ScaleResponse.STARTED)
+
+    def between(self, start, end):
+        request = self.pb.StreamCutRange(streamInfo=self.info, to=end)
+        getattr(request, "from").update(start)
+        return self.call("getSegmentsBetween", request, self.pb.StreamCutRangeResponse)
+
+    @defer.inlineCallbacks
+    def test_segments_between(self):
+        import grpc
+        r = yield self.between({}, {})
+        self.assertEqual(sorted(s.segmentId for s in r.segments), [0, 1, e1(2)])
+        self.assertEqual({s.streamInfo.stream for s in r.segments}, {"st"})
+        r = yield self.between({0: 0, e1(2): 0}, {})
+        self.assertEqual(sorted(s.segmentId for s in r.segments), [0, e1(2)])
+        r = yield self.between({}, {0: 0, 1: 0})
+        self.assertEqual(sorted(s.segmentId for s in r.segments), [0, 1])
+        for start, end in (({0: 0, e1(2): 0}, {0: 0, 1: 0}), ({0: 0}, {})):
+            e = yield self.assertFailure(self.between(start, end), grpc.RpcError)
+            self.assertEqual(e.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        e = yield self.assertFailure(self.call(
+            "getSegmentsBetween", self.pb.StreamCutRange(
+                streamInfo=self.pb.StreamInfo(scope="sc", stream="nope")),
+            self.pb.StreamCutRangeResponse), grpc.RpcError)
+        self.assertEqual(e.code(), grpc.StatusCode.NOT_FOUND)
+
+    @defer.inlineCallbacks
+    def test_stream_cut_validity(self):
+        pb = self.pb
+
+        @defer.inlineCallbacks
+        def valid(cut, stream="st"):
+            r = yield self.call("isStreamCutValid", pb.StreamCut(
+                streamInfo=pb.StreamInfo(scope="sc", stream=stream), cut=cut),
+                pb.StreamCutValidityResponse)
+            return r.response
+        self.assertTrue((yield valid({0: 0, 1: 0})))
+        self.assertTrue((yield valid({0: 10, e1(2): 3})))
+        self.assertFalse((yield valid({0: 0})))
+        self.assertFalse((yield valid({0: 0, 1: 0, e1(2): 0})))
+        self.assertFalse((yield valid({0: 0, 1: 0}, stream="nope")))
+
+
+class RetentionGrpcTests(GrpcTestBase):
+    """The service's periodic retention, with a stream configured over gRPC."""
+
+    retention_interval = 0.05
+
+    @defer.inlineCallbacks
+    def test_size_retention_truncates(self):
+        pb = self.pb
+        info = pb.StreamInfo(scope="sc", stream="st")
+        yield self.call("createScope", pb.ScopeInfo(scope="sc"), pb.CreateScopeStatus)
+        r = yield self.call("createStream", pb.StreamConfig(
+            streamInfo=info, scalingPolicy=pb.ScalingPolicy(minNumSegments=1),
+            retentionPolicy=pb.RetentionPolicy(retentionType=pb.RetentionPolicy.SIZE,
+                                               retentionParam=100,
+                                               retentionMax=2 ** 63 - 1)),
+            pb.CreateStreamStatus)
+        self.assertEqual(r.status, pb.CreateStreamStatus.SUCCESS)
+        seg = yield self.segments.get("sc/st/0.#epoch.0")
+        writer = uuid.uuid4()
+        yield seg.append(codec.encode_event(b"a" * 200), writer, 1)
+        first = seg.info()["write_offset"]
+        # wait for a round to record a cut after the first event
+        for _ in range(200):
+            if self.service.state.retention.get("sc/st"):
+                break
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        yield seg.append(codec.encode_event(b"b" * 200), writer, 2)
+        for _ in range(200):
+            r = yield self.call("getSegments", pb.GetSegmentsRequest(streamInfo=info),
+                                pb.SegmentsAtTime)
+            if r.segments[0].offset:
+                break
+            yield task.deferLater(reactor, 0.02, lambda: None)
+        self.assertEqual([(s.segmentId.segmentId, s.offset) for s in r.segments], [(0, first)])
+        self.assertEqual(seg.info()["start_offset"], first)
+
+
+class AdvertisedPortTests(unittest.TestCase):
+    """--port tcp:0 without --advertise: clients get the port it listens on."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def test_port_zero_is_resolved(self):
+        import tempfile
+
+        import grpc
+
+        from streamproto.pravega import controller_pb2 as pb
+        from streamproto.pravega import tap
+        o = tap.Options()
+        o.parseOptions(["--data", tempfile.mkdtemp(), "--port", "tcp:0:interface=127.0.0.1",
+                        "--controller", "tcp:0:interface=127.0.0.1"])
+        self.assertEqual(o["advertise-address"], ("127.0.0.1", 0))
+        top = tap.makeService(o)
+        [controller] = [s for s in top if isinstance(s, ControllerService)]
+        top.startService()
+        try:
+            yield controller.ready
+            [listener] = [s for s in top if getattr(s, "_streamproto_listener", False)]
+            # listening by now: the controller waited for it
+            port = listener._waitingForPort.result.getHost().port
+            self.assertNotEqual(port, 0)
+            channel = grpc.insecure_channel(f"127.0.0.1:{controller.port}")
+            try:
+                rpc = channel.unary_unary(SERVICE + "getURI",
+                                          request_serializer=lambda m: m.SerializeToString(),
+                                          response_deserializer=pb.NodeUri.FromString)
+                r = yield threads.deferToThread(rpc, pb.SegmentId(), timeout=10)
+            finally:
+                channel.close()
+            self.assertEqual((r.endpoint, r.port), ("127.0.0.1", port))
+        finally:
+            yield top.stopService()
+
+    def test_retention_interval_option(self):
+        from streamproto.pravega import tap
+        o = tap.Options()
+        o.parseOptions(["--port", "tcp:7000", "--retention-interval", "0.5"])
+        self.assertEqual(o["retention-interval"], 0.5)
+        o = tap.Options()
+        o.parseOptions(["--port", "tcp:7000"])
+        self.assertEqual(o["retention-interval"], 60.0)
+        self.assertRaises(usage.UsageError, tap.Options().parseOptions,
+                          ["--retention-interval", "-1"])
 
 
 class EndpointTests(unittest.SynchronousTestCase):

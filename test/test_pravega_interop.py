@@ -168,6 +168,39 @@ def configure(controller, scope, stream):
             "now": m.get_stream_tags(scope, stream)}
 
 
+def retention(controller, scope, stream, size, old, new, pause):
+    """
+    A stream with a size retention policy (created by the client): C{old}
+    is written, the server records a stream cut after it (C{pause} s), then
+    C{new}; returns the head the controller answers once it moved.
+    """
+    from streamproto.pravega import controller_pb2 as pb
+    m = manager(controller)
+    m.create_scope(scope)
+    P, R = pravega_client.StreamScalingPolicy, pravega_client.StreamRetentionPolicy
+    created = m.create_stream_with_policy(scope, stream, P.fixed_scaling_policy(1),
+                                          R.by_size(size), [])
+    w = m.create_writer(scope, stream)
+    for e in old:
+        w.write_event(e)
+    w.flush()
+    time.sleep(pause)
+    for e in new:
+        w.write_event(e)
+    w.flush()
+    info = pb.StreamInfo(scope=scope, stream=stream)
+    target = controller.split("://")[1]
+    deadline = time.monotonic() + 10
+    while True:
+        head = controller_call(target, "getSegments", pb.GetSegmentsRequest(streamInfo=info),
+                               pb.SegmentsAtTime)
+        offsets = {s.segmentId.segmentId: s.offset for s in head.segments}
+        if offsets.get(0) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    return {"created": created, "head": offsets.get(0)}
+
+
 def controller_call(target, method, request, response):
     # a plain gRPC call to our controller, as an operator's tool would make
     import grpc
@@ -298,9 +331,10 @@ class ServerProcess:
     Rust client checks certificates against DNS names only).
     """
 
-    def __init__(self, data, tls=False):
+    def __init__(self, data, tls=False, extra=()):
         self.data = data
         self.tls = tls
+        self.extra = list(extra)
         self.store_port = free_port()
         self.controller_port = free_port()
         self.process = None
@@ -327,7 +361,7 @@ class ServerProcess:
             [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
              "-n", "--pidfile=", "-l", self.log,
              "pravega-server", "--data", os.path.join(self.data, "store"),
-             *self.endpoints()],
+             *self.endpoints(), *self.extra],
             env=env, cwd=self.data, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -365,13 +399,14 @@ class ServerProcess:
 
 class InteropBase(SynchronousTestCase):
     tls = False
+    server_args = ()
 
     def setUp(self):
         if pravega_client is None:
             raise SkipTest("the pravega package (Pravega's Python client) is not installed")
         self.data = tempfile.mkdtemp(prefix="pravega-interop-")
         self.addCleanup(shutil.rmtree, self.data, True)
-        self.server = ServerProcess(self.data, self.tls)
+        self.server = ServerProcess(self.data, self.tls, self.server_args)
         self.server.start()
         self.addCleanup(self.server.stop)
         self.scope = "sc" + uuid.uuid4().hex[:8]
@@ -504,6 +539,24 @@ class InteropTests(InteropBase):
         for k in keys:
             self.assertEqual([e for e in got if e.startswith(k + "-")],
                              [e for key, e in before + after if key == k])
+
+
+class RetentionInteropTests(InteropBase):
+    """A size retention policy set through the client, enforced by the controller."""
+
+    server_args = ("--retention-interval", "0.1")
+
+    def test_size_retention(self):
+        old = ["old-%096d" % i for i in range(20)]
+        new = ["new-%096d" % i for i in range(20)]
+        # an event is stored as its 8-byte header and data: keep exactly "new"
+        kept = sum(8 + len(e) for e in new)
+        r = self.client("retention", scope=self.scope, stream="r", size=kept, old=old,
+                        new=new, pause=0.4)
+        self.assertEqual(r, {"created": True, "head": sum(8 + len(e) for e in old)})
+        # a new reader group starts at the head: the old events are gone
+        self.assertEqual(self.client("read", scope=self.scope, stream="r", group=self.group(),
+                                     expect=len(new), sentinels=1), new)
 
 
 class TLSInteropTests(InteropBase):

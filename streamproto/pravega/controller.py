@@ -13,11 +13,16 @@ their key ranges, with the next segment numbers, in a new epoch; the
 clients find them through C{getSegmentsImmediatelyFollowing}.
 C{truncateStream} truncates the segments of a stream cut at its offsets and
 deletes every segment before the cut; C{getSegments} then answers the cut as
-the stream's head.  C{updateStream} records the configuration (it does not
-scale: use C{scale}).  C{getURI} answers every segment (also reader-group
-table segments) with this server's segment-store address.  Auto-scaling,
-retention policies (they are recorded, not enforced), reader-group and
-key-value-table RPCs are not implemented: gRPC answers the RPCs UNIMPLEMENTED.
+the stream's head.  C{getSegmentsBetween} lists the segments between two
+cuts and C{isStreamCutValid} checks one.  C{updateStream} records the
+configuration (it does not scale: use C{scale}).  Retention policies (SIZE,
+TIME) are enforced by periodic rounds (L{ControllerState.apply_retention})
+that record stream cuts at the segments' tails and truncate at the newest
+one the policy lets go, through the same durable path as C{truncateStream}.
+C{getURI} answers every segment (also reader-group table segments) with
+this server's segment-store address.  Auto-scaling, consumption-based
+retention, reader-group and key-value-table RPCs are not implemented: gRPC
+answers the RPCs UNIMPLEMENTED.
 
 grpcio runs handlers on its own thread pool.  L{ControllerState} lives on
 the reactor thread (it uses the log store); each handler hands its request
@@ -54,6 +59,45 @@ MAX_SEGMENTS = 1024
 MAX_EPOCHS = 100_000
 #: Key ranges closer than this are the same boundary (they travel as doubles).
 KEY_EPSILON = 1e-9
+#: Stream cuts remembered per stream for its retention policy; beyond this
+#: every other one of the older half is forgotten (coarser, never unsafe).
+MAX_RETENTION_CUTS = 128
+
+
+def retention_policy(config):
+    """
+    C{("SIZE" or "TIME", retentionParam)} from a stream configuration dict
+    (as createStream/updateStream recorded it), or None without a policy.
+    """
+    policy = (config or {}).get("retentionPolicy") or {}
+    kind = policy.get("retentionType")
+    try:
+        param = int(policy.get("retentionParam", 0))
+    except (TypeError, ValueError):
+        return None
+    if kind not in ("SIZE", "TIME") or param < 0:
+        return None
+    return kind, param
+
+
+def choose_retention_cut(kind, param, records, now_ms, retained):
+    """
+    The retention record to truncate at, as Pravega's controller picks it
+    when no subscriber bounds truncation: of the recorded stream cuts that
+    keep at least C{param} (bytes after the cut for SIZE, milliseconds
+    since it was recorded for TIME), the one keeping least; None if none
+    does.
+
+    @param records: [{"t": recording time ms, "epoch": e, "cut": {..}}],
+        oldest first.
+    @param retained: callable(record) -> bytes of the stream after it.
+    """
+    best = best_kept = None
+    for record in records:
+        kept = now_ms - record["t"] if kind == "TIME" else retained(record)
+        if kept >= param and (best_kept is None or kept < best_kept):
+            best, best_kept = record, kept
+    return best
 
 
 def segment_name(scope, stream, number, epoch=0):
@@ -182,37 +226,55 @@ class Layout:
         doc["epoch"] = epoch
         return None, doc
 
+    def cut_problem(self, cut, include_deleted=False):
+        """
+        Why C{cut} ({id: offset}) is not a consistent stream cut, or None:
+        its segments must exist (C{include_deleted}: or have been truncated
+        away), tile the key space once, and every other segment must lie
+        wholly before or wholly after it, as at some point in the stream's
+        history.  Offsets must be 0 or more.
+        """
+        def exists(i):
+            return str(i) in self.doc["segments"] and (include_deleted or self.known(i))
+        if not cut or any(not exists(i) for i in cut) or any(o < 0 for o in cut.values()):
+            return "the cut names unknown or deleted segments, or negative offsets"
+        if _merge_intervals([self.segment(i)[1:] for i in cut]) != [(0.0, 1.0)] or \
+                _total_length([self.segment(i)[1:] for i in cut]) > 1.0 + KEY_EPSILON:
+            return "the cut's segments must cover the key space once"
+        for s in self.all_ids():
+            if s in cut or not exists(s):
+                continue
+            sides = {self.side(s, c) for c in cut if _overlap(*self.segment(s)[1:],
+                                                               *self.segment(c)[1:])}
+            if "across" in sides or len(sides) > 1:
+                return f"segment {s} is neither before nor after the cut"
+        return None
+
+    def side(self, s, c):
+        """Where segment C{s} lies from segment C{c} (overlapping keys): "before", "after", "across"."""
+        s_sealed, c_sealed = self.sealed_at(s), self.sealed_at(c)
+        if s_sealed is not None and s_sealed <= self.created(c):
+            return "before"
+        if c_sealed is not None and c_sealed <= self.created(s):
+            return "after"
+        return "across"
+
+    def _overlapping(self, s, cut):
+        _, lo, hi = self.segment(s)
+        return [c for c in cut if _overlap(lo, hi, *self.segment(c)[1:])]
+
     def plan_truncation(self, cut):
         """
         @param cut: {id: offset}.
         @return: (None, [ids before the cut]) or (reason, None).  The cut
-            must be a consistent stream cut: its segments tile the key space,
-            and every other segment lies wholly before or after it.
+            must be a consistent stream cut (L{cut_problem}) of segments
+            not yet truncated away, and not behind the stream's head.
         """
-        if not cut or any(not self.known(i) for i in cut) or any(o < 0 for o in cut.values()):
-            return "the cut names unknown or deleted segments", None
-        if _merge_intervals([self.segment(i)[1:] for i in cut]) != [(0.0, 1.0)] or \
-                _total_length([self.segment(i)[1:] for i in cut]) > 1.0 + KEY_EPSILON:
-            return "the cut's segments must cover the key space once", None
-        before = []
-        for s in self.all_ids():
-            if s in cut or not self.known(s):
-                continue
-            sides = set()
-            for c in cut:
-                if not _overlap(*self.segment(s)[1:], *self.segment(c)[1:]):
-                    continue
-                s_sealed, c_sealed = self.sealed_at(s), self.sealed_at(c)
-                if s_sealed is not None and s_sealed <= self.created(c):
-                    sides.add("before")
-                elif c_sealed is not None and c_sealed <= self.created(s):
-                    sides.add("after")
-                else:
-                    sides.add("across")
-            if "across" in sides or len(sides) > 1:
-                return f"segment {s} is neither before nor after the cut", None
-            if sides == {"before"}:
-                before.append(s)
+        reason = self.cut_problem(cut)
+        if reason:
+            return reason, None
+        before = [s for s in self.all_ids() if s not in cut and self.known(s)
+                  and self.side(s, self._overlapping(s, cut)[0]) == "before"]
         head = self.head()
         for c, offset in cut.items():
             if c in head and offset < head[c]:
@@ -225,6 +287,55 @@ class Layout:
                 return "the cut is before the stream's head", None
         return None, sorted(before)
 
+    def between(self, start, end):
+        """
+        The segments from stream cut C{start} to stream cut C{end} (both
+        included), not counting those truncated away.
+
+        @param start: {id: offset}, or None for the stream's head.
+        @param end: {id: offset}, or None for the current (tail) segments.
+        @return: (None, [ids]) or (reason, None): both must be consistent
+            cuts, C{start} not after C{end}.
+        """
+        start = self.head() if not start else start
+        end = {i: 0 for i, _, _ in self.active()} if not end else end
+        for name, cut in (("from", start), ("to", end)):
+            reason = self.cut_problem(cut, include_deleted=True)
+            if reason:
+                return f"{name}: {reason}", None
+        for t, offset in end.items():
+            for f in self._overlapping(t, start):
+                if (f == t and offset < start[f]) or (f != t and self.side(t, f) == "before"):
+                    return "the 'from' cut is after the 'to' cut", None
+        out = []
+        for s in self.all_ids():
+            if not self.known(s):
+                continue
+            after_start = all(f == s or self.side(s, f) == "after"
+                              for f in self._overlapping(s, start))
+            before_end = all(t == s or self.side(s, t) == "before"
+                             for t in self._overlapping(s, end))
+            if after_start and before_end:
+                out.append(s)
+        return None, sorted(out)
+
+    def retained_bytes(self, cut_epoch, cut, lengths):
+        """
+        Bytes of the stream after C{cut}, the active segments of epoch
+        C{cut_epoch} at offsets {id: offset}: the rest of those segments and
+        every segment created after that epoch.
+
+        @param lengths: {id: current length} of those segments.
+        """
+        total = 0
+        for s in self.all_ids():
+            if not self.known(s):
+                continue
+            if s in cut:
+                total += max(0, lengths.get(s, 0) - cut[s])
+            elif self.created(s) > cut_epoch:
+                total += lengths.get(s, 0)
+        return total
 
 def _overlap(a, b, c, d):
     return a < d - KEY_EPSILON and c < b - KEY_EPSILON
@@ -264,6 +375,9 @@ class ControllerState:
         self.layouts = {}
         # transaction id (32 hex digits) -> {"scope", "stream", "state", "deadline", "segments"}
         self.txns = {}
+        # "scope/stream" -> stream cuts recorded for its retention policy,
+        # oldest first: [{"t": ms, "epoch": e, "cut": {"id": offset}}]
+        self.retention = {}
         self._log = None
         self._lock = defer.DeferredLock()
 
@@ -276,6 +390,7 @@ class ControllerState:
             self.scopes = state["scopes"]
             self.txns = state.get("txns", {})
             self.layouts = state.get("layouts", {})
+            self.retention = state.get("retention", {})
         # documents written before streams could scale have no layouts
         for scope, streams in self.scopes.items():
             for stream, info in streams.items():
@@ -296,8 +411,8 @@ class ControllerState:
                 yield self.abort_txn(txn["scope"], txn["stream"], txn_id)
 
     def _save(self):
-        record = json.dumps({"scopes": self.scopes, "txns": self.txns, "layouts": self.layouts},
-                            sort_keys=True).encode()
+        record = json.dumps({"scopes": self.scopes, "txns": self.txns, "layouts": self.layouts,
+                             "retention": self.retention}, sort_keys=True).encode()
         d = self._log.append([record])
         # keep only the newest document
         return d.addCallback(lambda r: self._log.truncate(r.first_position))
@@ -427,6 +542,7 @@ class ControllerState:
                     pass
             del self.scopes[scope][stream]
             del self.layouts[f"{scope}/{stream}"]
+            self.retention.pop(f"{scope}/{stream}", None)
             yield self._save()
             return "SUCCESS"
         return self._mutate(delete)
@@ -510,29 +626,121 @@ class ControllerState:
         @return: Deferred firing with C{(status, reason)}: "SUCCESS",
             "STREAM_NOT_FOUND", "STREAM_SEALED" or "FAILURE".
         """
+        return self._mutate(self._truncate, scope, stream, dict(cut))
+
+    @defer.inlineCallbacks
+    def _truncate(self, scope, stream, cut):
+        # under the lock: truncateStream and retention both come here
+        layout = self.layout(scope, stream)
+        if layout is None:
+            return "STREAM_NOT_FOUND", "no such stream"
+        reason, before = layout.plan_truncation(cut)
+        if reason:
+            return "FAILURE", reason
+        for seg_id, offset in cut.items():
+            try:
+                seg = yield self.segments.get(name_of(scope, stream, seg_id))
+            except SegmentNotFound:
+                return "FAILURE", f"segment {seg_id} does not exist"
+            if offset > seg.info()["write_offset"]:
+                return "FAILURE", f"offset {offset} is beyond the end of segment {seg_id}"
+        self.layouts[f"{scope}/{stream}"]["truncating"] = {
+            "cut": {str(k): v for k, v in cut.items()}, "before": before}
+        yield self._save()
+        yield self._finish_truncation(scope, stream)
+        self.log.info("truncated {scope}/{stream} at {cut}; deleted {before}", scope=scope,
+                      stream=stream, cut=cut, before=before)
+        return "SUCCESS", ""
+
+    # -- retention -------------------------------------------------------
+    @defer.inlineCallbacks
+    def apply_retention(self):
+        """
+        One round of retention over every stream with a SIZE or TIME
+        policy: record a stream cut at the tails of its current segments
+        (when it moved since the last one), then truncate at the newest
+        recorded cut that still keeps what the policy asks for.  Each stream
+        is handled under the state lock on its own, so RPCs interleave; the
+        recorded cuts are saved with the next state change (losing some in
+        a crash only delays truncation).
+
+        @return: Deferred firing with {"scope/stream": truncation cut} of
+            the streams truncated.
+        """
+        truncated = {}
+        for key in sorted(self.layouts):
+            scope, _, stream = key.partition("/")
+            doc = self.layouts.get(key)
+            policy = retention_policy(doc.get("config")) if doc is not None else None
+            if policy is None:
+                self.retention.pop(key, None)
+                continue
+            try:
+                cut = yield self._mutate(self._retain, scope, stream, policy)
+            except Exception:
+                self.log.failure("retention of {stream}", stream=key)
+                continue
+            if cut is not None:
+                truncated[key] = cut
+        return truncated
+
+    @defer.inlineCallbacks
+    def _retain(self, scope, stream, policy):
+        key = f"{scope}/{stream}"
+        layout = self.layout(scope, stream)
+        if layout is None:
+            return None
+        kind, param = policy
+        records = self.retention.setdefault(key, [])
+        lengths = {}
+
         @defer.inlineCallbacks
-        def truncate():
-            layout = self.layout(scope, stream)
-            if layout is None:
-                return "STREAM_NOT_FOUND", "no such stream"
-            reason, before = layout.plan_truncation(dict(cut))
-            if reason:
-                return "FAILURE", reason
-            for seg_id, offset in cut.items():
+        def length(seg_id):
+            if seg_id not in lengths:
                 try:
                     seg = yield self.segments.get(name_of(scope, stream, seg_id))
+                    lengths[seg_id] = seg.info()["write_offset"]
                 except SegmentNotFound:
-                    return "FAILURE", f"segment {seg_id} does not exist"
-                if offset > seg.info()["write_offset"]:
-                    return "FAILURE", f"offset {offset} is beyond the end of segment {seg_id}"
-            self.layouts[f"{scope}/{stream}"]["truncating"] = {
-                "cut": {str(k): v for k, v in cut.items()}, "before": before}
-            yield self._save()
-            yield self._finish_truncation(scope, stream)
-            self.log.info("truncated {scope}/{stream} at {cut}; deleted {before}", scope=scope,
-                          stream=stream, cut=dict(cut), before=before)
-            return "SUCCESS", ""
-        return self._mutate(truncate)
+                    lengths[seg_id] = 0
+            return lengths[seg_id]
+
+        tail = {}
+        for seg_id, _, _ in layout.active():
+            tail[str(seg_id)] = yield length(seg_id)
+        if not records or records[-1]["cut"] != tail:
+            # the earliest time the stream's tail was here: data before it
+            # is at least this old
+            records.append({"t": self._now_ms(), "epoch": layout.epoch, "cut": tail})
+            if len(records) > MAX_RETENTION_CUTS:
+                half = len(records) // 2
+                records[:half] = records[:half:2]
+        if kind == "SIZE":
+            # the lengths of every segment that may lie after a recorded cut
+            oldest = min(r["epoch"] for r in records)
+            for s in layout.all_ids():
+                if layout.known(s) and (layout.sealed_at(s) or layout.epoch + 1) > oldest:
+                    yield length(s)
+
+        def retained(record):
+            return layout.retained_bytes(record["epoch"],
+                                         {int(k): v for k, v in record["cut"].items()}, lengths)
+        chosen = choose_retention_cut(kind, param, records, self._now_ms(), retained)
+        if chosen is None:
+            return None
+        cut = {int(k): v for k, v in chosen["cut"].items()}
+        # the chosen cut and the older ones are used up (or were overtaken)
+        del records[:records.index(chosen) + 1]
+        if cut == layout.head():
+            return None
+        status, reason = yield self._truncate(scope, stream, cut)
+        if status != "SUCCESS":
+            # e.g. a truncateStream went further meanwhile
+            self.log.info("retention of {scope}/{stream}: not truncating at {cut}: {reason}",
+                          scope=scope, stream=stream, cut=cut, reason=reason)
+            return None
+        self.log.info("retention ({kind} {param}) truncated {scope}/{stream} at {cut}",
+                      kind=kind, param=param, scope=scope, stream=stream, cut=cut)
+        return cut
 
     @defer.inlineCallbacks
     def _finish_truncation(self, scope, stream):
@@ -732,9 +940,16 @@ class ControllerServicer:
     log = Logger()
 
     def __init__(self, state, call, segment_store_address):
+        """
+        @param segment_store_address: C{(host, port)}, or a callable
+            returning it (read at each getURI).
+        """
         self.state = state
         self.call = call
-        self.host, self.port = segment_store_address
+        if callable(segment_store_address):
+            self.segment_store_address = segment_store_address
+        else:
+            self.segment_store_address = lambda: segment_store_address
         self.grpc, self.pb = _grpc()
 
     def handler(self):
@@ -760,6 +975,8 @@ class ControllerServicer:
             "scale": (pb.ScaleRequest, self.scale),
             "checkScale": (pb.ScaleStatusRequest, self.check_scale),
             "truncateStream": (pb.StreamCut, self.truncate_stream),
+            "getSegmentsBetween": (pb.StreamCutRange, self.get_segments_between),
+            "isStreamCutValid": (pb.StreamCut, self.is_stream_cut_valid),
             "getURI": (pb.SegmentId, self.get_uri),
             "isSegmentValid": (pb.SegmentId, self.is_segment_valid),
             "getDelegationToken": (pb.StreamInfo, self.get_delegation_token),
@@ -957,8 +1174,29 @@ class ControllerServicer:
                           stream=s.stream, reason=reason)
         return self.pb.UpdateStreamStatus(status=status)
 
+    def get_segments_between(self, request):
+        s = request.streamInfo
+        layout = self._layout(s)
+        if layout is None:
+            raise _RpcError(self.grpc.StatusCode.NOT_FOUND, "STREAM_NOT_FOUND")
+        # "from" is a Python keyword: the field is reached with getattr
+        reason, ids = layout.between(dict(getattr(request, "from")), dict(request.to))
+        if reason:
+            raise _RpcError(self.grpc.StatusCode.INVALID_ARGUMENT, reason)
+        pb = self.pb
+        info = pb.StreamInfo(scope=s.scope, stream=s.stream)
+        return pb.StreamCutRangeResponse(
+            segments=[pb.SegmentId(streamInfo=info, segmentId=i) for i in ids])
+
+    def is_stream_cut_valid(self, request):
+        layout = self._layout(request.streamInfo)
+        valid = layout is not None and layout.cut_problem(
+            dict(request.cut), include_deleted=True) is None
+        return self.pb.StreamCutValidityResponse(response=valid)
+
     def get_uri(self, request):
-        return self.pb.NodeUri(endpoint=self.host, port=self.port)
+        host, port = self.segment_store_address()
+        return self.pb.NodeUri(endpoint=host, port=port)
 
     def is_segment_valid(self, request):
         info = self._stream(request.streamInfo)
@@ -1102,18 +1340,27 @@ def parse_controller_endpoint(description):
 class ControllerService(service.Service):
     """
     Runs the gRPC server: opens the state on the reactor, serves on
-    C{host:port} (port 0: any; see C{self.port} once started).
+    C{host:port} (port 0: any; see C{self.port} once started), expires
+    transaction leases and applies retention policies periodically.
+
+    @ivar segment_store_address: C{(host, port)} clients are sent to; a
+        port of 0 with C{store_listener} (the segment store's listening
+        service) becomes the port it listens on, once it does.
     """
 
     log = Logger()
 
     def __init__(self, store, segments, host, port, segment_store_address, reactor=None,
-                 max_workers=8, expiry_interval=1.0, tls=None):
+                 max_workers=8, expiry_interval=1.0, tls=None, retention_interval=60.0,
+                 store_listener=None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
         self.expiry_interval = expiry_interval
+        self.retention_interval = retention_interval
+        self.store_listener = store_listener
         self._expiry = None
+        self._retention = None
         self.state = ControllerState(store, segments, reactor)
         self.host = host
         self.port = port
@@ -1137,7 +1384,10 @@ class ControllerService(service.Service):
                 d.callback(None)
             return result
 
-        self.ready = self.state.open().addBoth(ready)
+        self.ready = self.state.open()
+        if self.segment_store_address[1] == 0 and self.store_listener is not None:
+            self.ready.addCallback(lambda _: self._resolve_store_port())
+        self.ready.addBoth(ready)
         self.ready.addErrback(lambda f: self.log.failure("opening controller state", f))
 
         def run(fn, args):
@@ -1155,8 +1405,12 @@ class ControllerService(service.Service):
         self._expiry = LoopingCall(self._expire)
         self._expiry.clock = self.reactor
         self._expiry.start(self.expiry_interval, now=False)
+        if self.retention_interval:
+            self._retention = LoopingCall(self._retain)
+            self._retention.clock = self.reactor
+            self._retention.start(self.retention_interval, now=False)
 
-        servicer = ControllerServicer(self.state, call, self.segment_store_address)
+        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address)
         self._server = server = grpc.server(futures.ThreadPoolExecutor(
             max_workers=self.max_workers, thread_name_prefix="pravega-controller"))
         server.add_generic_rpc_handlers((servicer.handler(),))
@@ -1173,6 +1427,36 @@ class ControllerService(service.Service):
                       tls="plain" if self.tls is None else
                       "TLS" if self.tls.client_ca is None else "TLS, client certificates")
 
+    def _resolve_store_port(self):
+        """Learn the segment store's port from its listener (it was asked for port 0)."""
+        # StreamServerEndpointService keeps the Deferred of its listen()
+        waiting = getattr(self.store_listener, "_waitingForPort", None)
+        if waiting is None:
+            self.log.warn("cannot learn the segment store's port: clients are told port 0")
+            return None
+        learned = defer.Deferred()
+
+        def listening(port):
+            host = self.segment_store_address[0]
+            self.segment_store_address = (host, port.getHost().port)
+            self.log.info("advertising the segment store at {host}:{port}", host=host,
+                          port=self.segment_store_address[1])
+            learned.callback(None)
+            return port
+
+        def failed(f):
+            learned.callback(None)   # the listener reports its own failure
+            return f
+        waiting.addCallbacks(listening, failed)
+        return learned
+
+    def _retain(self):
+        if self.state._log is None:
+            return None
+        d = self.state.apply_retention()
+        d.addErrback(lambda f: self.log.failure("applying retention policies", f))
+        return d
+
     def _expire(self):
         if self.state._log is None:
             return None
@@ -1182,8 +1466,9 @@ class ControllerService(service.Service):
 
     def stopService(self):
         super().stopService()
-        if self._expiry is not None and self._expiry.running:
-            self._expiry.stop()
+        for loop in (self._expiry, self._retention):
+            if loop is not None and loop.running:
+                loop.stop()
         server, self._server = self._server, None
         if server is None:
             return None

@@ -36,6 +36,10 @@ class Options(ServerOptions):
         ["advertise", None, None,
          "HOST:PORT of the segment store that the controller hands to clients "
          "(default: the first --port's interface, or 127.0.0.1, and port)."],
+        ["retention-interval", None, 60.0,
+         "Seconds between the controller's rounds of stream retention (recording stream "
+         "cuts, truncating what a stream's retention policy lets go; 0: never).",
+         non_negative_float("--retention-interval")],
         ["idle-timeout", None, 300.0,
          "Seconds of silence before an idle connection is closed (0: never).",
          non_negative_float("--idle-timeout")],
@@ -77,21 +81,33 @@ def _is_ip_literal(host):
 
 
 def advertised_address(advertise, ports):
-    """The segment store's (host, port) as clients must reach it."""
+    """
+    The segment store's (host, port) as clients must reach it.  A port of 0
+    (from --port tcp:0) is learned once the server listens.
+    """
     if advertise:
         host, _, port = advertise.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError("expected HOST:PORT")
         return host, int(port)
-    for description in ports:
+    index = _advertised_port_index(ports)
+    if index is None:
+        raise ValueError("cannot tell the segment store's address from --port: give --advertise")
+    parts = ports[index].split(":")
+    host = "127.0.0.1"
+    for p in parts[2:]:
+        if p.startswith("interface=") and p[10:] not in ("", "0.0.0.0", "::"):
+            host = p[10:]
+    return host, int(parts[1])
+
+
+def _advertised_port_index(ports):
+    """Which --port the advertised address comes from (without --advertise), or None."""
+    for index, description in enumerate(ports):
         parts = description.split(":")
         if parts[0] in ("tcp", "ssl", "tls", "mtls") and len(parts) > 1 and parts[1].isdigit():
-            host = "127.0.0.1"
-            for p in parts[2:]:
-                if p.startswith("interface=") and p[10:] not in ("", "0.0.0.0", "::"):
-                    host = p[10:]
-            return host, int(parts[1])
-    raise ValueError("cannot tell the segment store's address from --port: give --advertise")
+            return index
+    return None
 
 
 def makeService(options, store=None):
@@ -110,8 +126,17 @@ def makeService(options, store=None):
     wanted = not (store is not None and options.get("controller-default", True))
     if wanted and options.get("controller", "none") != "none":
         host, port = options["controller-address"]
+        listener = None
+        if options["advertise-address"][1] == 0:
+            # --port tcp:0 and no --advertise: tell clients the port it gets
+            listeners = [s for s in top if getattr(s, "_streamproto_listener", False)]
+            index = _advertised_port_index(options["port"])
+            if index is not None and index < len(listeners):
+                listener = listeners[index]
         # added last: stopped before the store it writes to
         ControllerService(built[0].store, built[0].segments, host, port,
                           options["advertise-address"],
-                          tls=options.get("controller-tls")).setServiceParent(top)
+                          tls=options.get("controller-tls"),
+                          retention_interval=options.get("retention-interval", 60.0),
+                          store_listener=listener).setServiceParent(top)
     return top
