@@ -48,12 +48,14 @@ class Options(usage.Options):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
-        ["pravega-controller", None, None,
+        ["pravega-controller", None, "tcp:9090",
          "Endpoint of pravega-server's gRPC controller: tcp:PORT[:interface=HOST], "
-         "ssl:PORT:privateKey=..[:certKey=..] or mtls:..:caCerts=.. (default: none, "
-         "no controller)."],
+         "ssl:PORT:privateKey=..[:certKey=..], mtls:..:caCerts=.., or 'none' for no "
+         "controller (segment store only)."],
         ["pravega-advertise", None, None,
          "HOST:PORT of the Pravega segment store as the controller hands it to clients."],
+        ["pravega-retention-interval", None, None,
+         "Seconds between the Pravega controller's retention rounds (default 60; 0: never)."],
     ]
 
     def __init__(self):
@@ -79,9 +81,11 @@ class Options(usage.Options):
         for name in list(self["ports"]) + self.get("only", []):
             if name not in known:
                 raise usage.UsageError(f"unknown server {name!r}; known: {sorted(known)}")
-        if self["pravega-advertise"] and not self["pravega-controller"]:
-            raise usage.UsageError("--pravega-advertise needs --pravega-controller")
-        if self["pravega-controller"] and "pravega-server" in servers:
+        if self["pravega-controller"] == "none" and (
+                self["pravega-advertise"] or self["pravega-retention-interval"] is not None):
+            raise usage.UsageError("--pravega-advertise and --pravega-retention-interval "
+                                   "need a --pravega-controller")
+        if "pravega-server" in servers:
             # check them now, not when twistd builds the service
             servers["pravega-server"].Options().parseOptions(
                 server_arguments("pravega-server", self) + ["--data", self["data"]]
@@ -92,10 +96,11 @@ def server_arguments(name, options):
     """The umbrella options that go on to server C{name}'s own options."""
     args = []
     if name == "pravega-server":
-        if options["pravega-controller"]:
-            args += ["--controller", options["pravega-controller"]]
+        args += ["--controller", options["pravega-controller"]]
         if options["pravega-advertise"]:
             args += ["--advertise", options["pravega-advertise"]]
+        if options["pravega-retention-interval"] is not None:
+            args += ["--retention-interval", options["pravega-retention-interval"]]
     return args
 
 

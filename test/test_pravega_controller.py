@@ -513,6 +513,16 @@ class GrpcTestBase(unittest.TestCase):
         return self._channel
 
 
+class ListenTests(GrpcTestBase):
+    def test_port_in_use_is_refused(self):
+        # grpcio's default SO_REUSEPORT would let a second server share it
+        second = ControllerService(self.store, self.segments, "127.0.0.1", self.service.port,
+                                   ("store.example", 12345))
+        error = self.assertRaises(OSError, second.startService)
+        self.assertIn(f"127.0.0.1:{self.service.port}", str(error))
+        self.assertIsNone(second._server)
+
+
 class ScalingGrpcTests(GrpcTestBase):
     @defer.inlineCallbacks
     def test_scale_successors_truncate_update(self):
@@ -865,12 +875,29 @@ class UmbrellaTests(unittest.TestCase):
         finally:
             yield top.stopService()
 
-    def test_no_controller_unless_asked(self):
+    def test_controller_by_default(self):
+        # twistd streamproto runs every server whole: Pravega clients need it
         from streamproto import tap
-        self.assertEqual(self.controllers(tap.makeService(self.options())), [])
+        options = self.options()
+        self.assertEqual(options["pravega-controller"], "tcp:9090")
+        [controller] = self.controllers(tap.makeService(options))
+        self.assertEqual(controller.port, 9090)
+
+    def test_no_controller_when_none(self):
+        from streamproto import tap
+        self.assertEqual(self.controllers(tap.makeService(
+            self.options("--pravega-controller", "none"))), [])
+
+    def test_retention_interval_passed_on(self):
+        from streamproto import tap
+        [controller] = self.controllers(tap.makeService(self.options(
+            "--pravega-retention-interval", "7.5")))
+        self.assertEqual(controller.retention_interval, 7.5)
 
     def test_bad_options(self):
-        for bad in (["--pravega-advertise", "h:1"],
+        for bad in (["--pravega-controller", "none", "--pravega-advertise", "h:1"],
+                    ["--pravega-controller", "none", "--pravega-retention-interval", "5"],
+                    ["--pravega-retention-interval", "-1"],
                     ["--pravega-controller", "tcp:x"],
                     ["--pravega-controller", "tcp:1", "--pravega-advertise", "nohost"]):
             self.assertRaises(usage.UsageError, self.options, *bad)

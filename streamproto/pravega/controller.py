@@ -1401,6 +1401,30 @@ class ControllerService(service.Service):
         def call(fn, *args):
             return blockingCallFromThread(self.reactor, run, fn, args)
 
+        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address)
+        # grpcio binds with SO_REUSEPORT by default: a second server on the
+        # same port would start "fine" and take half of the connections
+        server = grpc.server(futures.ThreadPoolExecutor(
+            max_workers=self.max_workers, thread_name_prefix="pravega-controller"),
+            options=[("grpc.so_reuseport", 0)])
+        server.add_generic_rpc_handlers((servicer.handler(),))
+        address = f"{self.host}:{self.port}"
+        try:
+            if self.tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, self.tls.credentials())
+        except RuntimeError as e:     # newer grpcio raises instead of answering 0
+            port, reason = 0, e
+        else:
+            reason = "address in use or not available"
+        if not port:
+            server.stop(None)
+            raise OSError(f"pravega controller cannot listen on {address}: {reason}")
+        self.port = port
+        self._server = server
+        server.start()
+
         from twisted.internet.task import LoopingCall
         self._expiry = LoopingCall(self._expire)
         self._expiry.clock = self.reactor
@@ -1409,19 +1433,6 @@ class ControllerService(service.Service):
             self._retention = LoopingCall(self._retain)
             self._retention.clock = self.reactor
             self._retention.start(self.retention_interval, now=False)
-
-        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address)
-        self._server = server = grpc.server(futures.ThreadPoolExecutor(
-            max_workers=self.max_workers, thread_name_prefix="pravega-controller"))
-        server.add_generic_rpc_handlers((servicer.handler(),))
-        address = f"{self.host}:{self.port}"
-        if self.tls is None:
-            self.port = server.add_insecure_port(address)
-        else:
-            self.port = server.add_secure_port(address, self.tls.credentials())
-        if not self.port:
-            raise OSError(f"controller cannot listen on {self.host}")
-        server.start()
         self.log.info("pravega controller listening on {host}:{port} ({tls})",
                       host=self.host, port=self.port,
                       tls="plain" if self.tls is None else

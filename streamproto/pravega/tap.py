@@ -31,8 +31,7 @@ class Options(ServerOptions):
          "Endpoint of the gRPC Controller service: tcp:PORT[:interface=HOST], "
          "ssl:PORT[:interface=HOST]:privateKey=KEY[:certKey=CERT] (TLS), "
          "mtls:...:caCerts=CA (TLS, client certificates signed by CA required), or 'none' "
-         "(default tcp:9090; under 'twistd streamproto', which shares one store between "
-         "servers, none unless --pravega-controller is given)."],
+         "(default tcp:9090; under 'twistd streamproto': --pravega-controller)."],
         ["advertise", None, None,
          "HOST:PORT of the segment store that the controller hands to clients "
          "(default: the first --port's interface, or 127.0.0.1, and port)."],
@@ -121,8 +120,9 @@ def makeService(options, store=None):
         built.append(f)
         return f
     top = server_service(options, factory, store, name="pravega-server")
-    # With a shared store (the umbrella) the controller only runs when asked
-    # for (--pravega-controller there): its default port is fixed.
+    # With a shared store (the umbrella, or an application sharing its store)
+    # the controller only runs when asked for explicitly (the umbrella always
+    # passes its --pravega-controller): its default port is fixed.
     wanted = not (store is not None and options.get("controller-default", True))
     if wanted and options.get("controller", "none") != "none":
         host, port = options["controller-address"]
