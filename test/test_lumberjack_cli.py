@@ -9,7 +9,7 @@ import re
 import socket
 import sys
 
-from twisted.internet import defer, reactor, task
+from twisted.internet import defer, reactor
 from twisted.internet.endpoints import serverFromString
 from twisted.trial import unittest
 
@@ -18,17 +18,8 @@ from streamproto.lumberjack import cli
 from streamproto.lumberjack.client import ClientClosed, LumberjackClient
 from streamproto.lumberjack.server import LumberjackServerFactory
 from streamproto.lumberjack.sink import LogStoreSink
+from test.netutil import wait_until
 from test.tlsutil import certs
-
-
-@defer.inlineCallbacks
-def _wait_until(predicate, timeout=10.0):
-    waited = 0.0
-    while not predicate():
-        if waited > timeout:
-            raise AssertionError("condition not reached in time")
-        yield task.deferLater(reactor, 0.02, lambda: None)
-        waited += 0.02
 
 
 def _closed_port():
@@ -61,7 +52,7 @@ class SendWarningsTests(unittest.TestCase):
         sending = cli.send(reactor, options.subOptions, io.BytesIO(b'{"a": 1}\n'),
                            io.StringIO(), err)
         try:
-            yield _wait_until(lambda: expected in err.getvalue())
+            yield wait_until(lambda: expected in err.getvalue())
         finally:
             yield self.clients[0].close()
             yield self.assertFailure(sending, ClientClosed)

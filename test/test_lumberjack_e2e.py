@@ -19,17 +19,8 @@ from streamproto.lumberjack.server import LumberjackServerFactory
 from streamproto.lumberjack.sink import LogStoreSink
 from streamproto.lumberjack.tap import Options, makeService
 from streamproto.core.tls import client_endpoint
+from test.netutil import wait_until
 from test.tlsutil import certs
-
-
-@defer.inlineCallbacks
-def wait_until(predicate, timeout=10.0):
-    waited = 0.0
-    while not predicate():
-        if waited > timeout:
-            raise AssertionError("condition not reached in time")
-        yield task.deferLater(reactor, 0.01, lambda: None)
-        waited += 0.01
 
 
 def make_events(n, start=0):

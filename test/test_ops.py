@@ -7,13 +7,13 @@ import treq
 from prometheus_client import REGISTRY
 from twisted.application import service
 from twisted.internet import defer, protocol, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.logger import ILogObserver
 from twisted.trial import unittest
 
 from streamproto.core.ops import HealthResource, TrackingFactory, store_problems
 from streamproto.core.tap import ServerOptions, server_service
 from streamproto.log import MemoryLogStore
+from test.netutil import connect
 
 
 def sample(name, **labels):
@@ -58,37 +58,47 @@ class Options(ServerOptions):
     defaultPort = "tcp:0:interface=127.0.0.1"
 
 
+@defer.inlineCallbacks
+def start_service(testcase, proto, name, args=()):
+    """
+    Start a service of C{proto}s (options C{args}; stopped at the end of
+    C{testcase} if it still runs): the service and its listening ports.
+    """
+    o = Options()
+    o.parseOptions(["--data", tempfile.mkdtemp()] + list(args))
+    top = server_service(o, lambda store: protocol.Factory.forProtocol(proto), name=name)
+    top.startService()
+    testcase.addCleanup(lambda: top.running and top.stopService())
+    listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
+    ports = yield defer.gatherResults([c._waitingForPort for c in listeners])
+    return top, [p.getHost().port for p in ports]
+
+
 class TrackingTests(unittest.TestCase):
     timeout = 30
 
     @defer.inlineCallbacks
     def start(self, proto, name, shutdown_timeout=3.0, metrics=False):
-        o = Options()
-        args = ["--data", tempfile.mkdtemp(), "--shutdown-timeout", str(shutdown_timeout)]
+        args = ["--shutdown-timeout", str(shutdown_timeout)]
         if metrics:
             args += ["--metrics", "tcp:0:interface=127.0.0.1"]
-        o.parseOptions(args)
-        self.top = server_service(o, lambda store: protocol.Factory.forProtocol(proto),
-                                  name=name)
-        self.top.startService()
-        self.addCleanup(lambda: self.top.running and self.top.stopService())
-        listeners = [c for c in self.top if getattr(c, "_streamproto_listener", False)]
-        yield defer.succeed(None)
-        ports = [c._waitingForPort for c in listeners]
-        ports = yield defer.gatherResults(ports)
-        return [p.getHost().port for p in ports]
+        self.top, ports = yield start_service(self, proto, name, args)
+        return ports
 
     @defer.inlineCallbacks
-    def connect(self, port):
-        c = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(
-            protocol.Factory.forProtocol(Client))
+    def echoed_client(self, proto, name, **start_options):
+        """A client of a new service of C{proto}s, once a first byte was echoed."""
+        (port,) = yield self.start(proto, name, **start_options)
+        c = yield connect(port, Client())
+        c.transport.write(b"x")
+        yield c.got
         return c
 
     @defer.inlineCallbacks
     def test_counts_connections_and_bytes(self):
         (port,) = yield self.start(Echo, "t-count")
         before = sample("streamproto_connections_total", server="t-count")
-        c = yield self.connect(port)
+        c = yield connect(port, Client())
         c.transport.write(b"hello")
         yield c.got
         self.assertEqual(sample("streamproto_connections_open", server="t-count"), 1)
@@ -102,29 +112,20 @@ class TrackingTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_drain_uses_graceful_shutdown(self):
-        (port,) = yield self.start(Polite, "t-polite")
-        c = yield self.connect(port)
-        c.transport.write(b"x")
-        yield c.got
+        c = yield self.echoed_client(Polite, "t-polite")
         yield self.top.stopService()
         yield c.closed
         self.assertEqual(c.received, b"xbye")
 
     @defer.inlineCallbacks
     def test_drain_closes_plain_protocols(self):
-        (port,) = yield self.start(Echo, "t-plain")
-        c = yield self.connect(port)
-        c.transport.write(b"x")
-        yield c.got
+        c = yield self.echoed_client(Echo, "t-plain")
         yield self.top.stopService()
         yield c.closed
 
     @defer.inlineCallbacks
     def test_drain_deadline_aborts(self):
-        (port,) = yield self.start(Stuck, "t-stuck", shutdown_timeout=0.2)
-        c = yield self.connect(port)
-        c.transport.write(b"x")
-        yield c.got
+        c = yield self.echoed_client(Stuck, "t-stuck", shutdown_timeout=0.2)
         started = reactor.seconds()
         yield self.top.stopService()
         yield c.closed
@@ -212,14 +213,9 @@ class StatusTests(unittest.TestCase):
         from twisted.internet.threads import deferToThread
 
         from streamproto import status
-        o = Options()
-        o.parseOptions(["--data", tempfile.mkdtemp(), "--metrics", "tcp:0:interface=127.0.0.1"])
-        top = server_service(o, lambda store: protocol.Factory.forProtocol(Echo), name="t-st")
-        top.startService()
-        self.addCleanup(top.stopService)
-        listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
-        ports = yield defer.gatherResults([c._waitingForPort for c in listeners])
-        url = f"http://127.0.0.1:{ports[1].getHost().port}/metrics"
+        _, ports = yield start_service(self, Echo, "t-st",
+                                       ["--metrics", "tcp:0:interface=127.0.0.1"])
+        url = f"http://127.0.0.1:{ports[1]}/metrics"
         out = io.StringIO()
         code = yield deferToThread(status.main, ["--once", "--metrics", url], out)
         self.assertEqual(code, 0)
@@ -255,16 +251,8 @@ class HalfCloseTests(unittest.TestCase):
             def writeConnectionLost(self):
                 pass
 
-        o = Options()
-        o.parseOptions(["--data", tempfile.mkdtemp()])
-        top = server_service(o, lambda store: protocol.Factory.forProtocol(AnswerAtEOF),
-                             name="t-half")
-        top.startService()
-        self.addCleanup(top.stopService)
-        listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
-        (port,) = yield defer.gatherResults([c._waitingForPort for c in listeners])
-        c = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
-            protocol.Factory.forProtocol(Client))
+        _, (port,) = yield start_service(self, AnswerAtEOF, "t-half")
+        c = yield connect(port, Client())
         c.transport.write(b"request")
         c.transport.loseWriteConnection()
         yield c.closed
@@ -292,14 +280,7 @@ class HalfCloseTests(unittest.TestCase):
                 if not heard.called:
                     heard.callback(None)
 
-        o = Options()
-        o.parseOptions(["--data", tempfile.mkdtemp()])
-        top = server_service(o, lambda store: protocol.Factory.forProtocol(SayByeThenListen),
-                             name="t-linger")
-        top.startService()
-        self.addCleanup(top.stopService)
-        listeners = [c for c in top if getattr(c, "_streamproto_listener", False)]
-        (port,) = yield defer.gatherResults([c._waitingForPort for c in listeners])
+        _, (port,) = yield start_service(self, SayByeThenListen, "t-linger")
 
         from twisted.internet.interfaces import IHalfCloseableProtocol
         from zope.interface import implementer
@@ -314,8 +295,7 @@ class HalfCloseTests(unittest.TestCase):
             def writeConnectionLost(self):
                 pass
 
-        c = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
-            protocol.Factory.forProtocol(LateAcker))
+        c = yield connect(port, LateAcker())
         yield c.closed
         yield heard
         self.assertEqual(c.received, b"bye")

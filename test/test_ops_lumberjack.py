@@ -7,12 +7,12 @@ import time
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from streamproto.core import metrics
-from streamproto.log import open_store
-from streamproto.log.errors import LogFailed
 from streamproto.lumberjack import tap
 from streamproto.lumberjack.codec import encode_batch, encode_json_frames, encode_window
-from test.test_ops_support import RunningService, Samples, connect, sample, wait_until
+from test.netutil import connect, wait_until
+from test.test_ops_support import (
+    RunningService, Samples, assert_log_failed, sample, start_on_faulty_store, stored_records,
+)
 
 SERVER = "lumberjack-server"
 
@@ -33,13 +33,8 @@ class LumberjackOpsTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def stored(self, data):
-        store = open_store(data)
-        try:
-            log = yield store.get("lumberjack")
-            batch = yield log.read(0, max_bytes=1 << 30)
-            return [json.loads(r)["event"]["n"] for r in batch.records()]
-        finally:
-            yield store.close()
+        records = yield stored_records(data, "lumberjack")
+        return [json.loads(r)["event"]["n"] for r in records]
 
     @defer.inlineCallbacks
     def test_metrics_move(self):
@@ -128,22 +123,9 @@ class ReadinessTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_ready_flips_when_the_log_fail_stops(self):
-        import tempfile
-
         import treq
 
-        from streamproto.log.file import FileLogStore
-        from test.test_log import FaultyIO
-
-        io = FaultyIO()
-        store = FileLogStore(tempfile.mkdtemp(), io=io, retention_interval=None)
-        self.addCleanup(store.close)
-        # a store shared in is reported by its owner (the umbrella's StoreService)
-        metrics.observe_store(store)
-        self.addCleanup(metrics.forget_store, store)
-        server = RunningService(tap, ["--metrics", "tcp:0:interface=127.0.0.1"], store=store)
-        port, metrics_port = yield server.start(self)
-        base = f"http://127.0.0.1:{metrics_port}"
+        io, port, base = yield start_on_faulty_store(self, tap)
 
         client = yield connect(port)
         client.transport.write(encode_batch(events(3)))
@@ -156,16 +138,7 @@ class ReadinessTests(unittest.TestCase):
         client.transport.write(encode_batch(events(2, 3)))
         yield client.closed            # storing failed: closed without an ack
         self.assertEqual(acks(client.received), [3])
-        r = yield treq.get(base + "/ready", persistent=False)
-        body = json.loads((yield r.text()))
-        self.assertEqual((r.code, body["ready"]), (503, False))
-        self.assertIn("log lumberjack", body["problems"][0])
-        r = yield treq.get(base + "/health", persistent=False)
-        self.assertEqual(r.code, 200)
-        yield r.content()
-        r = yield treq.get(base + "/metrics", persistent=False)
-        self.assertIn('streamproto_log_failed{log="lumberjack"} 1.0', (yield r.text()))
-        self.assertEqual(len(self.flushLoggedErrors(LogFailed)), 1)
+        yield assert_log_failed(self, base, "lumberjack")
 
 
 class GracefulShutdownUnitTests(unittest.SynchronousTestCase):

@@ -3,22 +3,21 @@ Operating the Pravega segment store: its metrics, shutdown while a writer
 streams (TCP and TLS), and /ready when the log under it fail-stops.
 """
 
-import json
-import tempfile
 import time
 
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from streamproto.core import metrics
 from streamproto.core.tls import client_endpoint
 from streamproto.log import open_store
-from streamproto.log.errors import LogFailed
 from streamproto.pravega import codec, segments, tap
 from streamproto.pravega.client import (
     NoSuchSegmentError, SegmentReader, SegmentWriter, ServerError, connect,
 )
-from test.test_ops_support import RunningService, Samples, sample, wait_until
+from test.netutil import wait_until
+from test.test_ops_support import (
+    RunningService, Samples, assert_log_failed, sample, start_on_faulty_store,
+)
 
 SERVER = "pravega-server"
 SEG = "ops/stream/0.#epoch.0"
@@ -167,18 +166,7 @@ class ReadinessTests(unittest.TestCase):
     def test_ready_flips_when_the_log_fail_stops(self):
         import treq
 
-        from streamproto.log.file import FileLogStore
-        from test.test_log import FaultyIO
-
-        io = FaultyIO()
-        store = FileLogStore(tempfile.mkdtemp(), io=io, retention_interval=None)
-        self.addCleanup(store.close)
-        metrics.observe_store(store)
-        self.addCleanup(metrics.forget_store, store)
-        server = RunningService(tap, NO_CONTROLLER + ["--metrics", "tcp:0:interface=127.0.0.1"],
-                                store=store)
-        port, metrics_port = yield server.start(self)
-        base = f"http://127.0.0.1:{metrics_port}"
+        io, port, base = yield start_on_faulty_store(self, tap, NO_CONTROLLER)
         endpoint = client_endpoint(reactor, "127.0.0.1", port, None)
         admin = yield connect(endpoint)
         self.addCleanup(lambda: admin.closed.called or admin.transport.loseConnection())
@@ -196,17 +184,7 @@ class ReadinessTests(unittest.TestCase):
         self.assertIn("restart the server", str(e))
         self.assertEqual(sample("streamproto_protocol_errors_total", server=SERVER,
                                 code="ErrorMessage") - errors, 1)
-        r = yield treq.get(base + "/ready", persistent=False)
-        body = json.loads((yield r.text()))
-        self.assertEqual((r.code, body["ready"]), (503, False))
-        self.assertIn("log " + segments.log_name(SEG), body["problems"][0])
-        r = yield treq.get(base + "/health", persistent=False)
-        self.assertEqual(r.code, 200)
-        yield r.content()
-        r = yield treq.get(base + "/metrics", persistent=False)
-        self.assertIn(f'streamproto_log_failed{{log="{segments.log_name(SEG)}"}} 1.0',
-                      (yield r.text()))
-        self.assertEqual(len(self.flushLoggedErrors(LogFailed)), 1)
+        yield assert_log_failed(self, base, segments.log_name(SEG))
         admin.transport.loseConnection()
         yield admin.closed
         proto = getattr(w, "_setup_proto", None)

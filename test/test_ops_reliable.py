@@ -9,7 +9,8 @@ from streamproto.core.tls import client_endpoint
 from streamproto.reliable import codec, tap
 from streamproto.reliable.client import StatefulClient
 from streamproto.reliable.server import SHUTDOWN_ERROR
-from test.test_ops_support import RawClient, RunningService, Samples, connect, wait_until
+from test.netutil import RawClient, connect, wait_until
+from test.test_ops_support import RunningService, Samples
 from test.test_reliable_e2e import check_stream
 
 SERVER = "reliable-stream-server"

@@ -6,10 +6,10 @@ from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
 from streamproto.core.tls import client_endpoint
-from streamproto.log import open_store
 from streamproto.relink import codec, tap
 from streamproto.relink.api import Connector
-from test.test_ops_support import RawClient, RunningService, Samples, connect, wait_until
+from test.netutil import RawClient, connect, wait_until
+from test.test_ops_support import RunningService, Samples, stored_records
 from test.test_relink_support import Recorder
 
 SERVER = "relink-server"
@@ -107,13 +107,7 @@ class RelinkOpsTests(unittest.TestCase):
         self.assertIsNone(link.lost)
         self.assertGreater(state["in_flight_at_stop"], 0)
 
-        store = open_store(server.data)
-        try:
-            log = yield store.get("relink-7")
-            batch = yield log.read(0, max_bytes=1 << 30)
-        finally:
-            yield store.close()
-        stored = list(batch.records())
+        stored = yield stored_records(server.data, "relink-7")
         # acknowledgements are per message: a batch split by the stop is
         # acknowledged in part, so compare with the link's consumed count
         acked = channel.consumed

@@ -16,15 +16,13 @@ import urllib.request
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
-from streamproto.log import open_store
 from streamproto.styx import tap
 from streamproto.styx.codec import (
     ACK, ERROR, HEARTBEAT_TYPE, Ack, ErrorCode, ErrorMessage, StyxDecoder, encode_records,
 )
 from streamproto.styx.stream_client import _request_head
-from test.test_ops_support import (
-    RawClient, RunningService, Samples, connect, free_port, sample, wait_until,
-)
+from test.netutil import RawClient, connect, free_port, wait_until
+from test.test_ops_support import RunningService, Samples, sample, stored_records
 
 SERVER = "styx-server"
 
@@ -194,13 +192,7 @@ class StyxOpsTests(unittest.TestCase):
         self.assertEqual(consumer.errors, [ErrorCode.SHUTDOWN])
         self.assertEqual(consumer.records, payloads(0, len(consumer.records)))
 
-        store = open_store(server.data)
-        try:
-            log = yield store.get("events")
-            batch = yield log.read(0, max_bytes=1 << 30)
-        finally:
-            yield store.close()
-        stored = list(batch.records())
+        stored = yield stored_records(server.data, "events")
         self.assertGreater(producer.sent, producer.acked)    # was still streaming
         self.assertEqual(len(stored), producer.acked)         # nothing acked lost
         self.assertEqual(stored, payloads(0, producer.acked))
@@ -247,13 +239,7 @@ class StyxWebSocketShutdownTests(unittest.TestCase):
         yield server.stop()
         self.assertEqual((yield producer.closed)[1], 1001)
         self.assertEqual((yield follower.closed)[1], 1001)
-        store = open_store(server.data)
-        try:
-            log = yield store.get("events")
-            batch = yield log.read(0, max_bytes=1 << 30)
-        finally:
-            yield store.close()
-        stored = list(batch.records())
+        stored = yield stored_records(server.data, "events")
         self.assertGreaterEqual(len(stored), 100)
         self.assertEqual(stored, sent[:len(stored)])
         received = [payload for payload, _ in follower.received]

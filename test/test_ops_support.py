@@ -1,16 +1,20 @@
 """
 What the per-protocol operations tests (test_ops_<proto>.py) share: a
-server built the way twistd builds it, a scripted raw client, metric
-samples.  No tests here.
+server built the way twistd builds it, metric samples (the raw client
+and the other network helpers are in L{test.netutil}).  No tests here.
 """
 
+import json
 import os
-import socket
 import tempfile
 
+import treq
 from prometheus_client import REGISTRY
-from twisted.internet import defer, protocol, reactor, task
-from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet import defer
+
+from streamproto.core import metrics
+from streamproto.log import open_store
+from streamproto.log.errors import LogFailed
 
 
 def sample(name, **labels):
@@ -37,23 +41,15 @@ class Samples:
 
 
 @defer.inlineCallbacks
-def wait_until(predicate, timeout=10.0):
-    waited = 0.0
-    while not predicate():
-        if waited > timeout:
-            raise AssertionError("condition not reached in time")
-        yield task.deferLater(reactor, 0.01, lambda: None)
-        waited += 0.01
-
-
-def free_port():
-    """A TCP port free right now on 127.0.0.1 (for a subprocess to listen on)."""
-    s = socket.socket()
+def stored_records(data, name):
+    """Every record of log C{name} in the store at C{data} (its server stopped)."""
+    store = open_store(data)
     try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        log = yield store.get(name)
+        batch = yield log.read(0, max_bytes=1 << 30)
     finally:
-        s.close()
+        yield store.close()
+    return list(batch.records())
 
 
 class RunningService:
@@ -97,30 +93,41 @@ class RunningService:
         return None
 
 
-class RawClient(protocol.Protocol):
-    """Collects what the server sends; C{closed} fires when the connection ends."""
+@defer.inlineCallbacks
+def start_on_faulty_store(testcase, tap, args=()):
+    """
+    Start C{tap}'s service with metrics on a file store shared in (as under
+    C{twistd streamproto}) whose fsyncs fail once the test sets
+    C{io.fail_fsync}: C{(io, the service's port, the metrics base URL)}.
+    """
+    from streamproto.log.file import FileLogStore
+    from test.test_log import FaultyIO
 
-    def __init__(self):
-        self.received = bytearray()
-        self.closed = defer.Deferred()
-        self.on_data = None
-
-    def dataReceived(self, data):
-        self.received += data
-        if self.on_data is not None:
-            self.on_data(data)
-
-    def connectionLost(self, reason):
-        self.closed.callback(None)
+    io = FaultyIO()
+    store = FileLogStore(tempfile.mkdtemp(), io=io, retention_interval=None)
+    testcase.addCleanup(store.close)
+    # a store shared in is reported by its owner (the umbrella's StoreService)
+    metrics.observe_store(store)
+    testcase.addCleanup(metrics.forget_store, store)
+    server = RunningService(tap, list(args) + ["--metrics", "tcp:0:interface=127.0.0.1"],
+                            store=store)
+    port, metrics_port = yield server.start(testcase)
+    return io, port, f"http://127.0.0.1:{metrics_port}"
 
 
-def connect(port, client=None, tls=None):
-    """Connect C{client} (a protocol instance) to 127.0.0.1:C{port}, over TLS
-    with C{tls} (client TLS options)."""
-    client = client if client is not None else RawClient()
-    if tls is None:
-        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
-    else:
-        from streamproto.core.tls import client_endpoint
-        endpoint = client_endpoint(reactor, "127.0.0.1", port, tls)
-    return endpoint.connect(protocol.Factory.forProtocol(lambda: client))
+@defer.inlineCallbacks
+def assert_log_failed(testcase, base, log_name):
+    """
+    After log C{log_name} fail-stopped: /ready is 503 naming it, /health
+    still 200, /metrics shows it failed, and its LogFailed was logged once.
+    """
+    r = yield treq.get(base + "/ready", persistent=False)
+    body = json.loads((yield r.text()))
+    testcase.assertEqual((r.code, body["ready"]), (503, False))
+    testcase.assertIn("log " + log_name, body["problems"][0])
+    r = yield treq.get(base + "/health", persistent=False)
+    testcase.assertEqual(r.code, 200)
+    yield r.content()
+    r = yield treq.get(base + "/metrics", persistent=False)
+    testcase.assertIn(f'streamproto_log_failed{{log="{log_name}"}} 1.0', (yield r.text()))
+    testcase.assertEqual(len(testcase.flushLoggedErrors(LogFailed)), 1)

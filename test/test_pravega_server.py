@@ -338,13 +338,17 @@ class AdminTests(ServerTestBase):
         self.assertEqual(info.start_offset, 110)
 
 
-class AppendTests(ServerTestBase):
+class SegmentTestBase(ServerTestBase):
+    """Tests that start with SEG created, and a client connection in C{self.c}."""
+
     @defer.inlineCallbacks
     def setUp(self):
         yield super().setUp()
         self.c = yield self.connect()
         yield self.c.create_segment(SEG)
 
+
+class AppendTests(SegmentTestBase):
     @defer.inlineCallbacks
     def test_setup_new_writer(self):
         wid = uuid.uuid4()
@@ -768,13 +772,7 @@ class DroppedConnectionTests(ServerTestBase):
                                        durable_before_cut=215)
 
 
-class ReadTests(ServerTestBase):
-    @defer.inlineCallbacks
-    def setUp(self):
-        yield super().setUp()
-        self.c = yield self.connect()
-        yield self.c.create_segment(SEG)
-
+class ReadTests(SegmentTestBase):
     @defer.inlineCallbacks
     def test_read_size_bounds(self):
         w = self.writer()
@@ -891,18 +889,34 @@ class HeldLogStore(MemoryLogStore):
             real(records, attributes).chainDeferred(result)
 
 
-class FlowControlTests(ServerTestBase):
+class HeldStoreTestBase(ServerTestBase):
+    """The server's appends become durable only when the test releases them."""
+
     def make_store(self):
         return HeldLogStore(reactor)
 
     @defer.inlineCallbacks
-    def test_acks_wait_for_durability_and_reading_pauses(self):
-        self.factory.max_outstanding_bytes = 64 * 1024
+    def connect_and_create(self):
+        """A client connection, once it has created SEG (its append released)."""
         c = yield self.connect()
         create = c.create_segment(SEG)
         yield task.deferLater(reactor, 0.05, lambda: None)
         self.store.release()
         yield create
+        return c
+
+    @defer.inlineCallbacks
+    def until_held(self):
+        """Fire once an append waits for the test to release it."""
+        while not self.store.held:
+            yield task.deferLater(reactor, 0.01, lambda: None)
+
+
+class FlowControlTests(HeldStoreTestBase):
+    @defer.inlineCallbacks
+    def test_acks_wait_for_durability_and_reading_pauses(self):
+        self.factory.max_outstanding_bytes = 64 * 1024
+        yield self.connect_and_create()
         w = self.writer(block_size=16 * 1024)
         done = w.write_batch([b"x" * 100] * 2000)
         server = None
@@ -923,23 +937,15 @@ class FlowControlTests(ServerTestBase):
         self.assertEqual(server._pause_reasons, set())
 
 
-class InFlightDuplicateTests(ServerTestBase):
-    def make_store(self):
-        return HeldLogStore(reactor)
-
+class InFlightDuplicateTests(HeldStoreTestBase):
     @defer.inlineCallbacks
     def test_resend_of_events_in_flight_elsewhere_is_acked_once_stored_once(self):
-        c1 = yield self.connect()
-        create = c1.create_segment(SEG)
-        yield task.deferLater(reactor, 0.02, lambda: None)
-        self.store.release()
-        yield create
+        c1 = yield self.connect_and_create()
         wid = uuid.uuid4()
         s1 = yield c1.setup_append(wid, SEG)
         blocks = b"".join(pack_blocks([chunk([b"a", b"b", b"c"], 2)], wid, s1.request_id, 100))
         c1.send_raw(blocks)
-        while not self.store.held:
-            yield task.deferLater(reactor, 0.01, lambda: None)
+        yield self.until_held()
         # a second connection of the same writer (a sloppy client that did
         # not wait for AppendSetup to tell it what is stored) resends them
         c2 = yield self.connect()
@@ -1006,22 +1012,14 @@ class NameTests(unittest.SynchronousTestCase):
             self.assertEqual(segments.segment_name(log), name)
 
 
-class ShutdownTests(ServerTestBase):
-    def make_store(self):
-        return HeldLogStore(reactor)
-
+class ShutdownTests(HeldStoreTestBase):
     @defer.inlineCallbacks
     def test_graceful_shutdown_acks_in_flight_appends(self):
-        c = yield self.connect()
-        create = c.create_segment(SEG)
-        yield task.deferLater(reactor, 0.05, lambda: None)
-        self.store.release()
-        yield create
+        c = yield self.connect_and_create()
         w = self.writer(max_retries=0)
         done = w.write_batch([b"in flight %d" % i for i in range(100)])
         pending_read = c.read_segment(SEG, 10 ** 6, 100)
-        while not self.store.held:
-            yield task.deferLater(reactor, 0.01, lambda: None)
+        yield self.until_held()
         [server] = [p for p in self.factory.connections if p.writers]
         shutdown = server.gracefulShutdown()
         yield task.deferLater(reactor, 0.05, lambda: None)

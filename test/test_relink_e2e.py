@@ -230,38 +230,36 @@ class Plugin(unittest.TestCase):
             self.assertEqual(endpoint.config.max_queued_bytes, 65536)
 
     @defer.inlineCallbacks
-    def test_make_service_serves_echo(self):
+    def link_to_service(self, endpoint):
+        """
+        Start the tap's service (stopped at the end of the test if it still
+        runs) and link a Connector to its C{endpoint}: (service, link).
+        """
         o = tap.Options()
         o.parseOptions(["--port", "tcp:0:interface=127.0.0.1"])
         service = tap.makeService(o, store=MemoryLogStore(reactor))
         service.startService()
-        self.addCleanup(service.stopService)
+        self.addCleanup(lambda: service.running and service.stopService())
         # do not consume the service's own Deferred: it stops the port with it
         ready = defer.Deferred()
         list(service)[0]._waitingForPort.addCallback(lambda p: (ready.callback(p), p)[1])
         listening = yield ready
         c = Connector(client_endpoint(reactor, "127.0.0.1", listening.getHost().port, None),
-                      "echo", Waiting(), connector_id_size=4, listener_id_size=4)
+                      endpoint, Waiting(), connector_id_size=4, listener_id_size=4)
         c.start()
         self.addCleanup(c.stop)
         link = yield c.when_linked()
+        return service, link
+
+    @defer.inlineCallbacks
+    def test_make_service_serves_echo(self):
+        _, link = yield self.link_to_service("echo")
         n = yield link.channel(3).send([b"hi"])
         self.assertEqual(n, 1)
 
     @defer.inlineCallbacks
     def test_stopping_the_server_drains_connections(self):
-        o = tap.Options()
-        o.parseOptions(["--port", "tcp:0:interface=127.0.0.1"])
-        service = tap.makeService(o, store=MemoryLogStore(reactor))
-        service.startService()
-        ready = defer.Deferred()
-        list(service)[0]._waitingForPort.addCallback(lambda p: (ready.callback(p), p)[1])
-        listening = yield ready
-        c = Connector(client_endpoint(reactor, "127.0.0.1", listening.getHost().port, None),
-                      "log", Waiting(), connector_id_size=4, listener_id_size=4)
-        c.start()
-        self.addCleanup(c.stop)
-        link = yield c.when_linked()
+        service, link = yield self.link_to_service("log")
         n = yield link.channel(3).send([b"kept"])
         self.assertEqual(n, 1)
         yield service.stopService()

@@ -19,12 +19,13 @@ from twisted.trial import unittest
 from streamproto.core.tls import client_endpoint
 from test.test_torture_faults import InProcessServer
 from test.torture_harness import make_payload
-from test.torture_harness import LineCollector, connect_raw, sleep
+from test.netutil import RawClient, connect, with_timeout
+from test.torture_harness import sleep
 
 SEED = int(os.environ.get("TORTURE_SEED", "1000"))
 
 
-class Paused(LineCollector):
+class Paused(RawClient):
     """A client that never reads: it stops reading as soon as it connects."""
 
     def connectionMade(self):
@@ -47,11 +48,6 @@ def kernel_unsent(conn):
     return buf[0]
 
 
-def with_timeout(d, seconds):
-    timer = reactor.callLater(seconds, d.cancel)
-    return d.addBoth(lambda r: (timer.active() and timer.cancel(), r)[1])
-
-
 class AbuseCase(unittest.TestCase):
     timeout = 60
 
@@ -68,8 +64,8 @@ class AbuseCase(unittest.TestCase):
         return self.srv
 
     @defer.inlineCallbacks
-    def raw(self, data=b"", cls=LineCollector):
-        proto = yield connect_raw(reactor, self.srv.port, cls)
+    def raw(self, data=b"", cls=RawClient):
+        proto = yield connect(self.srv.port, cls())
         self.conns.append(proto)
         self.addCleanup(self._drop, proto)
         if data:
@@ -430,35 +426,43 @@ def relink_factory(store):
     return ListenerFactory(server_endpoints(store, id_size=4))
 
 
+def relink_echo_handshake():
+    """A connector's version block and handshake for the echo endpoint (4-byte ids)."""
+    from streamproto.relink import codec
+    from streamproto.relink.codec import ConnectorHandshake
+    return codec.encode_version() + codec.encode_connector_handshake(
+        ConnectorHandshake("echo", 4, 4, False, False, False, 0, 0))
+
+
+@defer.inlineCallbacks
+def relink_echo_round_trip(testcase, port, tls=None, within=10):
+    """A Connector links to the echo endpoint on C{port} and gets a message echoed."""
+    from streamproto.relink.api import Connector
+    c = Connector(client_endpoint(reactor, "127.0.0.1", port, tls), "echo",
+                  connector_id_size=4, listener_id_size=4, clock=reactor)
+    c.start()
+    try:
+        link = yield with_timeout(c.when_linked(), within)
+        n = yield with_timeout(link.channel(1).send([b"ping"]), within)
+        testcase.assertEqual(n, 1)
+    finally:
+        yield c.stop()
+
+
 class RelinkAbuse(AbuseCase):
     @defer.inlineCallbacks
     def setUp(self):
         super().setUp()
         yield self.serve(relink_factory)
 
-    @defer.inlineCallbacks
     def still_serves(self):
-        from streamproto.relink.api import Connector
-        c = Connector(client_endpoint(reactor, "127.0.0.1", self.srv.port), "echo",
-                      connector_id_size=4, listener_id_size=4, clock=reactor)
-        c.start()
-        try:
-            link = yield with_timeout(c.when_linked(), 10)
-            n = yield with_timeout(link.channel(1).send([b"ping"]), 10)
-            self.assertEqual(n, 1)
-        finally:
-            yield c.stop()
+        return relink_echo_round_trip(self, self.srv.port)
 
     def test_random_bytes(self):
         return self.random_bytes_closed()
 
-    @defer.inlineCallbacks
     def test_handshake_flood(self):
-        from streamproto.relink import codec
-        from streamproto.relink.codec import ConnectorHandshake
-        hs = codec.encode_version() + codec.encode_connector_handshake(
-            ConnectorHandshake("echo", 4, 4, False, False, False, 0, 0))
-        yield self.flood(hs)
+        return self.flood(relink_echo_handshake())
 
     @defer.inlineCallbacks
     def test_echo_to_a_peer_that_never_reads(self):
@@ -579,25 +583,12 @@ class RelinkLinkFlood(AbuseCase):
         yield self.serve(lambda store: ListenerFactory(
             server_endpoints(store, id_size=4, config=config), config=config))
 
-    @defer.inlineCallbacks
     def still_serves(self):
-        from streamproto.relink.api import Connector
-        c = Connector(client_endpoint(reactor, "127.0.0.1", self.srv.port), "echo",
-                      connector_id_size=4, listener_id_size=4, clock=reactor)
-        c.start()
-        try:
-            link = yield with_timeout(c.when_linked(), 3)
-            n = yield with_timeout(link.channel(1).send([b"ping"]), 3)
-            self.assertEqual(n, 1)
-        finally:
-            yield c.stop()
+        return relink_echo_round_trip(self, self.srv.port, within=3)
 
     @defer.inlineCallbacks
     def test_flood_of_abandoned_links_does_not_lock_out_new_ones(self):
-        from streamproto.relink import codec
-        from streamproto.relink.codec import ConnectorHandshake
-        hs = codec.encode_version() + codec.encode_connector_handshake(
-            ConnectorHandshake("echo", 4, 4, False, False, False, 0, 0))
+        hs = relink_echo_handshake()
         for _ in range(2):
             protos = yield defer.gatherResults([self.raw(hs) for _ in range(30)])
             yield sleep(reactor, 0.2)   # each gets its link

@@ -16,10 +16,10 @@ from twisted.trial import unittest
 
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.log.file import FileLogStore
+from test.netutil import connect, free_port, with_timeout
+from test.test_torture_abuse import relink_echo_handshake, relink_echo_round_trip, relink_factory
 from test.tlsutil import certs
-from test.torture_harness import (
-    LineCollector, ServerProcess, connect_raw, free_port, suspicious_output, wait_for_port,
-)
+from test.torture_harness import ServerProcess, suspicious_output, wait_for_port
 
 
 class CountingWrapper(ProtocolWrapper):
@@ -36,11 +36,6 @@ class CountingFactory(WrappingFactory):
     def __init__(self, wrapped):
         super().__init__(wrapped)
         self.bytes_in = 0
-
-
-def with_timeout(d, seconds):
-    timer = reactor.callLater(seconds, d.cancel)
-    return d.addBoth(lambda r: (timer.active() and timer.cancel(), r)[1])
 
 
 class TLSCase:
@@ -82,7 +77,7 @@ class TLSCase:
     @defer.inlineCallbacks
     def refused(self, kind):
         try:
-            proto = yield connect_raw(reactor, self.port, LineCollector, self.bad_options(kind))
+            proto = yield connect(self.port, tls=self.bad_options(kind))
         except Exception:   # noqa: BLE001 - refused during the handshake: fine
             proto = None
         if proto is not None:
@@ -188,30 +183,13 @@ class PravegaTLS(TLSCase, unittest.TestCase):
 
 
 class RelinkTLS(TLSCase, unittest.TestCase):
-    def first_bytes_():
-        from streamproto.relink import codec
-        from streamproto.relink.codec import ConnectorHandshake
-        return codec.encode_version() + codec.encode_connector_handshake(
-            ConnectorHandshake("echo", 4, 4, False, False, False, 0, 0))
-    first_bytes = first_bytes_()
+    first_bytes = relink_echo_handshake()
 
     def make_factory(self, store):
-        from streamproto.relink.api import ListenerFactory
-        from streamproto.relink.endpoints import server_endpoints
-        return ListenerFactory(server_endpoints(store, id_size=4))
+        return relink_factory(store)
 
-    @defer.inlineCallbacks
     def round_trip(self, port, tls):
-        from streamproto.relink.api import Connector
-        c = Connector(client_endpoint(reactor, "127.0.0.1", port, tls), "echo",
-                      connector_id_size=4, listener_id_size=4, clock=reactor)
-        c.start()
-        try:
-            link = yield with_timeout(c.when_linked(), 10)
-            n = yield with_timeout(link.channel(1).send([b"ping"]), 10)
-            self.assertEqual(n, 1)
-        finally:
-            yield c.stop()
+        return relink_echo_round_trip(self, port, tls)
 
 
 class ReliableTLS(TLSCase, unittest.TestCase):
@@ -260,8 +238,7 @@ class TwistdPluginsOverMTLS(unittest.TestCase):
                 case.store = None
                 yield case.round_trip(tls_port, c.client_options(with_cert=True))
                 try:
-                    proto = yield connect_raw(reactor, tls_port, LineCollector,
-                                              c.client_options(with_cert=False))
+                    proto = yield connect(tls_port, tls=c.client_options(with_cert=False))
                 except Exception:   # noqa: BLE001 - refused during the handshake
                     proto = None
                 if proto is not None:

@@ -3,7 +3,7 @@ Shared helpers of the torture suite (``test/test_torture*.py``,
 ``bench/torture_*.py``): run a server as a real ``twist`` child process on
 its own data directory, wait until it accepts connections, SIGKILL it,
 restart it, and keep what it logged for diagnostics; the fault-injecting
-file layer and small network helpers; and the per-protocol logic of the
+file layer; and the per-protocol logic of the
 crash trials (L{run_trial}, L{ALL_TARGETS}) and of the load runs
 (L{run_load}, L{ALL_LOAD}), shared by the tests and the benchmarks.
 
@@ -13,10 +13,10 @@ tcp:PORT:interface=127.0.0.1 --data DIR`` (``python -m twisted`` is
 """
 
 import errno
+import importlib
 import os
 import random
 import resource
-import socket
 import sys
 import time
 import zlib
@@ -25,19 +25,10 @@ from collections import Counter
 from twisted.internet import defer, error, protocol, task
 
 from streamproto.log.segments import FileIO
+from test.netutil import free_port, with_timeout
 
 #: The project root, so that children import this very work tree.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 def raise_nofile_limit():
@@ -268,30 +259,6 @@ class FaultyIO(FileIO):
         return super().writev(fd, buffers)
 
 
-class LineCollector(protocol.Protocol):
-    """A raw client that keeps what it receives and tells when it is closed."""
-
-    def __init__(self):
-        self.received = bytearray()
-        self.closed = defer.Deferred()
-        self.reason = None
-
-    def dataReceived(self, data):
-        self.received += data
-
-    def connectionLost(self, reason):
-        self.reason = reason   # a Failure: not handed to callback (it would errback)
-        if not self.closed.called:
-            self.closed.callback(None)
-
-
-def connect_raw(reactor, port, factory_protocol=LineCollector, tls=None):
-    """Connect a L{LineCollector} (or the given protocol class) to 127.0.0.1:C{port}."""
-    from streamproto.core.tls import client_endpoint
-    return client_endpoint(reactor, "127.0.0.1", port, tls).connect(
-        protocol.Factory.forProtocol(factory_protocol))
-
-
 # == crash consistency trials ==================================================
 #
 # Crash consistency (kill -9) trials, shared by ``test/test_torture_crash.py``
@@ -392,9 +359,16 @@ class CrashTarget:
     #: the log to read with the read-only LogDirectoryReader straight after
     #: the kill, before the restart's recovery (None: not a plain log)
     offline_log = None
+    #: the modules the target's client and server are in
+    modules = ()
 
     def available(self):
         """None, or why this protocol cannot be tried (not landed yet)."""
+        for name in self.modules:
+            try:
+                importlib.import_module(name)
+            except ImportError as e:
+                return str(e)
         return None
 
     def setup(self, reactor, server, result):
@@ -504,13 +478,8 @@ def check_offline(target, data_dir, acked, result):
 
 
 def _with_timeout(reactor, d, seconds):
-    timer = reactor.callLater(seconds, d.cancel)
-
-    def done(r):
-        if timer.active():
-            timer.cancel()
-        return r
-    return d.addBoth(done).addErrback(lambda f: None)
+    """C{d}, cancelled after C{seconds}; fires None on its failure (a timeout too)."""
+    return with_timeout(d, seconds, reactor).addErrback(lambda f: None)
 
 
 # -- Styx -------------------------------------------------------------------
@@ -620,13 +589,7 @@ class LumberjackTarget(CrashTarget):
     duplicates_forbidden = False
     batch = 500
     max_pending = 8
-
-    def available(self):
-        try:
-            import streamproto.lumberjack.client  # noqa: F401
-            import streamproto.lumberjack.tap  # noqa: F401
-        except ImportError as e:
-            return str(e)
+    modules = ("streamproto.lumberjack.client", "streamproto.lumberjack.tap")
 
     @defer.inlineCallbacks
     def drive(self, reactor, server, result, rng, stopping):
@@ -705,13 +668,7 @@ class PravegaTarget(CrashTarget):
     in_order = True
     segment = "torture/crash/0.#epoch.0"
     batch = 500
-
-    def available(self):
-        try:
-            import streamproto.pravega.client  # noqa: F401
-            import streamproto.pravega.tap  # noqa: F401
-        except ImportError as e:
-            return str(e)
+    modules = ("streamproto.pravega.client", "streamproto.pravega.tap")
 
     def _endpoint(self, reactor, server):
         from streamproto.core.tls import client_endpoint
@@ -754,7 +711,7 @@ class PravegaTarget(CrashTarget):
     def resume(self, reactor, server, result):
         writer = result.writer
         try:
-            yield _with_timeout_raising(reactor, writer.flush(), 30)
+            yield with_timeout(writer.flush(), 30, reactor)
         except Exception as e:
             result.problems.append(f"writer did not finish after the restart: {e!r}")
             return
@@ -820,28 +777,32 @@ class RelinkTarget(CrashTarget):
     batch = 500
     channel = 1
     offline_log = "relink-1"
-
-    def available(self):
-        try:
-            import streamproto.relink.api  # noqa: F401
-            import streamproto.relink.tap  # noqa: F401
-        except ImportError as e:
-            return str(e)
+    modules = ("streamproto.relink.api", "streamproto.relink.tap")
 
     @defer.inlineCallbacks
     def drive(self, reactor, server, result, rng, stopping):
-        from streamproto.core.tls import client_endpoint
-        from streamproto.relink.api import Connector
-        from streamproto.relink.link import ChannelBusy
-        connector = Connector(client_endpoint(reactor, "127.0.0.1", server.port), "log",
-                              connector_id_size=4, listener_id_size=4, clock=reactor)
-        result.connector = connector
-        connector.start()
-        link = yield connector.when_linked()
-        channel = link.channel(self.channel)
+        channel = yield self._open_channel(reactor, server, result, "log")
         # the server acks each message, a batch's Deferred only fires for the
         # whole batch: the channel's count of consumed messages is exact
         result.channel = channel
+        yield self._send_until_stopped(reactor, channel, result, rng, stopping)
+
+    @defer.inlineCallbacks
+    def _open_channel(self, reactor, server, result, endpoint, **connector_options):
+        """Link a Connector (kept as C{result.connector}) to C{endpoint}; its channel."""
+        from streamproto.core.tls import client_endpoint
+        from streamproto.relink.api import Connector
+        connector = Connector(client_endpoint(reactor, "127.0.0.1", server.port), endpoint,
+                              connector_id_size=4, listener_id_size=4, clock=reactor,
+                              **connector_options)
+        result.connector = connector
+        connector.start()
+        link = yield connector.when_linked()
+        return link.channel(self.channel)
+
+    @defer.inlineCallbacks
+    def _send_until_stopped(self, reactor, channel, result, rng, stopping):
+        """Send batches of payloads as fast as the channel takes them."""
         seq = 0
         while not stopping[0]:
             if channel.room < self.batch:
@@ -851,15 +812,18 @@ class RelinkTarget(CrashTarget):
                 continue
             first, seq = seq, seq + self.batch
             try:
-                d = channel.send_payloads([make_payload(self.tag, s, rng.randrange(0, 64))
-                                           for s in range(first, seq)])
-            except (ChannelBusy, Exception):
-                seq = first
+                d = self._send_batch(channel, [make_payload(self.tag, s, rng.randrange(0, 64))
+                                               for s in range(first, seq)])
+            except Exception:   # noqa: BLE001 - the link went down with the server
                 break
             result.sent = seq
-            d.addCallback(lambda _, a=first, b=seq: result.acked.update(range(a, b)))
+            d.addCallback(lambda ok, a=first, b=seq: ok and result.acked.update(range(a, b)))
             d.addErrback(lambda f: None)
             yield sleep(reactor, 0)
+
+    def _send_batch(self, channel, payloads):
+        """Send one batch: a Deferred firing True once the server has it durably."""
+        return channel.send_payloads(payloads).addCallback(lambda _: True)
 
     def cleanup(self, result):
         channel = getattr(result, "channel", None)
@@ -893,13 +857,7 @@ class ReliableTarget(CrashTarget):
     in_order = True
     count = 60000
     ci_trials = 2   # each costs the client's 5 s reconnect delay (the spec's)
-
-    def available(self):
-        try:
-            import streamproto.reliable.client  # noqa: F401
-            import streamproto.reliable.tap  # noqa: F401
-        except ImportError as e:
-            return str(e)
+    modules = ("streamproto.reliable.client", "streamproto.reliable.tap")
 
     def drive(self, reactor, server, result, rng, stopping):
         import uuid
@@ -954,33 +912,15 @@ class RelinkTransactionTarget(RelinkTarget):
 
     @defer.inlineCallbacks
     def drive(self, reactor, server, result, rng, stopping):
-        from streamproto.core.tls import client_endpoint
-        from streamproto.relink.api import Connector
-        connector = Connector(client_endpoint(reactor, "127.0.0.1", server.port), "log-tx",
-                              connector_id_size=4, listener_id_size=4,
-                              connector_transactions=True, clock=reactor)
-        result.connector = connector
-        connector.start()
-        link = yield connector.when_linked()
-        channel = link.channel(self.channel)
-        seq = 0
-        while not stopping[0]:
-            if channel.room < self.batch:
-                yield defer.DeferredList([channel.when_writable(), result.killed],
-                                         fireOnOneCallback=True)
-                yield sleep(reactor, 0)
-                continue
-            first, seq = seq, seq + self.batch
-            try:
-                channel.send_payloads([make_payload(self.tag, s, rng.randrange(0, 64))
-                                       for s in range(first, seq)], ack=None)
-                d = channel.commit()
-            except Exception:   # noqa: BLE001 - the link went down with the server
-                break
-            result.sent = seq
-            d.addCallback(lambda ok, a=first, b=seq: ok and result.acked.update(range(a, b)))
-            d.addErrback(lambda f: None)
-            yield sleep(reactor, 0)
+        # no result.channel: a consumed message is not committed
+        channel = yield self._open_channel(reactor, server, result, "log-tx",
+                                           connector_transactions=True)
+        yield self._send_until_stopped(reactor, channel, result, rng, stopping)
+
+    def _send_batch(self, channel, payloads):
+        # one transaction a batch: commit fires True once it is durable
+        channel.send_payloads(payloads, ack=None)
+        return channel.commit()
 
     @defer.inlineCallbacks
     def read_back(self, reactor, server, result):
@@ -993,16 +933,6 @@ class RelinkTransactionTarget(RelinkTarget):
                                        f"({present}/{self.batch})")
                 break
         return payloads
-
-
-def _with_timeout_raising(reactor, d, seconds):
-    timer = reactor.callLater(seconds, d.cancel)
-
-    def done(r):
-        if timer.active():
-            timer.cancel()
-        return r
-    return d.addBoth(done)
 
 
 ALL_TARGETS = [StyxTarget(), StyxRetentionTarget(), LumberjackTarget(), PravegaTarget(),
@@ -1066,8 +996,12 @@ class LoadTarget:
         """Deferred firing once this round's writes of client C{i} are acked."""
         raise NotImplementedError
 
+    def payloads(self, i, r):
+        """What client C{i} writes in round C{r} (unique across clients and rounds)."""
+        return [make_payload(b"L", i * 1000 + r * 10 + k) for k in range(self.per_round)]
+
     def close(self, client):
-        raise NotImplementedError
+        return client.close()
 
 
 def _endpoint(reactor, server):
@@ -1089,11 +1023,7 @@ class StyxLoad(LoadTarget):
         return StyxProducer.connect(reactor, "127.0.0.1", server.port, "load", timeout=30)
 
     def round(self, reactor, client, i, r):
-        return client.writeMany([make_payload(b"L", i * 1000 + r * 10 + k)
-                                 for k in range(self.per_round)])
-
-    def close(self, client):
-        return client.close()
+        return client.writeMany(self.payloads(i, r))
 
 
 class LumberjackLoad(LoadTarget):
@@ -1107,11 +1037,7 @@ class LumberjackLoad(LoadTarget):
         return defer.succeed(client)
 
     def round(self, reactor, client, i, r):
-        return client.send([{"m": make_payload(b"L", i * 1000 + r * 10 + k).decode()}
-                            for k in range(self.per_round)])
-
-    def close(self, client):
-        return client.close()
+        return client.send([{"m": payload.decode()} for payload in self.payloads(i, r)])
 
 
 class PravegaLoad(LoadTarget):
@@ -1133,11 +1059,7 @@ class PravegaLoad(LoadTarget):
                                            clock=reactor, max_retries=5))
 
     def round(self, reactor, client, i, r):
-        return client.write_batch([make_payload(b"L", i * 1000 + r * 10 + k)
-                                   for k in range(self.per_round)])
-
-    def close(self, client):
-        return client.close()
+        return client.write_batch(self.payloads(i, r))
 
 
 class RelinkLoad(LoadTarget):
@@ -1156,8 +1078,7 @@ class RelinkLoad(LoadTarget):
         return (c, link)
 
     def round(self, reactor, client, i, r):
-        return client[1].channel(1).send_payloads(
-            [make_payload(b"L", i * 1000 + r * 10 + k) for k in range(self.per_round)])
+        return client[1].channel(1).send_payloads(self.payloads(i, r))
 
     def close(self, client):
         return client[0].stop()

@@ -1,9 +1,10 @@
 """
 Thin Twisted protocols for both Relink roles.
 
-Each runs the handshake as an automat state machine and then hands packet
-bytes to its L{streamproto.relink.link.Link}.  Everything about links and
-channels lives in C{link.py}; everything about bytes in C{codec.py}.
+Both run the handshake as one automat state machine (on their common base)
+and then hand packet bytes to their L{streamproto.relink.link.Link}.
+Everything about links and channels lives in C{link.py}; everything about
+bytes in C{codec.py}.
 """
 
 from automat import MethodicalMachine
@@ -21,13 +22,14 @@ from streamproto.relink.link import LinkLost
 @implementer(IPushProducer)
 class _LinkedConnection(Protocol):
     """
-    What both roles share once linked: feeding the link, ending cleanly,
-    and flow control both ways.  The connection is its transport's
-    streaming producer: when the transport's buffer fills (the peer reads
-    slower than we send) it pauses us and the link stops transmitting
-    messages until it resumes us.  Reading is paused (the transport's own
-    producer methods) when the handler has too many unconsumed bytes, and
-    for a graceful stop.
+    What both roles share: the connection's state machine (version,
+    handshake, linked, closed; each role supplies the hooks that differ),
+    feeding the link, ending cleanly, and flow control both ways.  The
+    connection is its transport's streaming producer: when the transport's
+    buffer fills (the peer reads slower than we send) it pauses us and the
+    link stops transmitting messages until it resumes us.  Reading is
+    paused (the transport's own producer methods) when the handler has too
+    many unconsumed bytes, and for a graceful stop.
     """
 
     log = Logger()
@@ -143,27 +145,21 @@ class _LinkedConnection(Protocol):
         if self.link is not None and self.link.attached and self.link.owner is self:
             self.link.detach()
 
-
-class ListenerProtocol(_LinkedConnection):
-    """
-    The accepting side.  C{factory} is a L{streamproto.relink.api.ListenerFactory}.
-    """
+    # -- the connection's life, the same for both roles ------------------------
+    # A connection exchanges version blocks, then the handshake (the listener
+    # reads the connector's handshake and answers with epoch and link id),
+    # then carries its link's packets until it is closed.  The methods named
+    # in "role hooks" below are what each role does differently.
 
     _machine = MethodicalMachine()
 
-    def __init__(self, factory, clock):
-        self.factory = factory
-        self.clock = clock
-        self._buf = bytearray()
-
-    # -- states --------------------------------------------------------------
     @_machine.state(initial=True)
     def awaiting_version(self):
-        "Nothing received yet."
+        "Waiting for the peer's version block (the connector sends its own first)."
 
     @_machine.state()
     def awaiting_handshake(self):
-        "Versions agreed; waiting for the endpoint name, sizes, flags, epoch, link id."
+        "Versions agreed; the listener awaits the handshake, the connector the reply."
 
     @_machine.state()
     def linked(self):
@@ -173,14 +169,17 @@ class ListenerProtocol(_LinkedConnection):
     def closed(self):
         "The connection is over (or being closed)."
 
-    # -- inputs --------------------------------------------------------------
     @_machine.input()
     def version_received(self, version):
-        "The connector's version block."
+        "The peer's version block."
 
     @_machine.input()
-    def handshake_accepted(self, link, resumed, rest):
-        "The connector's handshake matches an endpoint."
+    def link_established(self, link, resumed, rest):
+        "The handshake is done: this connection carries the link (new or resumed)."
+
+    @_machine.input()
+    def link_gone(self, epoch):
+        "(Listener) The connector required its old link, which is gone."
 
     @_machine.input()
     def packets(self, data):
@@ -188,7 +187,7 @@ class ListenerProtocol(_LinkedConnection):
 
     @_machine.input()
     def refused(self, why):
-        "The handshake is unacceptable."
+        "An unacceptable handshake, an unsupported version or a broken reply."
 
     @_machine.input()
     def lost(self):
@@ -196,21 +195,16 @@ class ListenerProtocol(_LinkedConnection):
 
     @_machine.input()
     def drained(self):
-        "A graceful stop: the handler is done and every acknowledgement is written."
-
-    # -- outputs -------------------------------------------------------------
-    @_machine.output()
-    def _reply_version(self, version):
-        self.transport.write(codec.encode_version(min(version, codec.PROTOCOL_VERSION)))
-
-    @_machine.input()
-    def link_gone(self, epoch):
-        "The connector required its old link, which is gone."
+        "(Listener) A graceful stop: the handler is done and every acknowledgement is written."
 
     @_machine.output()
-    def _accept(self, link, resumed, rest):
+    def _answer_version(self, version):
+        self._version_agreed(version)
+
+    @_machine.output()
+    def _link(self, link, resumed, rest):
         self._cancel_timeout()
-        self.transport.write(codec.encode_listener_reply(link.epoch, link.link_id))
+        self._announce_link(link)
         self._attach(link, resumed, rest)
 
     @_machine.output()
@@ -225,15 +219,13 @@ class ListenerProtocol(_LinkedConnection):
 
     @_machine.output()
     def _close(self, why):
-        self.log.info("relink: closing {peer}: {why}", peer=self._peer(), why=why)
-        server = self._server()
-        if server is not None:
-            server.count_error("handshake_refused")
-        self.transport.loseConnection()
+        self._note_refusal(why)
+        self._lose_connection()
 
     @_machine.output()
     def _forget(self):
         self._detach()
+        self._forgotten()
 
     @_machine.output()
     def _close_drained(self):
@@ -244,10 +236,10 @@ class ListenerProtocol(_LinkedConnection):
         self.transport.resumeProducing()
         self._lose_connection()
 
-    awaiting_version.upon(version_received, enter=awaiting_handshake, outputs=[_reply_version])
+    awaiting_version.upon(version_received, enter=awaiting_handshake, outputs=[_answer_version])
     awaiting_version.upon(refused, enter=closed, outputs=[_close])
     awaiting_version.upon(lost, enter=closed, outputs=[_forget])
-    awaiting_handshake.upon(handshake_accepted, enter=linked, outputs=[_accept])
+    awaiting_handshake.upon(link_established, enter=linked, outputs=[_link])
     awaiting_handshake.upon(link_gone, enter=closed, outputs=[_reply_gone])
     awaiting_handshake.upon(refused, enter=closed, outputs=[_close])
     awaiting_handshake.upon(lost, enter=closed, outputs=[_forget])
@@ -260,7 +252,102 @@ class ListenerProtocol(_LinkedConnection):
     closed.upon(lost, enter=closed, outputs=[_forget])
     closed.upon(drained, enter=closed, outputs=[])
 
+    # -- role hooks -----------------------------------------------------------
+    def _check_version(self, version):
+        """Raise L{ProtocolError} if the peer's C{version} is unacceptable."""
+
+    def _version_agreed(self, version):
+        """Send what follows the peer's version block."""
+        raise NotImplementedError
+
+    def _take_handshake(self):
+        """
+        Parse the rest of the handshake from C{self._buf}: C{None} while it
+        is incomplete (or when the handshake ended otherwise), else the
+        C{(link, resumed, rest)} this connection carries from now on.
+        """
+        raise NotImplementedError
+
+    def _announce_link(self, link):
+        """The handshake is done: tell whoever must know, before packets flow."""
+
+    def _note_refusal(self, why):
+        """Log (and count) a refused handshake."""
+        raise NotImplementedError
+
+    def _forgotten(self):
+        """The connection is gone and its link detached."""
+
     # -- Twisted -------------------------------------------------------------
+    def dataReceived(self, data):
+        if self._stage == "linked":
+            self.packets(data)
+            return
+        if self._stage == "closed":
+            return
+        self._buf += data
+        try:
+            if self._stage == "version":
+                if len(self._buf) < 8:
+                    return
+                version = codec.decode_version(bytes(self._buf[:8]))
+                del self._buf[:8]
+                self._check_version(version)
+                self._stage = "handshake"
+                self.version_received(version)
+            if self._stage == "handshake":
+                established = self._take_handshake()
+                if established is None:
+                    return
+                self._stage = "linked"
+                self.link_established(*established)
+        except ProtocolError as e:
+            self._stage = "closed"
+            self.refused(str(e))
+
+    def connectionLost(self, reason):
+        self._stage = "closed"
+        self.lost()
+
+
+class ListenerProtocol(_LinkedConnection):
+    """
+    The accepting side.  C{factory} is a L{streamproto.relink.api.ListenerFactory}.
+    """
+
+    def __init__(self, factory, clock):
+        self.factory = factory
+        self.clock = clock
+        self._buf = bytearray()
+
+    def _version_agreed(self, version):
+        self.transport.write(codec.encode_version(min(version, codec.PROTOCOL_VERSION)))
+
+    def _take_handshake(self):
+        parsed = codec.decode_connector_handshake(self._buf, self.factory.config.limits)
+        if parsed is None:
+            return None
+        handshake, used = parsed
+        rest, self._buf = self._buf[used:], bytearray()
+        endpoint = self.factory.endpoints.get(handshake.endpoint)
+        if endpoint is None:
+            raise ProtocolError(f"unknown endpoint {handshake.endpoint!r}")
+        link, resumed = endpoint.accept(handshake, self)
+        if link is None:
+            self._stage = "closed"
+            self.link_gone(endpoint.epoch)
+            return None
+        return link, resumed, rest
+
+    def _announce_link(self, link):
+        self.transport.write(codec.encode_listener_reply(link.epoch, link.link_id))
+
+    def _note_refusal(self, why):
+        self.log.info("relink: closing {peer}: {why}", peer=self._peer(), why=why)
+        server = self._server()
+        if server is not None:
+            server.count_error("handshake_refused")
+
     def gracefulShutdown(self):
         """
         The server is stopping (called by the connection tracker): read no
@@ -282,45 +369,6 @@ class ListenerProtocol(_LinkedConnection):
         self._stage = "version"
         self._start_timeout(self.factory.config.handshake_timeout)
 
-    def dataReceived(self, data):
-        if self._stage == "linked":
-            self.packets(data)
-            return
-        if self._stage == "closed":
-            return
-        self._buf += data
-        try:
-            if self._stage == "version":
-                if len(self._buf) < 8:
-                    return
-                version = codec.decode_version(bytes(self._buf[:8]))
-                del self._buf[:8]
-                self._stage = "handshake"
-                self.version_received(version)
-            if self._stage == "handshake":
-                parsed = codec.decode_connector_handshake(self._buf, self.factory.config.limits)
-                if parsed is None:
-                    return
-                handshake, used = parsed
-                rest, self._buf = self._buf[used:], bytearray()
-                endpoint = self.factory.endpoints.get(handshake.endpoint)
-                if endpoint is None:
-                    raise ProtocolError(f"unknown endpoint {handshake.endpoint!r}")
-                link, resumed = endpoint.accept(handshake, self)
-                if link is None:
-                    self._stage = "closed"
-                    self.link_gone(endpoint.epoch)
-                    return
-                self._stage = "linked"
-                self.handshake_accepted(link, resumed, rest)
-        except ProtocolError as e:
-            self._stage = "closed"
-            self.refused(str(e))
-
-    def connectionLost(self, reason):
-        self._stage = "closed"
-        self.lost()
-
 
 class ConnectorProtocol(_LinkedConnection):
     """
@@ -328,120 +376,38 @@ class ConnectorProtocol(_LinkedConnection):
     it supplies the handshake and takes the listener's answer.
     """
 
-    _machine = MethodicalMachine()
-
     def __init__(self, owner, clock):
         self.owner = owner
         self.clock = clock
         self._buf = bytearray()
 
-    @_machine.state(initial=True)
-    def awaiting_version(self):
-        "Our version sent."
+    def _check_version(self, version):
+        if version != codec.PROTOCOL_VERSION:
+            raise ProtocolError(f"unsupported listener version {version}")
 
-    @_machine.state()
-    def awaiting_reply(self):
-        "Our handshake sent; waiting for epoch and link id."
-
-    @_machine.state()
-    def linked(self):
-        "Packets flow to the link."
-
-    @_machine.state()
-    def closed(self):
-        "Over."
-
-    @_machine.input()
-    def version_received(self, version):
-        "The listener's version block."
-
-    @_machine.input()
-    def reply_received(self, link, resumed, rest):
-        "The listener answered with our link (new or resumed)."
-
-    @_machine.input()
-    def packets(self, data):
-        "Bytes after the handshake."
-
-    @_machine.input()
-    def refused(self, why):
-        "Unsupported version or a broken reply."
-
-    @_machine.input()
-    def lost(self):
-        "The connection is gone."
-
-    @_machine.output()
-    def _send_handshake(self, version):
+    def _version_agreed(self, version):
         self.transport.write(codec.encode_connector_handshake(self.owner.handshake()))
 
-    @_machine.output()
-    def _linked(self, link, resumed, rest):
-        self._cancel_timeout()
+    def _take_handshake(self):
+        if len(self._buf) < 16:
+            return None
+        epoch, link_id = codec.decode_listener_reply(bytes(self._buf[:16]))
+        rest, self._buf = self._buf[16:], bytearray()
+        link, resumed = self.owner.linked(epoch, link_id)
+        if link is None:
+            raise ProtocolError("the listener lost our link")
+        return link, resumed, rest
+
+    def _announce_link(self, link):
         self.owner.protocol = self
-        self._attach(link, resumed, rest)
 
-    @_machine.output()
-    def _feed_packets(self, data):
-        self._feed(data)
-
-    @_machine.output()
-    def _close(self, why):
+    def _note_refusal(self, why):
         self.log.warn("relink: closing connection to {peer}: {why}", peer=self._peer(), why=why)
-        self._lose_connection()
 
-    @_machine.output()
-    def _forget(self):
-        self._detach()
+    def _forgotten(self):
         self.owner.connection_lost(self)
-
-    awaiting_version.upon(version_received, enter=awaiting_reply, outputs=[_send_handshake])
-    awaiting_version.upon(refused, enter=closed, outputs=[_close])
-    awaiting_version.upon(lost, enter=closed, outputs=[_forget])
-    awaiting_reply.upon(reply_received, enter=linked, outputs=[_linked])
-    awaiting_reply.upon(refused, enter=closed, outputs=[_close])
-    awaiting_reply.upon(lost, enter=closed, outputs=[_forget])
-    linked.upon(packets, enter=linked, outputs=[_feed_packets])
-    linked.upon(refused, enter=closed, outputs=[_close])
-    linked.upon(lost, enter=closed, outputs=[_forget])
-    closed.upon(packets, enter=closed, outputs=[])
-    closed.upon(refused, enter=closed, outputs=[])
-    closed.upon(lost, enter=closed, outputs=[_forget])
 
     def connectionMade(self):
         self._stage = "version"
         self._start_timeout(self.owner.config.handshake_timeout)
         self.transport.write(codec.encode_version())
-
-    def dataReceived(self, data):
-        if self._stage == "linked":
-            self.packets(data)
-            return
-        self._buf += data
-        try:
-            if self._stage == "version":
-                if len(self._buf) < 8:
-                    return
-                version = codec.decode_version(bytes(self._buf[:8]))
-                del self._buf[:8]
-                if version != codec.PROTOCOL_VERSION:
-                    raise ProtocolError(f"unsupported listener version {version}")
-                self._stage = "reply"
-                self.version_received(version)
-            if self._stage == "reply":
-                if len(self._buf) < 16:
-                    return
-                epoch, link_id = codec.decode_listener_reply(bytes(self._buf[:16]))
-                rest, self._buf = self._buf[16:], bytearray()
-                link, resumed = self.owner.linked(epoch, link_id)
-                if link is None:
-                    raise ProtocolError("the listener lost our link")
-                self._stage = "linked"
-                self.reply_received(link, resumed, rest)
-        except ProtocolError as e:
-            self._stage = "closed"
-            self.refused(str(e))
-
-    def connectionLost(self, reason):
-        self._stage = "closed"
-        self.lost()

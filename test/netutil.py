@@ -1,0 +1,78 @@
+"""
+Small network helpers the tests share (the operations tests, the torture
+suite, the end-to-end tests): a free port, waiting for a condition on the
+real reactor, and a raw client that keeps what the server sends.  No tests
+here.
+"""
+
+import socket
+
+from twisted.internet import defer, protocol, reactor, task
+
+from streamproto.core.tls import client_endpoint
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a subprocess to listen on)."""
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+@defer.inlineCallbacks
+def wait_until(predicate, timeout=10.0):
+    """Fire once C{predicate()} is true; fail with AssertionError after C{timeout} seconds."""
+    waited = 0.0
+    while not predicate():
+        if waited > timeout:
+            raise AssertionError("condition not reached in time")
+        yield task.deferLater(reactor, 0.01, lambda: None)
+        waited += 0.01
+
+
+def with_timeout(d, seconds, clock=reactor):
+    """C{d}, cancelled if it has not fired within C{seconds} (on C{clock})."""
+    timer = clock.callLater(seconds, d.cancel)
+
+    def fired(result):
+        if timer.active():
+            timer.cancel()
+        return result
+    return d.addBoth(fired)
+
+
+class RawClient(protocol.Protocol):
+    """
+    Keeps what the server sends in C{received} (and hands each chunk to
+    C{on_data} when set); C{closed} fires when the connection ends, and
+    C{reason} then holds why.
+    """
+
+    def __init__(self):
+        self.received = bytearray()
+        self.closed = defer.Deferred()
+        self.reason = None
+        self.on_data = None
+
+    def dataReceived(self, data):
+        self.received += data
+        if self.on_data is not None:
+            self.on_data(data)
+
+    def connectionLost(self, reason):
+        self.reason = reason   # a Failure: not handed to callback (it would errback)
+        if not self.closed.called:   # a test may have cancelled its wait
+            self.closed.callback(None)
+
+
+def connect(port, client=None, tls=None):
+    """
+    Connect C{client} (a protocol instance; a new L{RawClient} by default)
+    to 127.0.0.1:C{port}, over TLS with C{tls} (client TLS options).
+    """
+    client = client if client is not None else RawClient()
+    endpoint = client_endpoint(reactor, "127.0.0.1", port, tls)
+    return endpoint.connect(protocol.Factory.forProtocol(lambda: client))
