@@ -36,6 +36,7 @@ and finishes what a crash interrupted (a scale, a truncation, a commit).
 """
 
 import json
+import os
 import uuid
 from concurrent import futures
 
@@ -43,7 +44,14 @@ from twisted.application import service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
-from streamproto.pravega.segments import (
+# gRPC's fork support (on by default in grpcio's core) re-creates its
+# pollers in a forked child; a Twisted process that spawns a child
+# (spawnProcess forks, closes every descriptor, then execs) then sees the
+# child die on "epoll_wait error: Bad file descriptor" before its exec.
+# Read when grpc is first imported (lazily, below); an explicit setting wins.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
+from streamproto.pravega.segments import (  # noqa: E402
     BadOffset, SegmentExists, SegmentNotFound, SegmentSealed,
 )
 
