@@ -6,6 +6,7 @@ here.
 """
 
 import socket
+import subprocess
 
 from twisted.internet import defer, protocol, reactor, task
 
@@ -76,3 +77,21 @@ def connect(port, client=None, tls=None):
     client = client if client is not None else RawClient()
     endpoint = client_endpoint(reactor, "127.0.0.1", port, tls)
     return endpoint.connect(protocol.Factory.forProtocol(lambda: client))
+
+
+def start_process(testcase, args, **popen_kwargs):
+    """
+    C{subprocess.Popen(args)} with its output (stdout and stderr) on
+    C{process.stdout}; killed and reaped at the end of C{testcase} if it is
+    still running.
+    """
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               **popen_kwargs)
+
+    def kill():
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stdout.close()
+    testcase.addCleanup(kill)
+    return process

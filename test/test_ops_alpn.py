@@ -39,22 +39,34 @@ class OneRequest(protocol.Protocol):
         self.closed.callback(None)
 
 
+@defer.inlineCallbacks
+def exchange(testcase, endpoint, factory, client, client_cert=False):
+    """
+    Serve C{factory} on C{endpoint}, connect C{client} (a protocol with a
+    C{closed} Deferred) over TLS offering ALPN h2 and http/1.1, and wait
+    until the connection ends.
+    """
+    port = yield endpoint.listen(factory)
+    testcase.addCleanup(port.stopListening)
+    kwargs = {}
+    if client_cert:
+        kwargs["clientCertificate"] = ssl.PrivateCertificate.loadPEM(
+            open(certs().client_key, "rb").read() + open(certs().client_cert, "rb").read())
+    options = ssl.optionsForClientTLS(
+        "localhost", trustRoot=ssl.trustRootFromCertificates(_pem_certificates(certs().ca)),
+        acceptableProtocols=[b"h2", b"http/1.1"], **kwargs)
+    yield wrapClientTLS(options, client_endpoint(reactor, "127.0.0.1",
+                                                 port.getHost().port)).connect(
+        protocol.Factory.forProtocol(lambda: client))
+    yield client.closed
+    return client
+
+
 class TrackingFactoryALPNTests(unittest.TestCase):
 
-    @defer.inlineCallbacks
     def _request(self, endpoint_string):
         site = TrackingFactory(make_site(MemoryLogStore(reactor), timeout=30), "styx-server")
-        port = yield serverFromString(reactor, endpoint_string).listen(site)
-        self.addCleanup(port.stopListening)
-        options = ssl.optionsForClientTLS(
-            "localhost", trustRoot=ssl.trustRootFromCertificates(_pem_certificates(certs().ca)),
-            acceptableProtocols=[b"h2", b"http/1.1"])
-        client = OneRequest()
-        yield wrapClientTLS(options, client_endpoint(reactor, "127.0.0.1",
-                                                     port.getHost().port)).connect(
-            protocol.Factory.forProtocol(lambda: client))
-        yield client.closed
-        return client
+        return exchange(self, serverFromString(reactor, endpoint_string), site, OneRequest())
 
     @defer.inlineCallbacks
     def test_alpn_client_over_ssl(self):
@@ -117,25 +129,11 @@ class NonHTTPServerALPNTests(unittest.TestCase):
     twistd: a client offering ALPN protocols is served without ALPN.
     """
 
-    @defer.inlineCallbacks
     def _echo(self, endpoint_string, client_cert=False):
         from streamproto.core.tap import server_endpoint
         factory = TrackingFactory(protocol.Factory.forProtocol(Echo), "echo")
-        port = yield server_endpoint(endpoint_string, reactor).listen(factory)
-        self.addCleanup(port.stopListening)
-        kwargs = {}
-        if client_cert:
-            kwargs["clientCertificate"] = ssl.PrivateCertificate.loadPEM(
-                open(certs().client_key, "rb").read() + open(certs().client_cert, "rb").read())
-        options = ssl.optionsForClientTLS(
-            "localhost", trustRoot=ssl.trustRootFromCertificates(_pem_certificates(certs().ca)),
-            acceptableProtocols=[b"h2", b"http/1.1"], **kwargs)
-        client = EchoOnce()
-        yield wrapClientTLS(options, client_endpoint(reactor, "127.0.0.1",
-                                                     port.getHost().port)).connect(
-            protocol.Factory.forProtocol(lambda: client))
-        yield client.closed
-        return client
+        return exchange(self, server_endpoint(endpoint_string, reactor), factory, EchoOnce(),
+                        client_cert)
 
     @defer.inlineCallbacks
     def test_ssl(self):

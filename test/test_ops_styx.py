@@ -7,7 +7,6 @@ SIGTERM, JSON logs).
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ from streamproto.styx.codec import (
     ACK, ERROR, HEARTBEAT_TYPE, Ack, ErrorCode, ErrorMessage, StyxDecoder, encode_records,
 )
 from streamproto.styx.stream_client import _request_head
-from test.netutil import RawClient, connect, free_port, wait_until
+from test.netutil import RawClient, connect, free_port, start_process, wait_until
 from test.test_ops_support import RunningService, Samples, sample, stored_records
 
 SERVER = "styx-server"
@@ -288,15 +287,7 @@ class TwistdProcessTests(unittest.TestCase):
                "--listen", f"styx-server=tcp:{self.styx_port}:interface=127.0.0.1",
                "--metrics", f"tcp:{metrics_port}:interface=127.0.0.1",
                "--shutdown-timeout", "2"] + list(args)
-        process = subprocess.Popen(cmd, cwd=work, env=python_env(), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
-
-        def kill():
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            process.stdout.close()
-        self.addCleanup(kill)
+        process = start_process(self, cmd, cwd=work, env=python_env())
         return process, f"http://127.0.0.1:{metrics_port}"
 
     def stop(self, process, shutdown_timeout=2.0, margin=8.0):

@@ -17,6 +17,8 @@ import urllib.request
 
 from twisted.trial import unittest
 
+from test.netutil import start_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: What systemd does between fork and exec, for one socket: put it at fd 3
@@ -70,18 +72,9 @@ class SocketActivationTests(unittest.TestCase):
         # the unit file's ExecStart (doc/operations.rst), after the activation
         argv = TWISTD + ["-n", "--pidfile=", "styx-server", "--port", endpoint,
                          "--data", data, "--log-format", "json"]
-        process = subprocess.Popen(
-            [sys.executable, "-c", ACTIVATE, str(listening.fileno()), fd_name] + argv,
-            pass_fds=(listening.fileno(),), cwd=tempfile.mkdtemp(), env=child_env(),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-        def kill():
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-            process.stdout.close()
-        self.addCleanup(kill)
-        return process
+        return start_process(
+            self, [sys.executable, "-c", ACTIVATE, str(listening.fileno()), fd_name] + argv,
+            pass_fds=(listening.fileno(),), cwd=tempfile.mkdtemp(), env=child_env())
 
     def test_serves_on_the_inherited_socket(self):
         """The endpoint of the documented unit: the first inherited socket."""

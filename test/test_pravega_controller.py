@@ -188,17 +188,25 @@ class RetentionPolicyTests(unittest.SynchronousTestCase):
         self.assertIsNone(choose_retention_cut("TIME", 0, [], 30, size))
 
 
-class ScalingStateTests(unittest.TestCase):
+class ControllerStateTestBase(unittest.TestCase):
+    """A L{ControllerState} on the memory store, with scope C{sc} (no tests here)."""
+
     timeout = 30
+    clock = None    # the reactor's
 
     @defer.inlineCallbacks
     def setUp(self):
         self.store = MemoryLogStore(reactor)
         self.segments = SegmentStore(self.store)
-        self.state = ControllerState(self.store, self.segments)
-        yield self.state.open()
+        yield self.reopen()
         yield self.state.create_scope("sc")
-        yield self.state.create_stream("sc", "st", 2)
+
+    @defer.inlineCallbacks
+    def reopen(self):
+        """A new state over the same store, as after a restart."""
+        self.state = ControllerState(self.store, self.segments, self.clock)
+        yield self.state.open()
+        return self.state
 
     @defer.inlineCallbacks
     def append(self, seg_id, *events):
@@ -208,11 +216,12 @@ class ScalingStateTests(unittest.TestCase):
             yield seg.append(codec.encode_event(e), writer, n)
         return seg
 
+
+class ScalingStateTests(ControllerStateTestBase):
     @defer.inlineCallbacks
-    def reopen(self):
-        self.state = ControllerState(self.store, self.segments)
-        yield self.state.open()
-        return self.state
+    def setUp(self):
+        yield super().setUp()
+        yield self.state.create_stream("sc", "st", 2)
 
     @defer.inlineCallbacks
     def test_scale_seals_creates_and_survives_restart(self):
@@ -332,31 +341,16 @@ def event_size(data):
     return len(codec.encode_event(data))
 
 
-class RetentionStateTests(unittest.TestCase):
+class RetentionStateTests(ControllerStateTestBase):
     """Retention rounds on a fake clock, against the memory store."""
 
-    timeout = 30
-
-    @defer.inlineCallbacks
     def setUp(self):
         self.clock = task.Clock()
-        self.store = MemoryLogStore(reactor)
-        self.segments = SegmentStore(self.store)
-        self.state = ControllerState(self.store, self.segments, self.clock)
-        yield self.state.open()
-        yield self.state.create_scope("sc")
+        return super().setUp()
 
     def policy(self, kind, param):
         return {"retentionPolicy": {"retentionType": kind, "retentionParam": str(param),
                                     "retentionMax": str(2 ** 63 - 1)}}
-
-    @defer.inlineCallbacks
-    def append(self, seg_id, *events):
-        seg = yield self.segments.get(name_of("sc", "st", seg_id))
-        writer = uuid.uuid4()
-        for n, e in enumerate(events, 1):
-            yield seg.append(codec.encode_event(e), writer, n)
-        return seg
 
     @defer.inlineCallbacks
     def start_offset(self, seg_id):

@@ -81,6 +81,15 @@ import json, os
 import pravega_client
 
 
+async def read_until(reader, got, done):
+    """Append the events C{reader} reads (as text) to C{got} until C{done()}."""
+    while not done():
+        sl = await reader.get_segment_slice_async()
+        await settle()
+        got.extend(e.data().decode() for e in sl)
+        reader.release_segment(sl)
+
+
 def manager(controller):
     # tls:// also needs tls_enabled; the CA comes from $pravega_client_tls_cert_path
     return pravega_client.StreamManager(controller, False, controller.startswith("tls://"))
@@ -129,12 +138,8 @@ def read(controller, scope, stream, group, expect, timeout=15.0, sentinels=0):
     r = rg.create_reader("reader-" + os.urandom(6).hex())
     got = []
 
-    async def until(done):
-        while not done():
-            sl = await r.get_segment_slice_async()
-            await settle()
-            got.extend(e.data().decode() for e in sl)
-            r.release_segment(sl)
+    def until(done):
+        return read_until(r, got, done)
 
     async def main():
         try:
@@ -247,12 +252,8 @@ def read_across_scale(controller, scope, stream, before, after, sealed, ranges):
     r = m.create_reader_group("across", scope, stream).create_reader("r")
     got = []
 
-    async def until(n):
-        while len(got) < n:
-            sl = await r.get_segment_slice_async()
-            await settle()
-            got.extend(e.data().decode() for e in sl)
-            r.release_segment(sl)
+    def until(n):
+        return read_until(r, got, lambda: len(got) >= n)
 
     async def main():
         try:
