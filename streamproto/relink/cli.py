@@ -16,9 +16,41 @@ import sys
 import time
 
 from twisted.internet import defer, task
+from twisted.internet.interfaces import IStreamClientEndpoint
+from zope.interface import implementer
 
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.relink.api import ChannelHandler, Connector
+
+
+class CLIError(Exception):
+    """An error reported as C{Error: ...} with exit status 1."""
+
+
+@implementer(IStreamClientEndpoint)
+class _FirstAttempt:
+    """
+    An endpoint reporting whether its first connection attempt failed.
+
+    The connector reconnects for ever, which suits a service but leaves a
+    command waiting silently on a wrong address: the CLI gives up instead.
+    """
+
+    def __init__(self, endpoint):
+        self._endpoint = endpoint
+        self.failed = defer.Deferred()
+        self._first = True
+
+    def connect(self, protocol_factory):
+        d = self._endpoint.connect(protocol_factory)
+        if self._first:
+            self._first = False
+
+            def failed(f):
+                self.failed.errback(f)
+                return f
+            d.addErrback(failed)
+        return d
 
 
 class _Counter(ChannelHandler):
@@ -58,22 +90,46 @@ def _parser():
     return p
 
 
-def _connector(reactor, args, endpoint, handler, transactions=False):
+def _address(args):
     host, _, port = args.connect.rpartition(":")
+    if not host or not port.isdigit():
+        raise CLIError(f"--connect wants HOST:PORT, not {args.connect!r}")
+    return host, int(port)
+
+
+def _connector(reactor, args, endpoint, handler, transactions=False):
+    host, port = _address(args)
     tls = None
     if args.ca or args.cert:
         tls = client_tls_options(args.server_name or host, ca_certs=args.ca, cert=args.cert,
                                  private_key=args.key)
-    c = Connector(client_endpoint(reactor, host, int(port), tls), endpoint, handler,
-                  connector_id_size=args.id_size, listener_id_size=args.id_size,
-                  connector_transactions=transactions)
-    return c.start()
+    first = _FirstAttempt(client_endpoint(reactor, host, port, tls))
+    c = Connector(first, endpoint, handler, connector_id_size=args.id_size,
+                  listener_id_size=args.id_size, connector_transactions=transactions,
+                  clock=reactor)
+    c.start()
+    return c, first.failed
 
 
 @defer.inlineCallbacks
-def _send(reactor, args, lines):
-    c = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
-    link = yield c.when_linked()
+def _linked(c, failed, args):
+    """The connector's link, or CLIError if the first connection attempt failed."""
+    linked = c.when_linked()
+    either = defer.Deferred()
+    linked.addBoth(lambda r: either.called or either.callback(r))
+    failed.addErrback(lambda f: either.called or either.errback(f))
+    try:
+        link = yield either
+    except Exception as e:
+        yield c.stop()
+        raise CLIError(f"cannot connect to {args.connect}: {e}")
+    return link
+
+
+@defer.inlineCallbacks
+def _send(reactor, args, lines, out):
+    c, failed = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
+    link = yield _linked(c, failed, args)
     ch = link.channel(args.channel)
     sent = 0
     pending = []
@@ -92,16 +148,16 @@ def _send(reactor, args, lines):
     results = yield defer.gatherResults(pending)
     yield c.shutdown()
     failed = results.count(False)
-    sys.stdout.write(f"sent {sent} messages" + (f", {failed} commits failed" if failed else "")
-                     + "\n")
+    out.write(f"sent {sent} messages" + (f", {failed} commits failed" if failed else "")
+              + "\n")
     return 1 if failed else 0
 
 
 @defer.inlineCallbacks
-def _echo(reactor, args):
+def _echo(reactor, args, out):
     counter = _Counter()
-    c = _connector(reactor, args, "echo", counter)
-    link = yield c.when_linked()
+    c, failed = _connector(reactor, args, "echo", counter)
+    link = yield _linked(c, failed, args)
     ch = link.channel(1)
     payload = b"e" * args.size
     counter.want = args.count
@@ -118,24 +174,56 @@ def _echo(reactor, args):
     yield counter.waiter
     elapsed = time.perf_counter() - start
     yield c.shutdown()
-    sys.stdout.write(f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
-                     f"{args.count / elapsed:,.0f} msg/s\n")
+    out.write(f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
+              f"{args.count / elapsed:,.0f} msg/s\n")
     return 0
 
 
+def run(reactor, args, stdin, stdout, stderr):
+    """
+    Run the parsed command: a Deferred firing with the exit status (errors
+    are written to C{stderr} as C{Error: ...}, status 1).
+
+    @param stdin: binary lines for C{send}; @param stdout: text output.
+    """
+    if args.command == "send":
+        d = defer.maybeDeferred(_send, reactor, args, stdin, stdout)
+    else:
+        d = defer.maybeDeferred(_echo, reactor, args, stdout)
+
+    def report(failure):
+        if failure.check(CLIError):
+            stderr.write(f"Error: {failure.value}\n")
+        else:
+            stderr.write(f"Error: {failure.getErrorMessage()}\n")
+        return 1
+    return d.addErrback(report)
+
+
+def parse_args(argv):
+    """The parsed arguments (raises SystemExit(2) with a usage message if bad)."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "send" and args.commit_every < 1:
+        parser.error("--commit-every must be at least 1")
+    if args.command == "echo" and (args.count < 1 or args.size < 0):
+        parser.error("--count must be at least 1 and --size at least 0")
+    return args
+
+
 def main(argv):
-    args = _parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:
+        return e.code
     result = []
 
-    def run(reactor):
-        if args.command == "send":
-            d = _send(reactor, args, sys.stdin.buffer)
-        else:
-            d = _echo(reactor, args)
-        return d.addCallback(result.append)
+    def go(reactor):
+        return run(reactor, args, sys.stdin.buffer, sys.stdout, sys.stderr).addCallback(
+            result.append)
 
     try:
-        task.react(run)
+        task.react(go)
     except SystemExit as e:
         if e.code:
             return e.code
