@@ -889,6 +889,38 @@ class MalformedLinkInput(SynchronousTestCase):
     def test_message_too_large(self):
         self.check(codec.encode_message((1,), [b"x"] * 2000, 2))
 
+    def test_resume_on_a_new_link(self):
+        # a resume belongs only to a connection that resumed an old link
+        self.check(codec.encode_general(codec.RESUME))
+
+    def test_second_resume(self):
+        p = Pair().connect()
+        p.cut()
+        p.connect()                         # resumed: both resumes exchanged
+        self.assertEqual(p.link.link_id, 1)
+        p.sp.dataReceived(codec.encode_general(codec.RESUME))
+        self.assertTrue(p.st.disconnecting)
+        self.assertEqual(p.endpoint.links, {})
+        self.flushLoggedErrors()
+
+    def test_go_writer_odd_id_size_bug(self):
+        # The Go writer (ninchat/offhand) omits the pad to 2 before the sizes
+        # of a short message when the id size is odd.  Read per spec, this
+        # 300-byte part is a 1-byte part "c" followed by "xxxxxxxx"... which
+        # is a string of resume packets (0x78): it must be refused, not
+        # stored and acknowledged as "c".
+        p = Pair(id_sizes=(1, 1)).connect()
+        part = b"c1-m0-p0".ljust(300, b"x")
+        go_bytes = (bytes((0x11, 1, 1)) + len(part).to_bytes(2, "little") + bytes(3)
+                    + part + bytes(-len(part) % 8))
+        p.st.clear()
+        p.sp.dataReceived(go_bytes)
+        self.assertTrue(p.st.disconnecting)
+        self.assertEqual(p.server.messages, {})
+        out = p.st.value()                      # no acknowledgement (format 1 or 3)
+        self.assertEqual([h for h in out[::8] if h & 1 and (h >> 2) & 7 in (1, 3)], [])
+        self.flushLoggedErrors()
+
     def test_closed_ack_for_open_channel(self):
         def prepare(p):
             p.server_link.channel(3).send([b"one"], ack=None)

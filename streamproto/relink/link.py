@@ -1215,7 +1215,10 @@ class Link:
             self._out.append(codec.encode_general(PONG))
         elif ptype == RESUME:
             if self.messaging:
-                return
+                # a peer sends resume once, and only after an old link id was
+                # agreed (spec 3.5); any other is garbage, e.g. payload bytes
+                # of a misframed message (the Go writer's odd-id-size bug)
+                raise ProtocolError("resume without a resumption in progress")
             self.messaging = True
             for ch in self.out_channels.values():
                 ch.transmitted = max(ch.received, ch.consumed)
