@@ -21,6 +21,7 @@ from zope.interface import implementer
 
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.relink.api import ChannelHandler, Connector
+from streamproto.relink.codec import CONSUMED
 
 
 class CLIError(Exception):
@@ -164,15 +165,21 @@ def _echo(reactor, args, out):
     counter.waiter = defer.Deferred()
     start = time.perf_counter()
     sent = 0
+    consumed = None
     while sent < args.count:
         room = min(ch.room, args.count - sent)
         if room <= 0:
             yield ch.when_writable()
             continue
-        ch.send_payloads([payload] * room, ack=None)
         sent += room
+        # acks are cumulative: the last batch's CONSUMED covers every message
+        consumed = ch.send_payloads([payload] * room,
+                                    ack=CONSUMED if sent == args.count else None)
     yield counter.waiter
     elapsed = time.perf_counter() - start
+    # a listener may stop acknowledging once it has our shutdown (the Go one
+    # does): shut down only when everything sent is acknowledged
+    yield consumed
     yield c.shutdown()
     out.write(f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
               f"{args.count / elapsed:,.0f} msg/s\n")
