@@ -95,3 +95,30 @@ def start_process(testcase, args, **popen_kwargs):
         process.stdout.close()
     testcase.addCleanup(kill)
     return process
+
+
+class ProcessOutput(protocol.ProcessProtocol):
+    """
+    A child's stdout, stderr and exit code (C{ended} fires with the three),
+    after feeding it C{stdin} (None: leave its stdin open).
+    """
+
+    def __init__(self, stdin=None):
+        self.stdin = stdin
+        self.out = bytearray()
+        self.err = bytearray()
+        self.ended = defer.Deferred()
+
+    def connectionMade(self):
+        if self.stdin is not None:
+            self.transport.write(self.stdin)
+            self.transport.closeStdin()
+
+    def outReceived(self, data):
+        self.out += data
+
+    def errReceived(self, data):
+        self.err += data
+
+    def processEnded(self, reason):
+        self.ended.callback((bytes(self.out), bytes(self.err), reason.value.exitCode))

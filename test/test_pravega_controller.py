@@ -188,6 +188,21 @@ class RetentionPolicyTests(unittest.SynchronousTestCase):
         self.assertIsNone(choose_retention_cut("TIME", 0, [], 30, size))
 
 
+def get_uri(port):
+    """The controller's answer to getURI (where the segment store is), from a thread."""
+    import grpc
+
+    from streamproto.pravega import controller_pb2 as pb
+
+    def call():
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            rpc = channel.unary_unary(SERVICE + "getURI",
+                                      request_serializer=lambda m: m.SerializeToString(),
+                                      response_deserializer=pb.NodeUri.FromString)
+            return rpc(pb.SegmentId(), timeout=10)
+    return threads.deferToThread(call)
+
+
 class ControllerStateTestBase(unittest.TestCase):
     """A L{ControllerState} on the memory store, with scope C{sc} (no tests here)."""
 
@@ -693,9 +708,7 @@ class AdvertisedPortTests(unittest.TestCase):
     def test_port_zero_is_resolved(self):
         import tempfile
 
-        import grpc
 
-        from streamproto.pravega import controller_pb2 as pb
         from streamproto.pravega import tap
         o = tap.Options()
         o.parseOptions(["--data", tempfile.mkdtemp(), "--port", "tcp:0:interface=127.0.0.1",
@@ -710,14 +723,7 @@ class AdvertisedPortTests(unittest.TestCase):
             # listening by now: the controller waited for it
             port = listener._waitingForPort.result.getHost().port
             self.assertNotEqual(port, 0)
-            channel = grpc.insecure_channel(f"127.0.0.1:{controller.port}")
-            try:
-                rpc = channel.unary_unary(SERVICE + "getURI",
-                                          request_serializer=lambda m: m.SerializeToString(),
-                                          response_deserializer=pb.NodeUri.FromString)
-                r = yield threads.deferToThread(rpc, pb.SegmentId(), timeout=10)
-            finally:
-                channel.close()
+            r = yield get_uri(controller.port)
             self.assertEqual((r.endpoint, r.port), ("127.0.0.1", port))
         finally:
             yield top.stopService()
@@ -846,10 +852,8 @@ class UmbrellaTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_pravega_controller(self):
-        import grpc
 
         from streamproto import tap
-        from streamproto.pravega import controller_pb2 as pb
         top = tap.makeService(self.options(
             "--pravega-controller", "tcp:0:interface=127.0.0.1",
             "--pravega-advertise", "store.example:7777"))
@@ -857,14 +861,7 @@ class UmbrellaTests(unittest.TestCase):
         top.startService()
         try:
             yield controller.ready
-            channel = grpc.insecure_channel(f"127.0.0.1:{controller.port}")
-            try:
-                rpc = channel.unary_unary(SERVICE + "getURI",
-                                          request_serializer=lambda m: m.SerializeToString(),
-                                          response_deserializer=pb.NodeUri.FromString)
-                r = yield threads.deferToThread(rpc, pb.SegmentId(), timeout=10)
-            finally:
-                channel.close()
+            r = yield get_uri(controller.port)
             self.assertEqual((r.endpoint, r.port), ("store.example", 7777))
         finally:
             yield top.stopService()

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 
-from twisted.internet import defer, protocol, reactor
+from twisted.internet import defer, reactor
 from twisted.internet.endpoints import serverFromString
 from twisted.trial import unittest
 
@@ -18,33 +18,11 @@ from streamproto.log import MemoryLogStore
 from streamproto.relink import cli
 from streamproto.relink.api import ListenerFactory
 from streamproto.relink.endpoints import server_endpoints
+from test.netutil import ProcessOutput
 from test.tlsutil import certs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ECHOED = re.compile(r"^(\d+) messages of (\d+) B echoed in [0-9.]+s: [0-9,]+ msg/s\n$")
-
-
-class Collect(protocol.ProcessProtocol):
-    """A child's stdout, stderr and exit code, after feeding it C{stdin}."""
-
-    def __init__(self, stdin):
-        self.stdin = stdin
-        self.out = bytearray()
-        self.err = bytearray()
-        self.ended = defer.Deferred()
-
-    def connectionMade(self):
-        self.transport.write(self.stdin)
-        self.transport.closeStdin()
-
-    def outReceived(self, data):
-        self.out += data
-
-    def errReceived(self, data):
-        self.err += data
-
-    def processEnded(self, reason):
-        self.ended.callback((bytes(self.out), bytes(self.err), reason.value.exitCode))
 
 
 class BrokenStore(MemoryLogStore):
@@ -232,7 +210,7 @@ class EntryPointTests(RelinkCLITestBase):
     def spawn(self, argv, stdin=b""):
         env = dict(os.environ,
                    PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proto = Collect(stdin)
+        proto = ProcessOutput(stdin)
         reactor.spawnProcess(proto, sys.executable,
                              [sys.executable, "-m", "streamproto", "relink"] + argv,
                              env=env, path=ROOT)

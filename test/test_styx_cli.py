@@ -12,43 +12,22 @@ import sys
 import tempfile
 import types
 
-from twisted.internet import defer, protocol, reactor, task
+from twisted.internet import defer, reactor, task
 from twisted.internet.endpoints import serverFromString
 from twisted.trial import unittest
 
 from streamproto.log import LogConfig, MemoryLogStore, open_store
 from streamproto.styx import cli, tap
 from streamproto.styx.resource import make_site
+from test.netutil import ProcessOutput
 from test.tlsutil import certs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-class Collect(protocol.ProcessProtocol):
-    def __init__(self, stdin):
-        self.stdin = stdin
-        self.out = bytearray()
-        self.err = bytearray()
-        self.ended = defer.Deferred()
-
-    def connectionMade(self):
-        if self.stdin is not None:
-            self.transport.write(self.stdin)
-            self.transport.closeStdin()
-
-    def outReceived(self, data):
-        self.out += data
-
-    def errReceived(self, data):
-        self.err += data
-
-    def processEnded(self, reason):
-        self.ended.callback((bytes(self.out), bytes(self.err), reason.value.exitCode))
-
-
 def spawn(args, stdin=b""):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proto = Collect(stdin)
+    proto = ProcessOutput(stdin)
     reactor.spawnProcess(proto, sys.executable,
                          [sys.executable, "-m", "streamproto", "styx"] + args,
                          env=env, path=ROOT)
@@ -245,14 +224,19 @@ class FileStoreCommandTests(CLITestBase):
         self.assertEqual(code, 1)
 
 
+@defer.inlineCallbacks
+def serve_styx_mtls(testcase, store):
+    """The Styx API over C{store} on mtls (client certificates required): its port."""
+    port = yield serverFromString(reactor, certs().server_endpoint()).listen(make_site(store))
+    testcase.addCleanup(port.stopListening)
+    return port.getHost().port
+
+
 class TLSCommandTests(CLITestBase):
     @defer.inlineCallbacks
     def setUp(self):
         self.store = MemoryLogStore(reactor)
-        port = yield serverFromString(reactor, certs().server_endpoint()).listen(
-            make_site(self.store))
-        self.addCleanup(port.stopListening)
-        self.port = port.getHost().port
+        self.port = yield serve_styx_mtls(self, self.store)
 
     @defer.inlineCallbacks
     def test_client_certificate(self):

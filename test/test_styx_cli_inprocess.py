@@ -9,7 +9,6 @@ import json
 import sys
 
 from twisted.internet import defer, reactor
-from twisted.internet.endpoints import serverFromString
 from twisted.python.failure import Failure
 from twisted.trial import unittest
 
@@ -115,11 +114,10 @@ class TLSCommandTests(InProcessCommandTests):
 
     @defer.inlineCallbacks
     def setUp(self):
+        from test.test_styx_cli import serve_styx_mtls
         self.store = MemoryLogStore(reactor)
-        port = yield serverFromString(reactor, certs().server_endpoint()).listen(
-            make_site(self.store))
-        self.addCleanup(port.stopListening)
-        self.host = f"https://localhost:{port.getHost().port}"
+        port = yield serve_styx_mtls(self, self.store)
+        self.host = f"https://localhost:{port}"
 
     def styx(self, *argv, stdin=b""):
         c = certs()
