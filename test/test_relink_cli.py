@@ -148,6 +148,25 @@ class TLSEchoTests(EchoTests):
     tls = True
 
 
+class NoLinkTests(RelinkCLITestBase):
+    """TCP connects, but the server closes the handshake: the command must not retry for ever."""
+
+    @defer.inlineCallbacks
+    def test_unknown_endpoint(self):
+        status, out, err = yield self.relink("--link-timeout", "0.5", "send", "--endpoint",
+                                             "nope", stdin=b"x\n")
+        self.assertEqual((status, out), (1, ""))
+        self.assertIn("no link after 0.5s", err)
+        self.assertEqual(self.store.names(), [])
+
+    @defer.inlineCallbacks
+    def test_other_id_size(self):
+        status, out, err = yield self.relink("--link-timeout", "0.5", "--id-size", "2",
+                                             "echo", "--count", "5")
+        self.assertEqual((status, out), (1, ""))
+        self.assertIn("no link after 0.5s", err)
+
+
 class FailedCommitTests(RelinkCLITestBase):
     def make_store(self):
         return BrokenStore(reactor)
@@ -199,7 +218,7 @@ class ErrorTests(unittest.TestCase):
         self.patch(sys, "stderr", io.StringIO())
         for argv in ([], ["frobnicate"], ["send", "--channel", "x"],
                      ["send", "--commit-every", "0"], ["echo", "--count", "0"],
-                     ["echo", "--size", "-1"]):
+                     ["echo", "--size", "-1"], ["--link-timeout", "0", "send"]):
             self.assertEqual(cli.main(argv), 2, argv)
         self.assertIn("--commit-every must be at least 1", sys.stderr.getvalue())
 

@@ -78,6 +78,10 @@ def _parser():
     p.add_argument("--key", help="client private key (PEM)")
     p.add_argument("--server-name", help="name to verify in the server certificate")
     p.add_argument("--id-size", type=int, default=4, help="channel id size (server's --id-size)")
+    p.add_argument("--link-timeout", type=float, default=10.0,
+                   help="seconds to wait for the link (the server refuses a handshake for an "
+                        "unknown endpoint, other id sizes, or a missing client certificate "
+                        "by closing: the connector would retry for ever); default 10")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("send", help="send stdin lines as messages")
     s.add_argument("--endpoint", default="log")
@@ -113,24 +117,34 @@ def _connector(reactor, args, endpoint, handler, transactions=False):
 
 
 @defer.inlineCallbacks
-def _linked(c, failed, args):
-    """The connector's link, or CLIError if the first connection attempt failed."""
+def _linked(reactor, c, failed, args):
+    """
+    The connector's link; CLIError if the first connection attempt failed,
+    or if no link came within C{--link-timeout}.
+    """
     linked = c.when_linked()
     either = defer.Deferred()
     linked.addBoth(lambda r: either.called or either.callback(r))
     failed.addErrback(lambda f: either.called or either.errback(f))
+    timer = reactor.callLater(args.link_timeout, lambda: either.called or either.errback(
+        TimeoutError(f"no link after {args.link_timeout:g}s (the server closes a handshake "
+                     "for an unknown endpoint or other id sizes, and TLS without the "
+                     "client certificate it requires)")))
     try:
         link = yield either
     except Exception as e:
         yield c.stop()
         raise CLIError(f"cannot connect to {args.connect}: {e}")
+    finally:
+        if timer.active():
+            timer.cancel()
     return link
 
 
 @defer.inlineCallbacks
 def _send(reactor, args, lines, out):
     c, failed = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
-    link = yield _linked(c, failed, args)
+    link = yield _linked(reactor, c, failed, args)
     ch = link.channel(args.channel)
     sent = 0
     pending = []
@@ -158,7 +172,7 @@ def _send(reactor, args, lines, out):
 def _echo(reactor, args, out):
     counter = _Counter()
     c, failed = _connector(reactor, args, "echo", counter)
-    link = yield _linked(c, failed, args)
+    link = yield _linked(reactor, c, failed, args)
     ch = link.channel(1)
     payload = b"e" * args.size
     counter.want = args.count
@@ -213,6 +227,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.command == "send" and args.commit_every < 1:
         parser.error("--commit-every must be at least 1")
+    if not args.link_timeout > 0:
+        parser.error("--link-timeout must be positive")
     if args.command == "echo" and (args.count < 1 or args.size < 0):
         parser.error("--count must be at least 1 and --size at least 0")
     return args
