@@ -16,7 +16,8 @@ from streamproto.pravega.client import (
 )
 from test.netutil import wait_until
 from test.test_ops_support import (
-    RunningService, Samples, assert_log_failed, sample, start_on_faulty_store,
+    RunningService, Samples, ShutdownWhileStreamingTests, assert_log_failed, sample,
+    start_on_faulty_store,
 )
 
 SERVER = "pravega-server"
@@ -29,7 +30,7 @@ def event(n):
     return b"e%08d" % n
 
 
-class PravegaOpsTests(unittest.TestCase):
+class PravegaOpsTests(ShutdownWhileStreamingTests, unittest.TestCase):
     timeout = 30
 
     def endpoint(self, port, tls=None):
@@ -110,14 +111,6 @@ class PravegaOpsTests(unittest.TestCase):
         victim.transport.write(b"\x00\x00\x00\x63garbage!")     # unknown type 99
         yield victim.closed
         self.assertEqual(s.error_delta("protocol_error") - bad, 1)
-
-    def test_shutdown_while_streaming(self):
-        return self.shutdown_while_streaming()
-
-    def test_shutdown_while_streaming_mtls(self):
-        from test.tlsutil import certs
-        return self.shutdown_while_streaming(certs().server_endpoint(),
-                                             certs().client_options(with_cert=True))
 
     @defer.inlineCallbacks
     def shutdown_while_streaming(self, listen=None, tls=None):

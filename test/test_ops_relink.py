@@ -9,7 +9,9 @@ from streamproto.core.tls import client_endpoint
 from streamproto.relink import codec, tap
 from streamproto.relink.api import Connector
 from test.netutil import RawClient, connect, wait_until
-from test.test_ops_support import RunningService, Samples, stored_records
+from test.test_ops_support import (
+    RunningService, Samples, ShutdownWhileStreamingTests, stored_records,
+)
 from test.test_relink_support import Recorder
 
 SERVER = "relink-server"
@@ -25,7 +27,7 @@ def appending(server):
     return False
 
 
-class RelinkOpsTests(unittest.TestCase):
+class RelinkOpsTests(ShutdownWhileStreamingTests, unittest.TestCase):
     timeout = 30
 
     def connector(self, port, name, tls=None):
@@ -57,14 +59,6 @@ class RelinkOpsTests(unittest.TestCase):
             codec.ConnectorHandshake("no-such-endpoint", 4, 4)))
         yield client.closed
         self.assertEqual(s.error_delta("handshake_refused") - before, 1)
-
-    def test_shutdown_while_streaming(self):
-        return self.shutdown_while_streaming()
-
-    def test_shutdown_while_streaming_mtls(self):
-        from test.tlsutil import certs
-        return self.shutdown_while_streaming(certs().server_endpoint(),
-                                             certs().client_options(with_cert=True))
 
     @defer.inlineCallbacks
     def shutdown_while_streaming(self, listen=None, tls=None):

@@ -131,3 +131,19 @@ def assert_log_failed(testcase, base, log_name):
     r = yield treq.get(base + "/metrics", persistent=False)
     testcase.assertIn(f'streamproto_log_failed{{log="{log_name}"}} 1.0', (yield r.text()))
     testcase.assertEqual(len(testcase.flushLoggedErrors(LogFailed)), 1)
+
+
+class ShutdownWhileStreamingTests:
+    """
+    Mixin for a protocol's ops test case: its C{shutdown_while_streaming(
+    listen=None, tls=None)} run over TCP and over mTLS (client certificates
+    required).
+    """
+
+    def test_shutdown_while_streaming(self):
+        return self.shutdown_while_streaming()
+
+    def test_shutdown_while_streaming_mtls(self):
+        from test.tlsutil import certs
+        return self.shutdown_while_streaming(certs().server_endpoint(),
+                                             certs().client_options(with_cert=True))
