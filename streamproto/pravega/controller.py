@@ -817,51 +817,49 @@ class ControllerState:
     def commit_txn(self, scope, stream, txn_id):
         """@return: Deferred firing with "SUCCESS", "TRANSACTION_NOT_FOUND" or "FAILURE"."""
         @defer.inlineCallbacks
-        def commit():
-            txn = self._txn(scope, stream, txn_id)
-            if txn is None:
-                return "TRANSACTION_NOT_FOUND"
-            if txn["state"] == "COMMITTED":
-                return "SUCCESS"
-            if txn["state"] not in ("OPEN", "COMMITTING"):
-                return "FAILURE"
-            if txn["state"] == "OPEN":
-                txn["state"] = "COMMITTING"
-                yield self._save()
+        def merge_segments(txn):
             for i in _txn_segments(txn):
                 yield self.segments.merge(name_of(scope, stream, i),
                                           txn_name_of(scope, stream, i, txn_id))
-            txn["state"] = "COMMITTED"
-            self._prune()
-            yield self._save()
-            self.log.info("committed transaction {txn}", txn=txn_id)
-            return "SUCCESS"
-        return self._mutate(commit)
+        return self._end_txn(scope, stream, txn_id, "COMMITTING", "COMMITTED",
+                             merge_segments)
 
     def abort_txn(self, scope, stream, txn_id):
+        """@return: Deferred firing with "SUCCESS", "TRANSACTION_NOT_FOUND" or "FAILURE"."""
         @defer.inlineCallbacks
-        def abort():
-            txn = self._txn(scope, stream, txn_id)
-            if txn is None:
-                return "TRANSACTION_NOT_FOUND"
-            if txn["state"] == "ABORTED":
-                return "SUCCESS"
-            if txn["state"] not in ("OPEN", "ABORTING"):
-                return "FAILURE"
-            if txn["state"] == "OPEN":
-                txn["state"] = "ABORTING"
-                yield self._save()
+        def delete_segments(txn):
             for i in _txn_segments(txn):
                 try:
                     yield self.segments.delete(txn_name_of(scope, stream, i, txn_id))
                 except SegmentNotFound:
                     pass
-            txn["state"] = "ABORTED"
+        return self._end_txn(scope, stream, txn_id, "ABORTING", "ABORTED", delete_segments)
+
+    def _end_txn(self, scope, stream, txn_id, ending, ended, apply):
+        """
+        Commit or abort: record the C{ending} state durably first (so that a
+        restart finishes the job), C{apply(txn)} to the segments, then record
+        C{ended}.  Repeating a finished one succeeds; the other outcome fails.
+        """
+        @defer.inlineCallbacks
+        def end():
+            txn = self._txn(scope, stream, txn_id)
+            if txn is None:
+                return "TRANSACTION_NOT_FOUND"
+            if txn["state"] == ended:
+                return "SUCCESS"
+            if txn["state"] not in ("OPEN", ending):
+                return "FAILURE"
+            if txn["state"] == "OPEN":
+                txn["state"] = ending
+                yield self._save()
+            yield apply(txn)
+            txn["state"] = ended
             self._prune()
             yield self._save()
-            self.log.info("aborted transaction {txn}", txn=txn_id)
+            self.log.info("{outcome} transaction {txn}", outcome=ended.lower(), txn=txn_id)
             return "SUCCESS"
-        return self._mutate(abort)
+        return self._mutate(end)
 
     def ping_txn(self, scope, stream, txn_id, lease_ms):
         """@return: Deferred firing with a PingTxnStatus name."""
