@@ -16,7 +16,8 @@ from twisted.internet.address import IPv4Address
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from streamproto.reliable.client import StatefulClient, StatelessClient
+from streamproto.reliable import codec
+from streamproto.reliable.client import StatefulClient, StatelessClient, _StatefulSession
 from streamproto.reliable.errors import StreamGaveUp
 from streamproto.reliable.mt19937 import first_random_int
 from streamproto.reliable.server import ReliableStreamFactory
@@ -38,6 +39,7 @@ class PipeTransport:
         self.disconnecting = False
         self.dead = False
         self.producer = None
+        self.paused = False     # the protocol stopped reading: nothing is delivered to it
         self._host, self._peer = host, peer
 
     def write(self, data):
@@ -52,6 +54,12 @@ class PipeTransport:
 
     def abortConnection(self):
         self.link.cut(abort=True)
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
 
     def registerProducer(self, producer, streaming):
         self.producer = producer
@@ -82,7 +90,7 @@ class Link:
         for source, sink in ((self.server, self.client), (self.client, self.server)):
             if self.closed:
                 return moved
-            if source.outbox and not sink.dead:
+            if source.outbox and not sink.dead and not sink.paused:
                 n = rng.randint(1, self.network.chunk)
                 chunk = bytes(source.outbox[:n])
                 del source.outbox[:n]
@@ -327,6 +335,58 @@ class FaultInjectionTests(SynchronousTestCase):
         self.assertEqual([b - a for a, b in zip(attempts_at, attempts_at[1:])], [5.0, 10.0])
 
 
+class _ReferenceLikeSession(_StatefulSession):
+    """
+    The reference Ruby client's habit: on a reconnect it sends C{state} and,
+    right behind it, the ack it could not deliver before the connection
+    broke (the same id: it acks every 16th id as it arrives).  Here also,
+    at random, when no ack was due.  The network splits and cuts these
+    bytes at random, between the two lines too.
+    """
+
+    def __init__(self, *args, rng):
+        super().__init__(*args)
+        self.rng = rng
+
+    def initial_message(self):
+        first = super().initial_message()
+        if self.last_id == 0:
+            return first
+        if self.last_id % (self.ack_every or 16) == 0 or self.rng.random() < 0.5:
+            return first + codec.encode_ack(self.uuid, self.last_id)
+        return first
+
+
+class ReferenceLikeClient(StatefulClient):
+    def __init__(self, *args, rng, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rng = rng
+
+    def _session(self):
+        return _ReferenceLikeSession(self.count, self.uuid, self.ack_every, rng=self.rng)
+
+
+class ResumeThenAckTests(SynchronousTestCase):
+    """The fault-injection runs with a client that acks right behind its resume."""
+
+    setup_run = FaultInjectionTests.setup_run
+
+    def test_stateful_runs(self):
+        resumes = 0
+        for seed in range(300, 450):
+            rng, clock, store, server_rng, factory, network = self.setup_run(seed)
+            count = rng.choice([17, 33, rng.randint(20, 300)])
+            client = ReferenceLikeClient(Endpoint(network), count, uuid=f"ref-{seed}",
+                                         clock=clock, ack_every=16, rng=rng)
+            d = client.run()
+            network.run(d)
+            result = self.successResultOf(d)
+            self.assertEqual(len(result.values), count, seed)
+            self.assertEqual(result.crc, crc_of(result.values), seed)
+            resumes += result.reconnects
+        self.assertGreater(resumes, 200)
+
+
 class DurableFaultInjectionTests(TestCase):
     """
     The same network over the SQLite store, and in each run the server is
@@ -338,7 +398,7 @@ class DurableFaultInjectionTests(TestCase):
     timeout = 60
 
     @defer.inlineCallbacks
-    def run_with_restart(self, seed):
+    def run_with_restart(self, seed, reference_like=False):
         rng = random.Random(seed)
         clock = TurnClock()
         path = os.path.join(self.mktemp(), "sessions.sqlite")
@@ -353,8 +413,13 @@ class DurableFaultInjectionTests(TestCase):
         network = Network(rng, clock, start_server(), cut_rate=rng.choice([0.0, 0.02, 0.05]),
                           refuse_rate=rng.choice([0.0, 0.1]))
         count = rng.randint(50, 400)
-        d = StatefulClient(Endpoint(network), count, uuid=f"durable-{seed}", clock=clock,
-                           ack_every=rng.choice([0, 5, 16])).run()
+        if reference_like:
+            client = ReferenceLikeClient(Endpoint(network), count, uuid=f"durable-{seed}",
+                                         clock=clock, ack_every=16, rng=rng)
+        else:
+            client = StatefulClient(Endpoint(network), count, uuid=f"durable-{seed}",
+                                    clock=clock, ack_every=rng.choice([0, 5, 16]))
+        d = client.run()
         # kill the server once it has generated this many messages
         restart_when = rng.randint(1, count - 1)
         restarted_at = None
@@ -393,3 +458,13 @@ class DurableFaultInjectionTests(TestCase):
     def test_runs_with_a_server_restart(self):
         for seed in range(2000, 2015):
             yield self.run_with_restart(seed)
+
+    @defer.inlineCallbacks
+    def test_ack_right_behind_the_resume(self):
+        """
+        The reference client's resume (C{state}, then at once the ack it
+        could not deliver) on the durable store, whose ack and replay take
+        a commit: the ack must wait for them.
+        """
+        for seed in range(2100, 2115):
+            yield self.run_with_restart(seed, reference_like=True)

@@ -14,6 +14,7 @@ connection is closed (the spec; the reference server kept some of them open).
 """
 
 import random
+from collections import deque
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IPushProducer, ISSLTransport
@@ -48,6 +49,10 @@ DEFAULT_STALL_TIMEOUT = 300.0
 SHUTDOWN_ERROR = codec.SHUTDOWN_ERROR
 #: the C{server} label of the suite-wide Prometheus metrics
 SERVER_NAME = "reliable-stream-server"
+#: messages a connection may send behind its C{params}/C{state} while that
+#: first message is still being handled; reading stops meanwhile, so only
+#: what one read brought can pile up, and this bounds even that
+MAX_HELD_MESSAGES = 1024
 
 
 class _Released:
@@ -108,6 +113,11 @@ class ReliableStreamServerProtocol(Protocol):
         self._gone = []              # Deferreds of gracefulShutdown
         self._unsent_count = 0       # messages queued since the last flush (metrics)
         self._stored_count = 0       # messages stored since the last flush (metrics)
+        # messages read but not yet in effect (see _drain)
+        self._inbox = deque()
+        # the first message (params/state) is still being handled
+        self._busy = False
+        self._reading_paused = False
 
     # Connection
 
@@ -130,17 +140,57 @@ class ReliableStreamServerProtocol(Protocol):
         except ProtocolError as e:
             self._fail(str(e))
             return
+        # every message of this read goes into the inbox before any takes
+        # effect: a resume handled at once (a memory store) must still find
+        # the ack that came behind it there, not generate past it first
+        inbox = self._inbox
         for line in lines:
-            if self.phase == "closed":
-                return
             if codec.is_blank(line):
                 continue
             try:
-                message = codec.parse_client_message(line)
+                inbox.append(codec.parse_client_message(line))
             except ProtocolError as e:
-                self._fail(str(e))
+                inbox.append(e)     # takes effect in its turn: the error
+                break
+        self._drain()
+
+    # Order: a message takes effect only after the ones before it
+
+    def _drain(self):
+        """
+        Let the messages in the inbox take effect, in order, while no
+        earlier one is still being handled.  A client resuming sends
+        C{state} and, in the same write, the C{ack} it could not deliver
+        before its connection broke: that ack must be judged after the
+        resume (the takeover, the store's ack, the replay) has happened,
+        against what the session has sent, never against a connection that
+        has sent nothing yet.  Meanwhile reading stops (backpressure, not a
+        buffer): only what one read brought can wait, at most
+        L{MAX_HELD_MESSAGES}.
+        """
+        inbox = self._inbox
+        while inbox and not self._busy:
+            if self.phase == "closed" or self._close_after_flush:
+                inbox.clear()
                 return
-            self._dispatch(message)
+            item = inbox.popleft()
+            if isinstance(item, ProtocolError):
+                self._fail(str(item))
+                inbox.clear()
+                return
+            self._dispatch(item)
+        if self.phase == "closed":
+            return
+        if inbox:
+            if len(inbox) > MAX_HELD_MESSAGES:
+                inbox.clear()
+                self._fail("too many messages before the session was ready")
+            elif not self._reading_paused:
+                self._reading_paused = True
+                self.transport.pauseProducing()
+        elif self._reading_paused:
+            self._reading_paused = False
+            self.transport.resumeProducing()
 
     def _dispatch(self, message):
         if self.phase == "initial":
@@ -352,6 +402,7 @@ class ReliableStreamServerProtocol(Protocol):
 
     def _start_stateful(self, uuid, then, argument):
         self.phase = "waiting"
+        self._busy = True
         self.uuid = uuid
         self._claimed = True
         previous = self.factory.claim(uuid, self)
@@ -368,8 +419,14 @@ class ReliableStreamServerProtocol(Protocol):
 
     def _open(self, count):
         d = self.factory.store.register(self.uuid, initial_state(count, rng=self.factory.rng))
-        d.addCallback(lambda _: self._generate())
+        d.addCallback(lambda _: self._ready())
         d.addErrback(self._errback)
+
+    def _ready(self):
+        """The session's first message is done: the ones held behind it, then new messages."""
+        self._busy = False
+        self._drain()
+        self._generate()
 
     @defer.inlineCallbacks
     def _resume(self, last_id):
@@ -387,7 +444,7 @@ class ReliableStreamServerProtocol(Protocol):
             self._errback(Failure())
             return
         if self.phase == "stateful" and not self._close_after_flush:
-            self._generate()
+            self._ready()
 
     def _deliver(self, message):
         self._sent_id = message.id
