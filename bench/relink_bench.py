@@ -14,7 +14,12 @@ Two modes (both run by default):
   child that reads and discards them.
 
     python bench/relink_bench.py [--messages N] [--size B] [--parts P]
-        [--window W] [--batch K] [--mode memory|tcp|both]
+        [--window W] [--batch K] [--mode memory|tcp|both|echo] [--echo-size B]
+
+C{echo}: the server's own C{echo} endpoint (a child with the server's
+defaults) and a connector here keeping 65,536 messages in flight (the Go
+package's default window) next to 4,096 (the most a connector could keep
+before the server stopped treating more as an error), in the same run.
 
 The machine may be shared: run it a few times and take the best.
 """
@@ -253,6 +258,91 @@ def tcp_runs(n, size, parts_list, window, batch):
     return results
 
 
+ECHO_CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+from twisted.internet import reactor
+from twisted.internet.endpoints import TCP4ServerEndpoint
+from streamproto.log import MemoryLogStore
+from streamproto.relink.api import ListenerFactory
+from streamproto.relink.endpoints import server_endpoints
+# the server's endpoints with the server's defaults, as twistd relink-server runs them
+def ready(port):
+    print(port.getHost().port, flush=True)
+TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
+    ListenerFactory(server_endpoints(MemoryLogStore(reactor), id_size=int(sys.argv[2])))
+).addCallback(ready)
+reactor.run()
+"""
+
+
+def echo_runs(n, size, windows, id_size=2):
+    """
+    Round trips through the server's C{echo} endpoint (a child process with
+    the server's defaults), once per connector send window: seconds until
+    every echo of C{n} messages of C{size} bytes is back.
+    """
+    from twisted.internet import reactor
+    from twisted.internet.defer import Deferred, inlineCallbacks
+
+    from streamproto.core.tls import client_endpoint
+    from streamproto.relink.api import Connector
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    child = subprocess.Popen([sys.executable, "-c", ECHO_CHILD, root, str(id_size)],
+                             stdout=subprocess.PIPE)
+    port = int(child.stdout.readline())
+    results = []
+
+    class Echoes(ChannelHandler):
+        def __init__(self):
+            self.count = 0
+            self.done = Deferred()
+
+        def messages_received(self, link, channel_id, messages):
+            self.count += len(messages)
+            if self.count >= n and not self.done.called:
+                self.done.callback(None)
+
+    @inlineCallbacks
+    def one(window):
+        handler = Echoes()
+        config = LinkConfig(window=window, max_queued=window, window_bytes=1 << 30,
+                            max_queued_bytes=1 << 30)
+        c = Connector(client_endpoint(reactor, "127.0.0.1", port, None), "echo", handler,
+                      connector_id_size=id_size, listener_id_size=id_size, config=config)
+        c.start()
+        link = yield c.when_linked()
+        ch = link.channel(1)
+        payload = b"e" * size
+        start = time.perf_counter()
+        sent = 0
+        while sent < n:
+            room = min(ch.room, n - sent, 8192)
+            if room <= 0:
+                yield ch.when_writable()
+                continue
+            ch.send_payloads([payload] * room, ack=None)
+            sent += room
+        yield handler.done
+        results.append(time.perf_counter() - start)
+        yield c.stop()
+
+    @inlineCallbacks
+    def go():
+        try:
+            for window in windows:
+                yield one(window)
+        finally:
+            reactor.stop()
+
+    reactor.callWhenRunning(go)
+    reactor.run()
+    child.terminate()
+    child.wait()
+    return results
+
+
 def report(label, n, elapsed, base_elapsed, size):
     rate = n / elapsed
     base = n / base_elapsed
@@ -267,7 +357,10 @@ def main(argv=None):
     p.add_argument("--parts", type=int, default=4, help="parts of the multi-part run")
     p.add_argument("--window", type=int, default=16384)
     p.add_argument("--batch", type=int, default=8192)
-    p.add_argument("--mode", choices=["memory", "tcp", "both"], default="both")
+    p.add_argument("--mode", choices=["memory", "tcp", "both", "echo"], default="both",
+                   help="echo: round trips through the server's echo endpoint with a "
+                        "4,096 and a 65,536-message send window (not part of 'both')")
+    p.add_argument("--echo-size", type=int, default=100)
     args = p.parse_args(argv)
     n = args.messages
     print(f"relink: {n} messages of {args.size} B, window {args.window}, "
@@ -282,6 +375,13 @@ def main(argv=None):
         for parts, e in zip((1, args.parts), runs):
             b = tcp_baseline(n, args.size, parts)
             report(f"tcp, {parts} part(s), consumed acks", n, e, b, args.size)
+    if args.mode == "echo":
+        # 4,096: the most a connector could keep in flight before the server
+        # stopped failing larger windows (the baseline); 65,536: the Go
+        # package's default window
+        small, large = echo_runs(n, args.echo_size, (4096, 65536))
+        print(f"echo through the server, {args.echo_size} B messages, id size 2:")
+        report("  send window 65,536 (vs 4,096)", n, large, small, args.echo_size)
     return 0
 
 

@@ -16,9 +16,10 @@ from twisted.trial import unittest
 
 from streamproto.log import MemoryLogStore
 from streamproto.relink import cli
-from streamproto.relink.api import ListenerFactory
+from streamproto.relink.api import ListenerFactory, RelinkEndpoint
 from streamproto.relink.endpoints import server_endpoints
 from test.netutil import ProcessOutput
+from test.test_relink_support import Recorder
 from test.tlsutil import certs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -167,6 +168,40 @@ class NoLinkTests(RelinkCLITestBase):
         self.assertIn("no link after 0.5s", err)
 
 
+class ShutdownTimeoutTests(unittest.TestCase):
+    """A listener that never answers our shutdown: the command gives up, saying so."""
+
+    timeout = 20
+
+    @defer.inlineCallbacks
+    def test_silent_listener(self):
+        handler = Recorder()      # records the peer's shutdown, never answers it
+        port = yield serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(
+            ListenerFactory([RelinkEndpoint("silent", handler, connector_id_size=4,
+                                            listener_id_size=4)]))
+        self.addCleanup(port.stopListening)
+        out, err = io.StringIO(), io.StringIO()
+        args = cli.parse_args(["--connect", f"127.0.0.1:{port.getHost().port}",
+                               "--shutdown-timeout", "0.5", "send", "--endpoint", "silent"])
+        status = yield cli.run(reactor, args, io.BytesIO(b"a\nb\n"), out, err)
+        self.assertEqual(status, 1)
+        self.assertEqual(err.getvalue(), "Error: the listener did not complete the shutdown "
+                         "within 0.5 s (messages not yet acknowledged may not have been "
+                         "consumed)\n")
+        self.assertEqual(handler.messages, {0: [(b"a",), (b"b",)]})
+        self.assertTrue(handler.shutdowns)
+
+
+class LargeWindowTests(RelinkCLITestBase):
+    @defer.inlineCallbacks
+    def test_echo_with_the_go_default_window(self):
+        # 65,536 in flight on one channel: the server pushes back, never fails the link
+        status, out, err = yield self.relink("--window", "65536", "echo", "--count",
+                                             "150000", "--size", "100")
+        self.assertEqual((status, err), (0, ""))
+        self.assertIn("150000 messages of 100 B echoed", out)
+
+
 class FailedCommitTests(RelinkCLITestBase):
     def make_store(self):
         return BrokenStore(reactor)
@@ -218,7 +253,8 @@ class ErrorTests(unittest.TestCase):
         self.patch(sys, "stderr", io.StringIO())
         for argv in ([], ["frobnicate"], ["send", "--channel", "x"],
                      ["send", "--commit-every", "0"], ["echo", "--count", "0"],
-                     ["echo", "--size", "-1"], ["--link-timeout", "0", "send"]):
+                     ["echo", "--size", "-1"], ["--link-timeout", "0", "send"],
+                     ["--shutdown-timeout", "0", "send"], ["--window", "0", "send"]):
             self.assertEqual(cli.main(argv), 2, argv)
         self.assertIn("--commit-every must be at least 1", sys.stderr.getvalue())
 

@@ -13,6 +13,7 @@ from streamproto.log import MemoryLogStore, open_store
 from streamproto.relink import tap
 from streamproto.relink.api import Connector, ListenerFactory
 from streamproto.relink.endpoints import server_endpoints
+from streamproto.relink.link import LinkConfig
 from test.test_relink_support import Recorder
 from test.tlsutil import certs
 
@@ -266,3 +267,118 @@ class Plugin(unittest.TestCase):
         yield deferLater(reactor, 0.05, lambda: None)
         self.assertFalse(link.attached)
         self.assertIsNone(link.lost)
+
+
+#: what the reference Go connector keeps in flight per channel by default
+GO_WINDOW = 65536
+
+
+class LargeSendWindow(unittest.TestCase):
+    """
+    A connector with a send window of 65,536 messages (the Go package's
+    default) against the server's endpoints with their defaults: the server
+    has no receive window to enforce (the spec has none), it applies
+    backpressure instead, and nothing deadlocks even on C{echo}, whose
+    echoes wait for acknowledgements that arrive behind the peer's data.
+    """
+
+    timeout = 120
+    count = 200000
+    size = 100
+
+    @defer.inlineCallbacks
+    def serve(self, description):
+        self.store = open_store(self.mktemp())
+        self.addCleanup(self.store.close)
+        factory = ListenerFactory(server_endpoints(self.store, id_size=2))
+        port = yield serverFromString(reactor, description).listen(factory)
+        self.addCleanup(port.stopListening)
+        self.factory = factory
+        return port.getHost().port
+
+    @defer.inlineCallbacks
+    def run_window(self, description, name, tls=None, transactions=False):
+        port = yield self.serve(description)
+        handler = Waiting()
+        config = LinkConfig(window=GO_WINDOW, max_queued=GO_WINDOW,
+                            window_bytes=1 << 30, max_queued_bytes=1 << 30)
+        c = Connector(client_endpoint(reactor, "127.0.0.1", port, tls), name, handler,
+                      connector_id_size=2, listener_id_size=2, config=config,
+                      connector_transactions=transactions)
+        c.start()
+        self.addCleanup(c.stop)
+        link = yield c.when_linked()
+        ch = link.channel(1)
+        payload = b"m" * (self.size - 6)
+        sent = 0
+        largest_in_flight = 0
+        last = None
+        commits = []
+        while sent < self.count:
+            room = min(ch.room, self.count - sent, 4096)
+            if room <= 0:
+                yield ch.when_writable()
+                continue
+            batch = [[b"%06d" % i + payload] for i in range(sent, sent + room)]
+            sent += room
+            last = ch.send_many(batch)
+            if transactions:
+                commits.append(ch.commit())
+            largest_in_flight = max(largest_in_flight, ch.assigned - ch.consumed)
+            if sent % 16384 == 0:
+                # let the reactor move bytes now and then
+                yield deferLater(reactor, 0, lambda: None)
+        consumed = yield last
+        self.assertEqual(consumed, self.count)
+        if transactions:
+            self.assertTrue(all((yield defer.gatherResults(commits))))
+        # the connector did keep a large window in flight
+        self.assertGreater(largest_in_flight, 20000)
+        return c, handler, link
+
+    @defer.inlineCallbacks
+    def echo(self, description, tls=None):
+        c, handler, link = yield self.run_window(description, "echo", tls)
+        yield handler.wait_for(self.count)
+        got = handler.messages[1]
+        self.assertEqual(len(got), self.count)
+        self.assertEqual([m[0][:6] for m in got[::9973]],
+                         [b"%06d" % i for i in range(0, self.count, 9973)])
+        yield c.shutdown()
+
+    @defer.inlineCallbacks
+    def log(self, description, tls=None, transactions=False):
+        name = "log-tx" if transactions else "log"
+        c, handler, link = yield self.run_window(description, name, tls, transactions)
+        yield c.shutdown()
+        names = self.store.names()
+        self.assertEqual(len(names), 1, names)
+        log = yield self.store.get(names[0])
+        self.assertEqual(log.end_position, self.count)
+        records = []
+        position = 0
+        while position < self.count:
+            batch = yield log.read(position, max_bytes=8 << 20)
+            records += list(batch)
+            position = batch.next_position
+        self.assertEqual([bytes(r[:6]) for r in records],
+                         [b"%06d" % i for i in range(self.count)])
+
+    def test_echo_tcp(self):
+        return self.echo("tcp:0:interface=127.0.0.1")
+
+    def test_echo_tls(self):
+        return self.echo(certs().server_endpoint(), certs().client_options(with_cert=True))
+
+    def test_log_tcp(self):
+        return self.log("tcp:0:interface=127.0.0.1")
+
+    def test_log_tls(self):
+        return self.log(certs().server_endpoint(), certs().client_options(with_cert=True))
+
+    def test_log_tx_tcp(self):
+        return self.log("tcp:0:interface=127.0.0.1", transactions=True)
+
+    def test_log_tx_tls(self):
+        return self.log(certs().server_endpoint(), certs().client_options(with_cert=True),
+                        transactions=True)

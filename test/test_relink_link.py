@@ -119,17 +119,83 @@ class Messaging(SynchronousTestCase):
         p.run()
         self.assertTrue(all(d.called for d in ds))
 
-    def test_receiver_enforces_window(self):
-        # a sender with a bigger window than the receiver breaks the protocol
-        p = Pair(server=Recorder(hold=True), config=LinkConfig(window=2)).connect()
-        p.link.config = LinkConfig(window=10)
+    def test_receiver_pauses_instead_of_failing(self):
+        """
+        The spec has no receive window: a sender with more in flight than
+        the receiver likes is no error.  The receiver stops reading, and
+        reads again once its handler has consumed half of it.
+        """
+        p = Pair(server=Recorder(hold=True), config=LinkConfig(max_unconsumed=4))
+        p.honour_pauses = True
+        p.connect()
+        p.link.config = LinkConfig(window=100)
         ch = p.link.channel(1)
-        for _i in range(3):
-            ch.send([b"x"], ack=None)
+        sent = [fired(ch.send([b"%d" % i])) for i in range(40)]
+        p.run(chunk=24)     # many small reads
+        server_link = p.server_link
+        self.assertTrue(server_link.reading_paused)
+        self.assertEqual(p.st.producerState, "paused")
+        self.assertEqual(p.server.links_closed, [])
+        held = len(p.server.messages[1])
+        self.assertLess(held, 40)           # the rest waits in flight, unread
+        for _ in range(100):
+            if all(sent):
+                break
+            p.server.release()
+            p.run(chunk=24)
+        self.assertEqual(p.server.messages[1], [(b"%d" % i,) for i in range(40)])
+        self.assertEqual([r[0] for r in sent], list(range(1, 41)))
+        self.assertFalse(server_link.reading_paused)
+        self.assertEqual(p.st.producerState, "producing")
+        self.assertGreater(server_link.receive_pauses, 1)
+
+    def test_empty_messages_count_against_the_byte_bound(self):
+        config = LinkConfig(max_buffered_bytes=64 * 100, max_unconsumed=10 ** 6)
+        p = Pair(server=Recorder(hold=True), config=config)
+        p.honour_pauses = True
+        p.connect()
+        ch = p.link.channel(1)
+        ch.send_many([[] for _ in range(1000)], ack=None)
+        p.run(chunk=64)
+        self.assertTrue(p.server_link.reading_paused)
+        self.assertLess(len(p.server.messages[1]), 1000)
+
+    def test_a_transaction_bigger_than_the_bound_is_an_error(self):
+        # its commit comes behind it: pausing would wait for ever
+        config = LinkConfig(max_unconsumed=8)
+        p = Pair(transactions=(True, False), config=config).connect()
+        p.link.config = LinkConfig(window=100)
+        ch = p.link.channel(1)
+        for i in range(9):
+            ch.send([b"%d" % i], ack=None)
         p.run()
-        self.assertLessEqual(len(p.server.messages.get(1, [])), 2)
         self.assertIsInstance(p.server.links_closed[0], LinkLost)
-        self.assertEqual(p.endpoint.links, {})
+        self.assertIn("transaction of more than 8 messages", str(p.server.links_closed[0]))
+
+    def test_resumption_in_the_middle_of_a_paused_channel(self):
+        p = Pair(server=Recorder(hold=True), config=LinkConfig(max_unconsumed=4))
+        p.honour_pauses = True
+        p.connect()
+        p.link.config = LinkConfig(window=100)
+        ch = p.link.channel(1)
+        sent = [fired(ch.send([b"%d" % i])) for i in range(30)]
+        p.run(chunk=24)
+        self.assertEqual(p.st.producerState, "paused")
+        # the connection breaks with bytes in flight, unread
+        p.cut()
+        p.connect()
+        # the new connection of a paused link starts paused too
+        self.assertTrue(p.server_link.reading_paused)
+        self.assertEqual(p.st.producerState, "paused")
+        for _ in range(100):
+            if all(sent):
+                break
+            p.server.release()
+            p.run(chunk=24)
+        # every message exactly once, in order, across the resumption
+        self.assertEqual(p.server.messages[1], [(b"%d" % i,) for i in range(30)])
+        self.assertEqual([r[0] for r in sent], list(range(1, 31)))
+        self.assertEqual(p.st.producerState, "producing")
 
     def test_sequence_wrap_around(self):
         self.assertEqual(_unwrap(5, 6), 6)

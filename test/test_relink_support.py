@@ -150,6 +150,8 @@ class Pair:
                                    config=self.config, clock=self.clock)
         self.sp = self.cp = None
         self.connections = 0
+        #: deliver nothing to a side whose transport was paused (it stopped reading)
+        self.honour_pauses = False
 
     @property
     def link(self):
@@ -194,10 +196,12 @@ class Pair:
         """Deliver pending bytes both ways (in random chunks if C{chunk})."""
         moved = 0
         self.clock.advance(0)
-        for src, dst in ((self.ct, self.sp), (self.st, self.cp)):
+        for src, dst, reader in ((self.ct, self.sp, self.st), (self.st, self.cp, self.ct)):
             if self.sp is None:
                 break
             while src.value() and self.sp is not None:
+                if self.honour_pauses and reader.producerState == "paused":
+                    break   # the reader stopped reading: bytes wait in flight
                 limit = self.rng.randint(1, chunk) if chunk else None
                 moved += self._move(src, dst, limit)
                 self._check_closed()

@@ -346,9 +346,29 @@ class Connector:
             self._linked_waiters.append(d)
         return d
 
-    def shutdown(self):
-        """Shut the link down (see L{Link.shutdown}), then stop reconnecting."""
-        d = self.link.shutdown()
+    def shutdown(self, timeout=None):
+        """
+        Shut the link down (see L{Link.shutdown}), then stop reconnecting.
+
+        A listener may never answer (it lost our shutdown, or keeps its end
+        open): after C{timeout} seconds (default C{config.shutdown_timeout})
+        the link is discarded and the Deferred fails with L{LinkLost}
+        saying so, rather than waiting for ever.
+        """
+        link = self.link
+        d = link.shutdown()
+        if timeout is None:
+            timeout = self.config.shutdown_timeout
+        if not d.called:
+            def give_up():
+                self.log.warn("relink: no shutdown from the listener in {timeout} s; "
+                              "discarding link {link_id}", timeout=timeout,
+                              link_id=link.link_id)
+                link.discard(LinkLost(
+                    f"the listener did not complete the shutdown within {timeout:g} s "
+                    "(messages not yet acknowledged may not have been consumed)"))
+            timer = self.clock.callLater(timeout, give_up)
+            d.addBoth(_cancelling(timer))
         d.addBoth(self._after_shutdown)
         return d
 
@@ -405,6 +425,14 @@ class Connector:
                 self.stop()
             else:
                 self.link = self._new_link()
+
+
+def _cancelling(timer):
+    def cancel(result):
+        if timer.active():
+            timer.cancel()
+        return result
+    return cancel
 
 
 __all__ = [

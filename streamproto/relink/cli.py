@@ -8,7 +8,9 @@ C{streamproto relink}: a small Relink client.
 C{send} sends every stdin line (without its newline) as one message and
 exits once all are consumed (or committed); C{echo} round-trips messages
 through the server's C{echo} endpoint and prints the rate.  TLS: C{--ca}
-(verify the server), C{--cert}/C{--key} (client certificate).
+(verify the server), C{--cert}/C{--key} (client certificate).  Once
+everything is sent, a command waits at most C{--shutdown-timeout} seconds
+for the server's shutdown, then exits with an error saying so.
 """
 
 import argparse
@@ -22,6 +24,7 @@ from zope.interface import implementer
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
+from streamproto.relink.link import LinkConfig
 
 
 class CLIError(Exception):
@@ -82,6 +85,14 @@ def _parser():
                    help="seconds to wait for the link (the server refuses a handshake for an "
                         "unknown endpoint, other id sizes, or a missing client certificate "
                         "by closing: the connector would retry for ever); default 10")
+    p.add_argument("--shutdown-timeout", type=float, default=10.0,
+                   help="seconds to wait for the server's shutdown and last acknowledgements "
+                        "once everything is sent (a server that never answers would keep "
+                        "the command waiting for ever); default 10")
+    p.add_argument("--window", type=int, default=LinkConfig.window,
+                   help="messages in flight per channel before waiting for acknowledgements "
+                        f"(the send window); default {LinkConfig.window}, the Go package "
+                        "keeps 65536")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("send", help="send stdin lines as messages")
     s.add_argument("--endpoint", default="log")
@@ -109,9 +120,11 @@ def _connector(reactor, args, endpoint, handler, transactions=False):
         tls = client_tls_options(args.server_name or host, ca_certs=args.ca, cert=args.cert,
                                  private_key=args.key)
     first = _FirstAttempt(client_endpoint(reactor, host, port, tls))
+    config = LinkConfig(window=args.window, max_queued=args.window,
+                        shutdown_timeout=args.shutdown_timeout)
     c = Connector(first, endpoint, handler, connector_id_size=args.id_size,
                   listener_id_size=args.id_size, connector_transactions=transactions,
-                  clock=reactor)
+                  config=config, clock=reactor)
     c.start()
     return c, first.failed
 
@@ -161,7 +174,7 @@ def _send(reactor, args, lines, out):
     if last is not None:
         yield last
     results = yield defer.gatherResults(pending)
-    yield c.shutdown()
+    yield c.shutdown(timeout=args.shutdown_timeout)
     failed = results.count(False)
     out.write(f"sent {sent} messages" + (f", {failed} commits failed" if failed else "")
               + "\n")
@@ -194,7 +207,7 @@ def _echo(reactor, args, out):
     # a listener may stop acknowledging once it has our shutdown (the Go one
     # does): shut down only when everything sent is acknowledged
     yield consumed
-    yield c.shutdown()
+    yield c.shutdown(timeout=args.shutdown_timeout)
     out.write(f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
               f"{args.count / elapsed:,.0f} msg/s\n")
     return 0
@@ -229,6 +242,10 @@ def parse_args(argv):
         parser.error("--commit-every must be at least 1")
     if not args.link_timeout > 0:
         parser.error("--link-timeout must be positive")
+    if not args.shutdown_timeout > 0:
+        parser.error("--shutdown-timeout must be positive")
+    if args.window < 1:
+        parser.error("--window must be at least 1")
     if args.command == "echo" and (args.count < 1 or args.size < 0):
         parser.error("--count must be at least 1 and --size at least 0")
     return args

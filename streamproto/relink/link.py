@@ -36,15 +36,21 @@ from streamproto.relink.codec import (
 
 _MISSING = object()
 
+#: bytes a received message counts for beyond its payload, so that a flood
+#: of empty messages is bounded in memory too (its list and bytes objects)
+MESSAGE_OVERHEAD = 64
+
 
 @dataclass(frozen=True)
 class LinkConfig:
     """
     Bounds and timers of a link (both ends should use the same window).
 
-    @ivar window: most messages a sender has transmitted but not seen
-        consumed, per channel; a receiver treats more unconsumed messages on
-        a channel as a protocol error.
+    @ivar window: most messages this end transmits before it sees them
+        consumed, per channel (the send window).  The spec has no receive
+        window: a peer may keep any number in flight, so a receiver never
+        treats many unconsumed messages as an error; it stops reading
+        instead (C{max_unconsumed}, C{max_buffered_bytes}).
     @ivar window_bytes: most payload bytes a sender has transmitted but not
         seen consumed, per channel (a message bigger than this is still
         transmitted, alone, so nothing deadlocks).  Channels with
@@ -60,8 +66,18 @@ class LinkConfig:
         go before the link checks again whether the transport asked it to
         pause (it stops transmitting while the transport's buffer is full).
     @ivar max_channels: open channels per direction.
-    @ivar max_buffered_bytes: unconsumed incoming payload bytes per link
-        before the connection stops reading (producer pause).
+    @ivar max_buffered_bytes: unconsumed incoming bytes per link (payload
+        plus L{MESSAGE_OVERHEAD} a message) before the connection stops
+        reading (producer pause); it reads again below half of it.  Also the
+        most bytes a transaction may stage before its commit (a commit behind
+        a paused stream could never arrive: a bigger transaction is a
+        protocol error, not a hang).
+    @ivar shutdown_timeout: seconds a connector's L{Connector.shutdown} waits
+        for the peer's shutdown and last acknowledgements before it gives
+        up (the link is discarded, the Deferred fails with L{LinkLost}).
+    @ivar max_unconsumed: unconsumed incoming messages per channel before the
+        connection stops reading; it reads again below half of it.  Also the
+        most messages a transaction may stage before its commit.
     """
     window: int = 4096
     window_bytes: int = 4 * 1024 * 1024
@@ -70,6 +86,8 @@ class LinkConfig:
     write_chunk_bytes: int = 1024 * 1024
     max_channels: int = 1024
     max_buffered_bytes: int = 32 * 1024 * 1024
+    max_unconsumed: int = 262144
+    shutdown_timeout: float = 30.0
     ping_interval: float = 11.0
     pong_timeout: float = 7.0
     handshake_timeout: float = 10.0
@@ -570,6 +588,7 @@ class InChannel:
         self._staged = []       # transactions: messages resolved.. received
         self._pending_ops = []  # (op, count) waiting for an earlier commit
         self._committing = False
+        self.staged_bytes = 0   # bytes of _staged, as counted by _stage
         self._batches = []      # [end_count, done] of handler calls in flight
         self.sent_ack = [0, 0, 0, 0]   # per ack type: count last acknowledged
         self.closing = False
@@ -579,11 +598,8 @@ class InChannel:
         if self.closing:
             raise ProtocolError(f"message on channel {self.channel_id} after close")
         self.received += 1
-        if self.received - self.consumed > self.link.config.window:
-            raise ProtocolError(f"channel {self.channel_id} exceeded the window of "
-                                f"{self.link.config.window} unconsumed messages")
         if self.transactional:
-            self._staged.append(parts)
+            self._stage(parts)
             self.link._ack_dirty(self)
         else:
             batch = deliveries.get(self)
@@ -592,10 +608,26 @@ class InChannel:
             else:
                 batch.append(parts)
 
+    def _stage(self, parts):
+        """
+        Keep a message of an open transaction until its commit or rollback.
+        Reading must go on until the commit arrives (pausing would wait for
+        ever), so a transaction is bounded by an error instead.
+        """
+        config = self.link.config
+        self._staged.append(parts)
+        self.staged_bytes += sum(map(len, parts)) + MESSAGE_OVERHEAD
+        if (self.received - self.resolved > config.max_unconsumed
+                or self.staged_bytes > config.max_buffered_bytes):
+            raise ProtocolError(
+                f"channel {self.channel_id}: a transaction of more than "
+                f"{config.max_unconsumed} messages or {config.max_buffered_bytes} bytes "
+                "before its commit")
+
     def deliver(self, messages):
         """Hand a batch of received messages to the handler."""
         link = self.link
-        size = 0
+        size = MESSAGE_OVERHEAD * len(messages)
         for m in messages:
             for p in m:
                 size += len(p)
@@ -649,6 +681,8 @@ class InChannel:
         if count > self.consumed:
             self.consumed = count
             self.link._ack_dirty(self)
+            if self.link._over:
+                self.link._drained(self)
         self._maybe_closed()
         if self.link.peer_shutdown:
             self.link._check_shutdown_done()
@@ -688,6 +722,7 @@ class InChannel:
             op, count = self._pending_ops.pop(0)
             n = count - self.resolved
             messages, self._staged = self._staged[:n], self._staged[n:]
+            self.staged_bytes -= sum(sum(map(len, m)) for m in messages) + MESSAGE_OVERHEAD * n
             if op == ROLLBACK:
                 self._resolve(count, None)
                 continue
@@ -781,6 +816,9 @@ class Link:
         self._rpos = 0
         self._total_buffered = 0
         self._paused = False
+        self._over = {}         # in-channels over max_unconsumed (an ordered set)
+        #: how often this link stopped reading (receive backpressure)
+        self.receive_pauses = 0
         self._ping_call = None
         self._ping_sent_at = None
         self._last_rx = 0.0
@@ -1134,7 +1172,7 @@ class Link:
     def packets_received(self, packets):
         deliveries = {}
         in_channels = self.in_channels
-        window = self.config.window
+        max_unconsumed = self.config.max_unconsumed
         last_cid = last_ch = batch = None
         for p in packets:
             kind = p.kind
@@ -1156,9 +1194,8 @@ class Link:
                     last_ch.message(p.parts, deliveries)
                     continue
                 last_ch.received += 1
-                if last_ch.received - last_ch.consumed > window:
-                    raise ProtocolError(f"channel {cid} exceeded the window of {window} "
-                                        "unconsumed messages")
+                if last_ch.received - last_ch.consumed > max_unconsumed:
+                    self._overflowing(last_ch)
                 batch.append(p.parts)
                 continue
             last_cid = None
@@ -1237,6 +1274,8 @@ class Link:
             return
         del self.in_channels[ch.channel_id]
         self._acks_due.pop(ch, None)
+        if self._over.pop(ch, _MISSING) is not _MISSING:
+            self._flow()
         self._tombstones[ch.channel_id] = None
         if len(self._tombstones) > self.config.max_channels:
             del self._tombstones[next(iter(self._tombstones))]
@@ -1265,17 +1304,47 @@ class Link:
         self.log.failure("channel handler failed; discarding the link", failure)
         self.discard(LinkLost(f"handler failed: {failure.getErrorMessage()}"))
 
+    # -- receive flow control -------------------------------------------------
+    # The spec has no receive window: a peer may keep any number of messages
+    # in flight, and more unconsumed than we like is not its fault.  A
+    # receiver that cannot keep up stops reading (backpressure) and reads
+    # again once the handler has drained half of it.  Everything already
+    # read is still parsed and applied, the peer's acks included: a paused
+    # link only stops taking more bytes from the socket.
+
     def _buffered(self, delta):
         self._total_buffered += delta
+        self._flow()
+
+    def _overflowing(self, ch):
+        """C{ch} has more than C{max_unconsumed} messages unconsumed."""
+        self._over[ch] = None
+        self._flow()
+
+    def _drained(self, ch):
+        """C{ch} consumed some: it may be back under half the bound."""
+        if ch in self._over and (ch.received - ch.consumed
+                                 <= self.config.max_unconsumed // 2):
+            del self._over[ch]
+            self._flow()
+
+    def _flow(self):
         limit = self.config.max_buffered_bytes
-        if not self._paused and self._total_buffered > limit:
-            self._paused = True
-            if self._pause is not None:
-                self._pause(True)
-        elif self._paused and self._total_buffered <= limit // 2:
+        if not self._paused:
+            if self._total_buffered > limit or self._over:
+                self._paused = True
+                self.receive_pauses += 1
+                if self._pause is not None:
+                    self._pause(True)
+        elif self._total_buffered <= limit // 2 and not self._over:
             self._paused = False
             if self._pause is not None:
                 self._pause(False)
+
+    @property
+    def reading_paused(self):
+        """Whether the link asked its connection to stop reading."""
+        return self._paused
 
     # -- health check --------------------------------------------------------
     def _schedule_ping(self):

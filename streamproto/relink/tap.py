@@ -35,7 +35,14 @@ class Options(ServerOptions):
         ["log", None, DEFAULT_LOG_TEMPLATE,
          "Log name for channel N ({channel} is replaced by the channel id)."],
         ["id-size", None, 4, "Channel id size in bytes, both directions.", _id_size],
-        ["window", None, 4096, "Unconsumed messages per channel.", positive_int("window")],
+        ["window", None, 4096, "Messages per channel we send (echoes) before waiting for "
+         "acknowledgements.", positive_int("window")],
+        ["max-unconsumed", None, LinkConfig.max_unconsumed,
+         "Unconsumed incoming messages per channel before the connection stops reading "
+         "(backpressure; also the largest transaction).", positive_int("max-unconsumed")],
+        ["max-buffered-bytes", None, LinkConfig.max_buffered_bytes,
+         "Unconsumed incoming bytes per link before the connection stops reading "
+         "(backpressure; also the largest transaction).", positive_int("max-buffered-bytes")],
         ["window-bytes", None, 4 * 1024 * 1024,
          "Unconsumed payload bytes per channel we send on (a bigger message goes alone).",
          positive_int("window-bytes")],
@@ -55,7 +62,9 @@ def makeService(options, store=None):
     config = LinkConfig(window=options["window"], max_queued=options["window"],
                         window_bytes=options["window-bytes"],
                         max_queued_bytes=options["window-bytes"],
-                        link_timeout=options["link-timeout"])
+                        link_timeout=options["link-timeout"],
+                        max_unconsumed=options["max-unconsumed"],
+                        max_buffered_bytes=options["max-buffered-bytes"])
 
     def factory(store):
         return ListenerFactory(server_endpoints(store, options["log"], options["id-size"],
