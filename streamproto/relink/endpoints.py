@@ -17,7 +17,7 @@ from zope.interface import implementer
 
 from streamproto.core import metrics
 from streamproto.relink.api import SERVER_NAME, ChannelHandler, IChannelHandler, RelinkEndpoint
-from streamproto.relink.link import LinkError
+from streamproto.relink.link import LinkConfig, LinkError
 
 DEFAULT_LOG_TEMPLATE = "relink-{channel}"
 
@@ -165,12 +165,31 @@ class LogBridgeHandler(ChannelHandler):
         return self._append(channel_id, records).addCallbacks(lambda _: True, failed)
 
 
+#: the server's send window (the echoes), in messages per channel.  Peers
+#: acknowledge in batches: the Go package sends its acks every 16,384
+#: consumed messages or after 100 ms, so a window of 4,096 left the echo
+#: waiting 100 ms per 4,096 messages (41k messages/s); 65,536 is the Go
+#: package's own window.  The server never sends transactions, so a large
+#: window costs only what C{window_bytes} allows in flight.
+SERVER_WINDOW = 65536
+
+
+def server_config(**kwargs):
+    """The L{LinkConfig} of the server's endpoints: the defaults, with L{SERVER_WINDOW}."""
+    kwargs.setdefault("window", SERVER_WINDOW)
+    return LinkConfig(**kwargs)
+
+
 def server_endpoints(store, template=DEFAULT_LOG_TEMPLATE, id_size=4, config=None,
                      clock=None):
     """
     The server's endpoints: C{echo}, C{log} and C{log-tx} (connector
     transactions), each with C{id_size}-byte channel ids both ways.
+
+    @param config: a L{LinkConfig}; default L{server_config}C{()}.
     """
+    if config is None:
+        config = server_config()
     bridge = LogBridgeHandler(store, template)
     common = dict(connector_id_size=id_size, listener_id_size=id_size, config=config,
                   clock=clock)

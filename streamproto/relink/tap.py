@@ -8,7 +8,7 @@ from twisted.python import usage
 
 from streamproto.core.tap import ServerOptions, positive_int, server_service
 from streamproto.relink.api import ListenerFactory
-from streamproto.relink.endpoints import DEFAULT_LOG_TEMPLATE, server_endpoints
+from streamproto.relink.endpoints import DEFAULT_LOG_TEMPLATE, SERVER_WINDOW, server_endpoints
 from streamproto.relink.link import LinkConfig
 
 DEFAULT_PORT = "tcp:7350"
@@ -35,8 +35,8 @@ class Options(ServerOptions):
         ["log", None, DEFAULT_LOG_TEMPLATE,
          "Log name for channel N ({channel} is replaced by the channel id)."],
         ["id-size", None, 4, "Channel id size in bytes, both directions.", _id_size],
-        ["window", None, 4096, "Messages per channel we send (echoes) before waiting for "
-         "acknowledgements.", positive_int("window")],
+        ["window", None, SERVER_WINDOW, "Messages per channel we send (echoes) before "
+         "waiting for acknowledgements.", positive_int("window")],
         ["max-unconsumed", None, LinkConfig.max_unconsumed,
          "Unconsumed incoming messages per channel before the connection stops reading "
          "(backpressure; also the largest transaction).", positive_int("max-unconsumed")],
@@ -59,7 +59,7 @@ class Options(ServerOptions):
 
 
 def makeService(options, store=None):
-    config = LinkConfig(window=options["window"], max_queued=options["window"],
+    config = LinkConfig(window=options["window"], max_queued=min(options["window"], 4096),
                         window_bytes=options["window-bytes"],
                         max_queued_bytes=options["window-bytes"],
                         link_timeout=options["link-timeout"],
