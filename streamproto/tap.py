@@ -10,7 +10,14 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
-from streamproto.core.tap import ServerService, StoreService, check_ops_options, listen
+from streamproto.core.tap import (
+    ServerService,
+    StoreService,
+    check_data_directory,
+    check_endpoint,
+    check_ops_options,
+    listen,
+)
 
 log = Logger()
 
@@ -76,6 +83,10 @@ class Options(usage.Options):
 
     def postOptions(self):
         check_ops_options(self)
+        self["data"] = check_data_directory(self["data"])
+        for endpoints in self["ports"].values():
+            for description in endpoints:
+                check_endpoint("listen", description)
         servers = dict(available_servers())
         known = set(servers)
         for name in list(self["ports"]) + self.get("only", []):

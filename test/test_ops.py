@@ -165,7 +165,7 @@ class ReadinessTests(unittest.SynchronousTestCase):
         log = self.successResultOf(store.create("events"))
         self.assertEqual(store_problems([store]), [])
         log.failed = OSError("fsync failed")
-        self.assertEqual(store_problems([store]), ["log events: corrupt"])
+        self.assertEqual(store_problems([store]), ["log events: corrupt: fsync failed"])
         store.close()
         self.assertIn("store closed", store_problems([store]))
 

@@ -338,12 +338,20 @@ class TwistdProcessTests(unittest.TestCase):
         status, _ = http_get(f"http://127.0.0.1:{self.styx_port}/logs")
         self.assertEqual(status, 200)
         _, output = self.stop(process)
-        events = [json.loads(line) for line in output.splitlines() if line.strip()]
-        self.assertTrue(events)
-        formats = [e.get("log_format", "") for e in events]
+        # one JSON object per line, as log shippers read them: no RS byte
+        lines = [line for line in output.split("\n") if line.strip()]
+        self.assertTrue(lines)
+        self.assertNotIn("\x1e", output)
+        events = [json.loads(line) for line in lines]
+        for e in events:
+            self.assertRegex(e["timestamp"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+            self.assertIn(e["level"], ("debug", "info", "warn", "error", "critical"))
+            self.assertIsInstance(e["namespace"], str)
+            self.assertIsInstance(e["message"], str)
+        formats = [e["message"] for e in events]
         self.assertTrue(any("connection from" in f and "closed" not in f for f in formats),
                         formats)
-        closed = [e for e in events if "closed after" in e.get("log_format", "")]
+        closed = [e for e in events if "closed after" in e["message"]]
         self.assertTrue(closed, formats)
         self.assertEqual(closed[0]["server"], SERVER)
         self.assertTrue(closed[0]["peer"].startswith("127.0.0.1:"))

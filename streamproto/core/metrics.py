@@ -54,7 +54,7 @@ class StoreCollector:
         failed = GaugeMetricFamily("streamproto_log_failed",
                                    "1 if the log fail-stopped or is corrupt.", labels=["log"])
         for store in list(self.stores):
-            for log in list(getattr(store, "_logs", {}).values()):
+            for log in store.open_logs():
                 info = log.info()
                 size.add_metric([info["name"]], info["file_size"])
                 records.add_metric([info["name"]], info["record_count"])

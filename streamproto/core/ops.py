@@ -9,12 +9,13 @@ structured log event per connection open and close (peer, TLS identity,
 bytes, reason), and a graceful drain on shutdown.
 """
 
+import datetime
 import json
 import time
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IHalfCloseableProtocol, IProtocolNegotiationFactory
-from twisted.logger import Logger, jsonFileLogObserver
+from twisted.logger import ILogObserver, Logger, formatEvent
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.web import resource
 from twisted.web.server import Site
@@ -186,15 +187,10 @@ class HealthResource(resource.Resource):
 
 
 def store_problems(stores):
-    """Why the stores are not ready (empty when they are)."""
+    """Why the stores are not ready (empty when they are): L{ILogStore.problems}."""
     problems = []
     for store in stores:
-        if getattr(store, "closed", False):
-            problems.append("store closed")
-        for log in list(getattr(store, "_logs", {}).values()):
-            status = log.info()["status"]
-            if status != "ok":
-                problems.append(f"log {log.name}: {status}")
+        problems += store.problems()
     return problems
 
 
@@ -210,7 +206,58 @@ def metrics_site(stores):
     return Site(root)
 
 
+@implementer(ILogObserver)
+class JSONLinesObserver:
+    """
+    C{--log-format json}: one JSON object per line, the shape log shippers
+    (Filebeat's ndjson parser, Vector, C{jq}) read: C{timestamp} (ISO 8601,
+    UTC), C{level}, C{namespace}, C{message} (rendered), C{failure} (the
+    traceback as text, when there is one), then the event's own fields.
+    Twisted's C{jsonFileLogObserver} writes records that start with an
+    ASCII RS byte, nest the level in an object and leave the message
+    unrendered, which those tools cannot read.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __call__(self, event):
+        self._stream.write(format_json_line(event))
+        self._stream.flush()
+
+
+def format_json_line(event):
+    """One log event as a line of JSON (with its newline)."""
+    when = event.get("log_time")
+    record = {
+        "timestamp": datetime.datetime.fromtimestamp(
+            when if when is not None else time.time(), datetime.timezone.utc
+        ).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "level": getattr(event.get("log_level"), "name", "info"),
+        "namespace": event.get("log_namespace", "-"),
+        "message": formatEvent(event),
+    }
+    failure = event.get("log_failure")
+    if failure is not None:
+        record["failure"] = failure.getTraceback()
+    for key, value in event.items():
+        if key.startswith("log_") or key in record or key == "format":
+            continue
+        record[key] = _jsonable(value)
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
+
+
+def _jsonable(value):
+    """C{value} when JSON can carry it as it is, else its text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) and all(
+            v is None or isinstance(v, (bool, int, float, str)) for v in value):
+        return list(value)
+    return str(value)
+
+
 def json_log_observer(stream):
-    """One JSON object per line: C{--log-format json}."""
-    return jsonFileLogObserver(stream)
+    """One JSON object per line: C{--log-format json} (see L{JSONLinesObserver})."""
+    return JSONLinesObserver(stream)
 

@@ -46,7 +46,9 @@ class ServerOptions(usage.Options):
     def postOptions(self):
         if not self["port"] and self.defaultPort:
             self["port"] = [self.defaultPort]
-        self["data"] = os.path.abspath(self["data"])
+        for description in self["port"]:
+            check_endpoint("port", description)
+        self["data"] = check_data_directory(self["data"])
         check_ops_options(self)
 
 
@@ -55,6 +57,45 @@ def check_ops_options(options):
         raise usage.UsageError("--log-format must be text or json")
     if options["shutdown-timeout"] < 0:
         raise usage.UsageError("--shutdown-timeout must not be negative")
+    if options["metrics"] and options["metrics"] != "none":
+        check_endpoint("metrics", options["metrics"])
+
+
+def check_endpoint(option, description):
+    """
+    Parse a server endpoint string now, so that a bad one is a usage error
+    naming the option rather than a traceback when twistd starts.  Nothing
+    listens: the string is parsed against a L{MemoryReactor}, which also
+    reads (and so checks) the certificate and key files of C{ssl:}/C{mtls:}.
+    """
+    from twisted.internet.endpoints import serverFromString
+    from twisted.internet.testing import MemoryReactor
+    try:
+        serverFromString(MemoryReactor(), description)
+    except Exception as e:
+        why = _describe(e)
+        if description.startswith("systemd:"):
+            why = (f"no socket passed by systemd matches it ({type(e).__name__}: {why}); "
+                   "run it from a socket unit (LISTEN_FDS, LISTEN_PID, LISTEN_FDNAMES)")
+        raise usage.UsageError(f"--{option} {description!r}: {why}")
+
+
+def check_data_directory(path, option="data"):
+    """
+    The absolute data directory, created if needed; a usage error naming
+    the option if it cannot be created or written.  @return: the path.
+    """
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise usage.UsageError(f"--{option} {path!r}: cannot create it: "
+                               f"{e.strerror or _describe(e)}")
+    if not os.path.isdir(path):
+        raise usage.UsageError(f"--{option} {path!r}: not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise usage.UsageError(f"--{option} {path!r}: not writable by this user")
+    return path
 
 
 def _number(name, convert, accept, requirement, doc):
@@ -113,7 +154,18 @@ class ServerService(service.MultiService):
     tracked connection is drained (bounded by C{shutdown_timeout}), then the
     rest (the store last, as it was added first).  Also installs the JSON
     log observer on the twistd application when asked to.
+
+    Start-up is all or nothing.  When this is the application's top service
+    (twistd), a child that cannot start (a port in use, a controller that
+    cannot bind) is one critical log line, then whatever did start is
+    stopped and the process exits with status 1: never a half-started
+    server holding its other ports and answering nothing.  Anywhere else
+    (embedded in a program's own services) the error is raised as usual.
+
+    @ivar start_failure: the exception that stopped start-up, or None.
     """
+
+    log = Logger()
 
     def __init__(self, shutdown_timeout=3.0, log_format="text", clock=None):
         super().__init__()
@@ -121,13 +173,47 @@ class ServerService(service.MultiService):
         self.log_format = log_format
         self.trackers = []
         self.clock = clock
+        self.start_failure = None
+        self._top = False
 
     def setServiceParent(self, parent):
         super().setServiceParent(parent)
-        if self.log_format == "json" and hasattr(parent, "setComponent"):
+        # twistd's application: a Componentized MultiService
+        self._top = hasattr(parent, "setComponent")
+        if self.log_format == "json" and self._top:
             # twistd asks the application for its observer before logging starts
             from streamproto.core.ops import json_log_observer
             parent.setComponent(ILogObserver, json_log_observer(sys.stdout))
+
+    def privilegedStartService(self):
+        try:
+            super().privilegedStartService()
+        except Exception as e:
+            self._cannot_start(e)
+
+    def startService(self):
+        if self.start_failure is not None:
+            # binding failed already: start nothing, only be stoppable
+            service.Service.startService(self)
+            return
+        try:
+            super().startService()
+        except Exception as e:
+            self._cannot_start(e)
+
+    def _cannot_start(self, error):
+        if not self._top:
+            raise error
+        self.start_failure = error
+        self.log.critical("{name} cannot start, stopping: {error}",
+                          name=self.name or "streamproto", error=_describe(error))
+        clock = self.clock
+        if clock is None:
+            from twisted.internet import reactor as clock
+        # twistd starts the reactor next: stop at once (what did start is
+        # stopped in order, the store closed), then exit non-zero
+        clock.callWhenRunning(clock.stop)
+        clock.addSystemEventTrigger("after", "shutdown", exit_now, 1)
 
     @defer.inlineCallbacks
     def stopService(self):
@@ -143,6 +229,23 @@ class ServerService(service.MultiService):
         for child in reversed(children):
             if child not in listeners and child.running:
                 yield child.stopService()
+
+
+def _describe(error):
+    """An exception as one line for an operator: its message, not its repr."""
+    text = str(error).strip() or type(error).__name__
+    return " ".join(text.split())
+
+
+def exit_now(status):
+    """
+    End the process with C{status} once the reactor has shut down.  twistd
+    has no way to set its exit status, and a failed start must not look
+    like a clean stop to systemd or a shell.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def server_endpoint(description, reactor=None):

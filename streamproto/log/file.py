@@ -20,6 +20,7 @@ See doc/logstore.rst for the format, guarantees and tuning.
 """
 
 import bisect
+import errno
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ from streamproto.log.format import (
     MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
     encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
 )
-from streamproto.log.interfaces import ILog, ILogStore
+from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
 from streamproto.log.segments import (
     FileIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
@@ -868,6 +869,25 @@ class FileLogStore:
         os.replace(path, doomed)
         self._io.fsync_dir(self.path)
         return self._run_blocking(shutil.rmtree, doomed, True)
+
+    def open_logs(self):
+        return list(self._logs.values())
+
+    def problems(self):
+        if self.closed:
+            return ["store closed"]
+        found = []
+        probe = os.path.join(self.path, f".ready-probe-{os.getpid()}")
+        try:
+            # os.access says "no" without saying why; writing says why (EROFS...)
+            io = self._io
+            io.close(io.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
+            io.unlink(probe)
+        except OSError as e:
+            found.append(f"data directory {self.path} cannot be written: "
+                         f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})")
+        found += log_problems(self._logs.values())
+        return found
 
     def close(self):
         self.closed = True

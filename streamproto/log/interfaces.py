@@ -56,6 +56,22 @@ class ILogStore(Interface):
         @return: Deferred firing with None; fails with L{LogNotFound}.
         """
 
+    def open_logs():
+        """
+        @return: a list of the L{ILog}s open now (for metrics: a scrape reads
+            their C{info()} without opening every log on disk).
+        """
+
+    def problems():
+        """
+        Why the store cannot serve now, for C{/ready}: one line each, with
+        the cause (a closed store, a data directory that cannot be written
+        and why, a log that fail-stopped and why).  Empty when it can.
+
+        @return: a list of strings (synchronous: a health check must answer
+            even when the store's I/O is stuck).
+        """
+
     def close():
         """
         Wait for pending fsyncs, then close every log.
@@ -183,3 +199,18 @@ class ILog(Interface):
         @return: Deferred firing with the synced C{end_position} once
             everything appended so far is fsynced.
         """
+
+
+def log_problems(logs):
+    """
+    The C{/ready} lines of the L{ILog}s C{logs} that are not usable: their
+    status and, when they fail-stopped, the cause.  A helper for
+    L{ILogStore.problems} implementations.
+    """
+    found = []
+    for log in list(logs):
+        status = log.info()["status"]
+        if status != "ok":
+            cause = getattr(log, "failed", None)
+            found.append(f"log {log.name}: {status}" + (f": {cause}" if cause else ""))
+    return found

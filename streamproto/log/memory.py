@@ -14,7 +14,7 @@ from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
 )
-from streamproto.log.interfaces import ILog, ILogStore
+from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
 
@@ -238,6 +238,14 @@ class MemoryLogStore:
             return fail(LogNotFound(f"log {name!r} not found"))
         log._close()
         return succeed(None)
+
+    def open_logs(self):
+        return list(self._logs.values())
+
+    def problems(self):
+        if self.closed:
+            return ["store closed"]
+        return log_problems(self._logs.values())
 
     def close(self):
         self.closed = True

@@ -13,6 +13,7 @@ from twisted.application import service
 from twisted.logger import Logger
 from twisted.python import usage
 
+from streamproto.log.interfaces import log_problems
 from streamproto.core.tap import (
     ServerOptions, ServerService, listen, positive_float, positive_int,
 )
@@ -77,14 +78,14 @@ class SessionStoreHealth:
     def __init__(self, sessions):
         self.sessions = sessions
 
-    @property
-    def closed(self):
-        return bool(getattr(self.sessions, "closed", False))
-
-    @property
-    def _logs(self):
+    def open_logs(self):
         failure = getattr(self.sessions, "failure", None)
-        return {} if failure is None else {"sessions": _FailedSessions(failure)}
+        return [] if failure is None else [_FailedSessions(failure)]
+
+    def problems(self):
+        if getattr(self.sessions, "closed", False):
+            return ["store closed"]
+        return log_problems(self.open_logs())
 
 
 def make_store(options, clock=None):

@@ -7,6 +7,7 @@ Default port: C{tcp:7350} (not assigned by IANA; chosen for this project).
 from twisted.python import usage
 
 from streamproto.core.tap import ServerOptions, positive_int, server_service
+from streamproto.log.config import validate_name
 from streamproto.relink.api import ListenerFactory
 from streamproto.relink.endpoints import DEFAULT_LOG_TEMPLATE, SERVER_WINDOW, server_endpoints
 from streamproto.relink.link import LinkConfig
@@ -53,9 +54,16 @@ class Options(ServerOptions):
     def postOptions(self):
         super().postOptions()
         try:
-            self["log"].format(channel=0)
+            name = self["log"].format(channel=0)
         except (KeyError, IndexError, ValueError):
             raise usage.UsageError("--log may only contain {channel}")
+        try:
+            # checked now, not when the first message arrives
+            validate_name(name)
+        except ValueError:
+            raise usage.UsageError(
+                f"--log {self['log']!r}: channel 0 would go to {name!r}, not a valid log name "
+                "(letters, digits, '_' and '-', at most 200 characters)")
 
 
 def makeService(options, store=None):

@@ -7,6 +7,7 @@ Styx-style C{.code}; L{from_exception} maps any exception onto an
 L{APIError}.
 """
 
+import errno
 import json
 
 from streamproto.log.errors import LogError
@@ -81,4 +82,9 @@ def from_exception(exc):
     if isinstance(exc, LogError):
         detail = str(exc)
         return APIError(exc.code, f"api: {detail}" if detail else None)
+    if isinstance(exc, OSError) and exc.errno is not None:
+        # the cause belongs in the answer, not only in the server's log: a
+        # read-only or full data directory is the operator's to fix
+        name = errno.errorcode.get(exc.errno, str(exc.errno))
+        return APIError("unknown_error", f"api: storage error: {exc.strerror} ({name})")
     return APIError("unknown_error")

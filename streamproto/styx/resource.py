@@ -737,7 +737,12 @@ class StyxResource(Resource):
 
     def _error(self, failure, request):
         error = from_exception(failure.value)
-        if error.code == "unknown_error" and not isinstance(failure.value, APIError):
+        if error.code == "unknown_error" and isinstance(failure.value, OSError):
+            # the data directory's problem (read-only, full): the operator's
+            # to fix, told in one line here and in the answer
+            log.error("storage error on {method} {path}: {error}", method=request.method,
+                      path=request.path, error=failure.value)
+        elif error.code == "unknown_error" and not isinstance(failure.value, APIError):
             log.failure("unexpected error on {method} {path}", failure,
                         method=request.method, path=request.path)
         else:
