@@ -11,6 +11,8 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from streamproto.log.public import is_internal
+
 DEFAULT_URL = "http://127.0.0.1:9180/metrics"
 
 
@@ -74,10 +76,21 @@ def render(now, before=None, elapsed=None):
     if now["logs"]:
         lines.append("")
         lines.append(f"{'log':<24}{'records':>14}{'end':>14}{'size MB':>12}  status")
+        internal = {}
         for name, log in sorted(now["logs"].items()):
+            if is_internal(name):
+                internal[name] = log    # the servers' own state: one line below
+                continue
             status = "FAILED" if log.get("failed") else "ok"
             lines.append(f"{name:<24}{log.get('records', 0):>14,.0f}{log.get('end', 0):>14,.0f}"
                          f"{log.get('size', 0) / 1e6:>12.2f}  {status}")
+        if internal:
+            label = f"(internal, {len(internal)} logs)"
+            records = sum(log.get("records", 0) for log in internal.values())
+            size = sum(log.get("size", 0) for log in internal.values())
+            failed = sum(1 for log in internal.values() if log.get("failed"))
+            status = f"FAILED ({failed})" if failed else "ok"
+            lines.append(f"{label:<24}{records:>14,.0f}{'':>14}{size / 1e6:>12.2f}  {status}")
     return "\n".join(lines)
 
 

@@ -206,6 +206,22 @@ class StatusTests(unittest.TestCase):
         self.assertIn("events", out)
         self.assertIn("2.00", out)
 
+    def test_internal_logs_are_one_line(self):
+        from streamproto import status
+        text = "".join(
+            f'streamproto_log_size_bytes{{log="{name}"}} 1000000.0\n'
+            f'streamproto_log_failed{{log="{name}"}} {failed}\n'
+            for name, failed in (("events", 0), ("pravega-controller", 0),
+                                 ("pravega_a_2fb", 1), ("pravega_c_2fd", 0)))
+        out = status.render(status.summarise(text))
+        self.assertIn("events", out)
+        self.assertNotIn("pravega_", out)
+        self.assertNotIn("pravega-controller", out)
+        line = [x for x in out.splitlines() if x.startswith("(internal, 3 logs)")]
+        self.assertEqual(len(line), 1, out)
+        self.assertIn("3.00", line[0])
+        self.assertIn("FAILED (1)", line[0])
+
     @defer.inlineCallbacks
     def test_cli_against_a_server(self):
         import io

@@ -186,11 +186,35 @@ class HealthResource(resource.Resource):
         return json.dumps({"alive": True}).encode()
 
 
+#: other reasons not to be ready: callables returning lists of problems
+#: (see L{add_readiness_check})
+_READINESS_CHECKS = []
+
+
+def add_readiness_check(check):
+    """
+    Make C{/ready} also report C{check()} (a list of problems, empty when
+    fine): a server part that fail-stopped on its own (the Pravega
+    controller on damaged state) says so.  @return: a callable removing it.
+    """
+    _READINESS_CHECKS.append(check)
+
+    def remove():
+        if check in _READINESS_CHECKS:
+            _READINESS_CHECKS.remove(check)
+    return remove
+
+
 def store_problems(stores):
-    """Why the stores are not ready (empty when they are): L{ILogStore.problems}."""
+    """
+    Why the server is not ready (empty when it is): each store's
+    L{ILogStore.problems}, then every registered readiness check.
+    """
     problems = []
     for store in stores:
         problems += store.problems()
+    for check in list(_READINESS_CHECKS):
+        problems += check()
     return problems
 
 

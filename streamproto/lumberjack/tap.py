@@ -10,6 +10,7 @@ from twisted.python import usage
 
 from streamproto.core.tap import ServerOptions, non_negative_float, positive_int, server_service
 from streamproto.log import LogConfig, validate_name
+from streamproto.log.public import check_public_name
 from streamproto.lumberjack.codec import (
     DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_FRAME, DEFAULT_MAX_WINDOW,
 )
@@ -48,7 +49,7 @@ class Options(ServerOptions):
     def postOptions(self):
         super().postOptions()
         try:
-            validate_name(self["log"])
+            check_public_name(validate_name(self["log"]))
         except ValueError as e:
             raise usage.UsageError(str(e))
 

@@ -44,6 +44,8 @@ from twisted.application import service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
+from streamproto.core.ops import add_readiness_check
+
 # gRPC's fork support (on by default in grpcio's core) re-creates its
 # pollers in a forked child; a Twisted process that spawns a child
 # (spawnProcess forks, closes every descriptor, then execs) then sees the
@@ -391,11 +393,25 @@ class ControllerState:
 
     @defer.inlineCallbacks
     def open(self):
+        """
+        Read the state.  @raise ControllerStateDamaged: the last document
+        does not parse: the controller must not carry on with an empty
+        state (it would lose every scope and stream it knew).
+        """
         self._log = log = yield self.store.get_or_create(STATE_LOG)
         if log.end_position > log.start_position:
-            batch = yield log.read(log.end_position - 1, 1)
-            state = json.loads(bytes(batch.records()[0]))
-            self.scopes = state["scopes"]
+            position = log.end_position - 1
+            batch = yield log.read(position, 1)
+            try:
+                state = json.loads(bytes(batch.records()[0]))
+                scopes = state["scopes"]
+                if not isinstance(scopes, dict):
+                    raise TypeError("scopes is not an object")
+            except (ValueError, KeyError, TypeError) as e:
+                raise ControllerStateDamaged(
+                    f"controller state log {STATE_LOG!r}, record {position}: "
+                    f"{type(e).__name__}: {e}")
+            self.scopes = scopes
             self.txns = state.get("txns", {})
             self.layouts = state.get("layouts", {})
             self.retention = state.get("retention", {})
@@ -930,6 +946,10 @@ def _grpc():
     return grpc, controller_pb2
 
 
+class ControllerStateDamaged(Exception):
+    """The controller's durable state does not parse: it fail-stops."""
+
+
 class _RpcError(Exception):
     def __init__(self, code, details):
         super().__init__(details)
@@ -1375,6 +1395,8 @@ class ControllerService(service.Service):
         self.tls = tls
         self._server = None
         self.ready = None
+        #: why the controller fail-stopped (its state could not be read), or None
+        self.failure = None
 
     def startService(self):
         super().startService()
@@ -1390,19 +1412,21 @@ class ControllerService(service.Service):
                 d.callback(None)
             return result
 
+        self.failure = None
+        self._remove_check = add_readiness_check(self._problems)
         self.ready = self.state.open()
         if self.segment_store_address[1] == 0 and self.store_listener is not None:
             self.ready.addCallback(lambda _: self._resolve_store_port())
+        self.ready.addErrback(self._failed)
         self.ready.addBoth(ready)
-        self.ready.addErrback(lambda f: self.log.failure("opening controller state", f))
 
         def run(fn, args):
             # requests that arrive before the state is read wait for it
             if opened:
-                return defer.maybeDeferred(fn, *args)
+                return self._serve(fn, args)
             d = defer.Deferred()
             waiting.append(d)
-            return d.addCallback(lambda _: fn(*args))
+            return d.addCallback(lambda _: self._serve(fn, args))
 
         def call(fn, *args):
             return blockingCallFromThread(self.reactor, run, fn, args)
@@ -1444,6 +1468,35 @@ class ControllerService(service.Service):
                       tls="plain" if self.tls is None else
                       "TLS" if self.tls.client_ca is None else "TLS, client certificates")
 
+    def _failed(self, failure):
+        """
+        The state could not be read: fail-stop.  Every request answers
+        UNAVAILABLE with the cause and C{/ready} says 503, until an operator
+        repairs the state and restarts; never an empty state served as if
+        it were the real one.
+        """
+        self.failure = failure.value
+        if failure.check(ControllerStateDamaged):
+            self.log.critical("pravega controller stopped serving: its state is damaged: "
+                              "{error}; repair or remove the last record of the log, then "
+                              "restart", error=failure.value)
+        else:
+            self.log.failure("pravega controller stopped serving: opening its state failed",
+                             failure)
+        return None
+
+    def _serve(self, fn, args):
+        if self.failure is not None:
+            import grpc
+            return defer.fail(_RpcError(grpc.StatusCode.UNAVAILABLE,
+                                        f"controller state unavailable: {self.failure}"))
+        return defer.maybeDeferred(fn, *args)
+
+    def _problems(self):
+        if self.failure is None:
+            return []
+        return [f"pravega controller: state unavailable: {self.failure}"]
+
     def _resolve_store_port(self):
         """Learn the segment store's port from its listener (it was asked for port 0)."""
         # StreamServerEndpointService keeps the Deferred of its listen()
@@ -1468,14 +1521,14 @@ class ControllerService(service.Service):
         return learned
 
     def _retain(self):
-        if self.state._log is None:
+        if self.state._log is None or self.failure is not None:
             return None
         d = self.state.apply_retention()
         d.addErrback(lambda f: self.log.failure("applying retention policies", f))
         return d
 
     def _expire(self):
-        if self.state._log is None:
+        if self.state._log is None or self.failure is not None:
             return None
         d = self.state.expire_txns()
         d.addErrback(lambda f: self.log.failure("expiring transactions", f))
@@ -1483,6 +1536,9 @@ class ControllerService(service.Service):
 
     def stopService(self):
         super().stopService()
+        remove = getattr(self, "_remove_check", None)
+        if remove is not None:
+            remove()
         for loop in (self._expiry, self._retention):
             if loop is not None and loop.running:
                 loop.stop()

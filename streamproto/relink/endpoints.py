@@ -18,6 +18,7 @@ from zope.interface import implementer
 from streamproto.core import metrics
 from streamproto.relink.api import SERVER_NAME, ChannelHandler, IChannelHandler, RelinkEndpoint
 from streamproto.relink.link import LinkConfig, LinkError
+from streamproto.log.public import PublicLogStore
 
 DEFAULT_LOG_TEMPLATE = "relink-{channel}"
 
@@ -190,7 +191,8 @@ def server_endpoints(store, template=DEFAULT_LOG_TEMPLATE, id_size=4, config=Non
     """
     if config is None:
         config = server_config()
-    bridge = LogBridgeHandler(store, template)
+    # the users' logs only: never a write into the servers' internal state
+    bridge = LogBridgeHandler(PublicLogStore(store), template)
     common = dict(connector_id_size=id_size, listener_id_size=id_size, config=config,
                   clock=clock)
     return [

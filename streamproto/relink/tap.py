@@ -8,6 +8,7 @@ from twisted.python import usage
 
 from streamproto.core.tap import ServerOptions, positive_int, server_service
 from streamproto.log.config import validate_name
+from streamproto.log.public import check_public_name
 from streamproto.relink.api import ListenerFactory
 from streamproto.relink.endpoints import DEFAULT_LOG_TEMPLATE, SERVER_WINDOW, server_endpoints
 from streamproto.relink.link import LinkConfig
@@ -64,6 +65,10 @@ class Options(ServerOptions):
             raise usage.UsageError(
                 f"--log {self['log']!r}: channel 0 would go to {name!r}, not a valid log name "
                 "(letters, digits, '_' and '-', at most 200 characters)")
+        try:
+            check_public_name(name)
+        except ValueError as e:
+            raise usage.UsageError(f"--log {self['log']!r}: {e}")
 
 
 def makeService(options, store=None):

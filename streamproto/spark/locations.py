@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from twisted.logger import Logger
 
 from streamproto.log.errors import LogNotFound, PositionOutOfRange
+from streamproto.log.public import is_internal
 from streamproto.spark.remote import StyxHTTPClient, StyxHTTPError
 
 
@@ -50,7 +51,9 @@ class LocalLogs:
         """
         @return: C{{log: (start_position, end_position)}} and C{{log: Location}}.
         """
-        names = self._reader.names() if logs is None else logs
+        # every log: the users' logs, not the servers' internal state
+        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
+            else logs
         bounds = {}
         for name in names:
             try:

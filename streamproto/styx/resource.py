@@ -35,6 +35,7 @@ from zope.interface import implementer
 
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogError, LogExists, RecordTooLarge
+from streamproto.log.public import PublicLogStore, check_public_name
 from streamproto.styx import formats
 from streamproto.styx.errors import APIError, from_exception, render_error, render_json
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -590,7 +591,9 @@ class StyxResource(Resource):
     reference's router: unknown paths answer 404 C{not_found}, known paths
     with another method 405 C{method_not_allowed}).
 
-    @ivar store: the L{streamproto.log.ILogStore}.
+    @ivar store: the L{streamproto.log.ILogStore}, seen through
+        L{PublicLogStore}: the servers' internal logs (Pravega's) are not
+        part of the API.
     @ivar timeout: the styx/0 heartbeat timeout (seconds) handed to upgrades.
     @ivar default_config: the L{LogConfig} new logs get unless the create
         form says otherwise.
@@ -606,7 +609,7 @@ class StyxResource(Resource):
         self.cors_origins = tuple(cors_origins)
         if timeout < MIN_TIMEOUT:
             raise ValueError(f"timeout must be at least {MIN_TIMEOUT} seconds")
-        self.store = store
+        self.store = store if isinstance(store, PublicLogStore) else PublicLogStore(store)
         self.timeout = timeout
         self.default_config = default_config or LogConfig()
         self.metrics = metrics or StyxMetrics()
@@ -900,6 +903,7 @@ class StyxResource(Resource):
         if not name:
             raise APIError("invalid_params", "api: params: name is required")
         validate_name(name)
+        check_public_name(name)
         root = self._store_path()
         if name in self.store.names():
             raise LogExists(f"log {name!r} exists")

@@ -1,0 +1,106 @@
+"""
+The servers' internal state is not a public resource.
+
+Some logs hold a server's own state: the Pravega controller's document
+(C{pravega-controller}) and every Pravega segment (C{pravega_...}).  They
+share the store with the users' logs, but the public APIs (the Styx HTTP
+API, C{styx/0}, WebSocket, Spark's "every log", the Lumberjack and Relink
+target logs) neither list nor touch them: a log written or deleted behind
+Pravega's back leaves Pravega listing a segment that no longer reads, or
+a controller whose state does not parse.
+
+The reserved namespace: names starting with C{__} (for internal logs to
+come), and, kept as they were so that existing data directories need no
+migration, C{pravega-controller} and names starting with C{pravega_}.
+L{PublicLogStore} is the view the public APIs get.
+"""
+
+from twisted.internet.defer import fail
+from zope.interface import implementer
+
+from streamproto.log.errors import InvalidLogName, LogNotFound
+from streamproto.log.interfaces import ILogStore
+
+#: prefixes of the names reserved for the servers' internal state
+RESERVED_PREFIXES = ("__", "pravega_")
+#: names reserved for the servers' internal state
+RESERVED_NAMES = ("pravega-controller",)
+
+
+def is_internal(name):
+    """Whether log C{name} is in the reserved namespace of internal state."""
+    return isinstance(name, str) and (name in RESERVED_NAMES
+                                      or name.startswith(RESERVED_PREFIXES))
+
+
+def check_public_name(name):
+    """
+    @raise InvalidLogName: if C{name} is reserved for internal state.
+    @return: C{name}.
+    """
+    if is_internal(name):
+        raise InvalidLogName(f"log name {name!r} is reserved for the servers' internal state "
+                             f"(names starting with {' or '.join(RESERVED_PREFIXES)}, and "
+                             f"{', '.join(RESERVED_NAMES)})")
+    return name
+
+
+@implementer(ILogStore)
+class PublicLogStore:
+    """
+    The public view of an L{ILogStore}: internal logs are neither listed
+    nor found, and cannot be created or deleted through it.  Everything
+    else passes through.
+    """
+
+    def __init__(self, store):
+        self.store = store
+
+    def names(self):
+        return [name for name in self.store.names() if not is_internal(name)]
+
+    def create(self, name, config=None):
+        try:
+            check_public_name(name)
+        except InvalidLogName as e:
+            return fail(e)
+        return self.store.create(name, config)
+
+    def get_or_create(self, name, config=None):
+        try:
+            check_public_name(name)
+        except InvalidLogName as e:
+            return fail(e)
+        return self.store.get_or_create(name, config)
+
+    def get(self, name):
+        if is_internal(name):
+            return fail(LogNotFound(f"log {name!r} not found"))
+        return self.store.get(name)
+
+    def delete(self, name):
+        if is_internal(name):
+            return fail(LogNotFound(f"log {name!r} not found"))
+        return self.store.delete(name)
+
+    def open_logs(self):
+        return [log for log in self.store.open_logs() if not is_internal(log.name)]
+
+    def problems(self):
+        return self.store.problems()
+
+    def close(self):
+        return self.store.close()
+
+    def log_path(self, name):
+        """The directory of a public log (file stores: backups)."""
+        if is_internal(name):
+            raise LogNotFound(f"log {name!r} not found")
+        return self.store.log_path(name)
+
+    def __getattr__(self, name):
+        # what a particular store offers beyond ILogStore (a file store's
+        # path, for restores) passes through
+        if name in ("open_log",):
+            raise AttributeError(name)
+        return getattr(self.store, name)
