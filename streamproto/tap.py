@@ -10,6 +10,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
+from streamproto.core.config import ConfigurableOptions, table_arguments
 from streamproto.core.tap import (
     ServerService,
     StoreService,
@@ -46,7 +47,8 @@ def available_servers():
     return found
 
 
-class Options(usage.Options):
+class Options(ConfigurableOptions):
+    configTable = "streamproto"
     optParameters = [
         ["data", "d", "streamproto-data", "Data directory shared by every server."],
         ["metrics", None, "tcp:9180:interface=127.0.0.1",
@@ -96,18 +98,58 @@ class Options(usage.Options):
                 self["pravega-advertise"] or self["pravega-retention-interval"] is not None):
             raise usage.UsageError("--pravega-advertise and --pravega-retention-interval "
                                    "need a --pravega-controller")
-        if "pravega-server" in servers:
-            # check them now, not when twistd builds the service
-            servers["pravega-server"].Options().parseOptions(
-                server_arguments("pravega-server", self) + ["--data", self["data"]]
-                + [a for e in self["ports"].get("pravega-server", []) for a in ("--port", e)])
+        document = self.config_document or {}
+        for table in document:
+            if table != self.configTable and table not in known:
+                raise usage.UsageError(f"--config {self['config']!r}: unknown table "
+                                       f"[{table}]; known: {sorted(known | {'streamproto'})}")
+        # every server's options are checked now, not when twistd builds the service
+        self.server_options = {}
+        for name, module in servers.items():
+            if self.get("only") and name not in self["only"]:
+                continue
+            self.server_options[name] = server_options(name, module, self)
 
 
-def server_arguments(name, options):
+#: options every server of the umbrella shares: set once, for all of them
+SHARED = ("data", "metrics", "log-format", "shutdown-timeout")
+
+
+def server_options(name, module, options):
+    """
+    Server C{name}'s parsed options under the umbrella: its table of the
+    C{--config} file, then what the umbrella decides for it (the shared
+    data directory, its C{--listen} endpoints, the C{--pravega-*} options
+    given explicitly).  @raise usage.UsageError: naming the server.
+    """
+    sub = module.Options()
+    table = dict((options.config_document or {}).get(name, {}))
+    where = f"--config {options.get('config')!r} [{name}]"
+    for key in table:
+        if key.replace("_", "-") in SHARED:
+            raise usage.UsageError(f"{where}: {key!r} is shared by every server: set it in "
+                                   "[streamproto]")
+    ports = options["ports"].get(name, [])
+    args = table_arguments(sub, table, where, skip={"port"} if ports else set())
+    args += ["--data", options["data"], "--shutdown-timeout", str(options["shutdown-timeout"])]
+    for endpoint in ports:
+        args += ["--port", endpoint]
+    args += server_arguments(name, options, table)
+    try:
+        sub.parseOptions(args)
+    except usage.UsageError as e:
+        raise usage.UsageError(f"{name}: {e}")
+    return sub
+
+
+def server_arguments(name, options, table=None):
     """The umbrella options that go on to server C{name}'s own options."""
     args = []
+    table = table or {}
     if name == "pravega-server":
-        args += ["--controller", options["pravega-controller"]]
+        # the umbrella's default controller, unless [pravega-server] sets one
+        if "pravega-controller" in options.explicit or "controller" not in table:
+            args += ["--controller", options["pravega-controller"]]
         if options["pravega-advertise"]:
             args += ["--advertise", options["pravega-advertise"]]
         if options["pravega-retention-interval"] is not None:
@@ -138,15 +180,11 @@ def makeService(options):
     if options["metrics"] and options["metrics"] != "none":
         listen(top, [options["metrics"]], metrics_site([owner.store]))
     only = options.get("only")
+    parsed = getattr(options, "server_options", {})
     for name, module in available_servers():
         if only and name not in only:
             continue
-        sub = module.Options()
-        args = ["--data", options["data"], "--shutdown-timeout",
-                str(options["shutdown-timeout"])]
-        for endpoint in options["ports"].get(name, []):
-            args += ["--port", endpoint]
-        sub.parseOptions(args + server_arguments(name, options))
+        sub = parsed.get(name) or server_options(name, module, options)
         module.makeService(sub, store=owner.store).setServiceParent(top)
         log.info("streamproto: {name} on {ports}", name=name, ports=sub["port"])
     return top

@@ -51,9 +51,11 @@ class CoreOptionsTests(unittest.SynchronousTestCase):
         self.assertTrue(os.path.isabs(o["data"]))
 
     def test_repeated_ports(self):
+        from test.tlsutil import certs
+        tls = f"ssl:2:privateKey={certs().server_key}:certKey={certs().server_cert}"
         o = Options()
-        o.parseOptions(["--port", "tcp:1", "-p", "ssl:2:privateKey=k", "--data", "x"])
-        self.assertEqual(o["port"], ["tcp:1", "ssl:2:privateKey=k"])
+        o.parseOptions(["--port", "tcp:1", "-p", tls, "--data", "x"])
+        self.assertEqual(o["port"], ["tcp:1", tls])
         self.assertEqual(o["data"], os.path.abspath("x"))
 
     def test_positive_int(self):

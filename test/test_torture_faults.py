@@ -174,7 +174,8 @@ class StyxFaults(FaultCase):
         info = yield client.get_log(self.name)
         self.assertEqual((info["status"], info["record_count"]), ("tainted", 500))
         from streamproto.core.ops import store_problems   # what /ready answers 503 with
-        self.assertEqual(store_problems([s.store]), [f"log {self.name}: tainted"])
+        self.assertEqual(store_problems([s.store]),
+                         [f"log {self.name}: tainted: [Errno 5] injected fsync failure"])
         yield s.restart()
         records = yield client.read_records(self.name)
         seqs = self.assert_served(b"s", records, range(500), may_have=range(500, 1000))

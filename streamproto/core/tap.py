@@ -17,9 +17,14 @@ from twisted.internet import defer, ssl
 from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
+from streamproto.core.config import ConfigurableOptions
 
-class ServerOptions(usage.Options):
-    """Core options.  Subclasses set C{defaultPort} and add their own."""
+
+class ServerOptions(ConfigurableOptions):
+    """
+    Core options.  Subclasses set C{defaultPort}, C{configTable} (their
+    twistd name: their table in a C{--config} file) and add their own.
+    """
 
     defaultPort = None
     optParameters = [

@@ -22,6 +22,7 @@ from streamproto.lumberjack.sink import LogStoreSink
 
 
 class Options(ServerOptions):
+    configTable = "lumberjack-server"
     defaultPort = "tcp:5044"
     optParameters = ServerOptions.optParameters + [
         ["log", None, "lumberjack", "Name of the log the events are appended to."],

@@ -18,6 +18,8 @@ log = Logger()
 class Options(ServerOptions):
     """Options of the Pravega segment-store server."""
 
+    configTable = "pravega-server"
+
     defaultPort = "tcp:12345"
     optParameters = [
         ["read-wait", None, 60.0, "Seconds a ReadSegment at the tail waits for data.",

@@ -26,6 +26,7 @@ SQLITE_FILE = "reliable-sessions.sqlite"
 
 
 class Options(ServerOptions):
+    configTable = "reliable-stream-server"
     defaultPort = DEFAULT_PORT
     optParameters = [
         ["store", None, "sqlite", "Session store: sqlite (durable, under --data) or memory."],

@@ -29,6 +29,8 @@ _id_size.coerceDoc = "0..8."
 class Options(ServerOptions):
     """Options of C{twistd relink-server}."""
 
+    configTable = "relink-server"
+
     defaultPort = DEFAULT_PORT
     synopsis = "[options]"
     longdesc = ("Relink server: endpoint 'echo' sends every message back; 'log' and 'log-tx' "

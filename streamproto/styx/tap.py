@@ -43,6 +43,8 @@ _DEFAULTS = LogConfig()
 class Options(ServerOptions):
     """Options of C{twistd styx-server}."""
 
+    configTable = "styx-server"
+
     defaultPort = "tcp:7123"
     optParameters = [
         ["timeout", "t", DEFAULT_TIMEOUT,

@@ -1,0 +1,155 @@
+"""
+C{--config FILE}: every server option in one TOML file.
+
+One table per server, named as its twistd plugin (C{[styx-server]},
+C{[lumberjack-server]}, ...), and C{[streamproto]} for the umbrella's own
+options.  A key is an option's long name (C{max-frame} or C{max_frame});
+a value is what the command line would take (a list for a repeatable
+option such as C{port}; C{true} for a flag).  The command line wins: an
+option given there ignores the file's value (for a repeatable option, all
+of the file's values).
+
+The file is read with the standard library's C{tomllib}; nothing is
+derived by hand per server: the keys a table accepts are the options of
+the plugin's own C{usage.Options}, so an option a server gains is
+available in the file at once.
+"""
+
+import getopt
+import sys
+import tomllib
+
+from twisted.python import usage
+
+
+def load_config(path):
+    """
+    @return: the parsed TOML document (a dict of tables).
+    @raise usage.UsageError: naming the file and why it cannot be used.
+    """
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as e:
+        raise usage.UsageError(f"--config {path!r}: cannot read it: {e.strerror or e}")
+    except tomllib.TOMLDecodeError as e:
+        raise usage.UsageError(f"--config {path!r}: not valid TOML: {e}")
+    for name, table in document.items():
+        if not isinstance(table, dict):
+            raise usage.UsageError(f"--config {path!r}: {name!r} must be a table "
+                                   f"([{name}]), one per server")
+    return document
+
+
+def given_options(options, argv):
+    """
+    The long names of the options C{argv} gives on the command line (for
+    C{options}, a C{usage.Options}); empty if it does not parse (the real
+    parse then reports why).
+    """
+    try:
+        opts, _ = getopt.getopt(argv, options.shortOpt, options.longOpt)
+    except getopt.error:
+        return set()
+    given = set()
+    for opt, _ in opts:
+        name = opt[2:] if opt.startswith("--") else opt[1:]
+        given.add(_long_name(options, name) or name)
+    return given
+
+
+def _long_name(options, name):
+    """The canonical long name of option C{name} (a long or short name), or None."""
+    for candidate in (name, name.replace("-", "_"), name.replace("_", "-")):
+        canonical = options.synonyms.get(candidate)
+        if canonical is not None:
+            return canonical.replace("_", "-")
+    return None
+
+
+def _takes_value(options, name):
+    return any(o.rstrip("=") == name and o.endswith("=") for o in options.longOpt) or any(
+        o.rstrip("=") == name.replace("-", "_") and o.endswith("=") for o in options.longOpt)
+
+
+def table_arguments(options, table, where, skip=()):
+    """
+    The command-line arguments equivalent to C{table} for C{options}.
+
+    @param where: names the table in errors (C{"--config x.toml [styx-server]"}).
+    @param skip: long names not to take from the table (given on the
+        command line, or set by the caller).
+    @raise usage.UsageError: for a key that is not an option of C{options},
+        or a value of the wrong kind.
+    """
+    args = []
+    for key, value in table.items():
+        name = _long_name(options, str(key))
+        if name is None or name in ("config", "help", "version"):
+            raise usage.UsageError(f"{where}: unknown option {key!r}")
+        if name in skip:
+            continue
+        if _takes_value(options, name):
+            values = value if isinstance(value, list) else [value]
+            for v in values:
+                if isinstance(v, (dict, list)):
+                    raise usage.UsageError(f"{where}: {key!r} takes a value, not {v!r}")
+                if isinstance(v, bool):
+                    v = "true" if v else "false"
+                args.append(f"--{name}={v}")
+        else:
+            if not isinstance(value, bool):
+                raise usage.UsageError(f"{where}: {key!r} is a flag: true or false")
+            if value:
+                args.append(f"--{name}")
+    return args
+
+
+class ConfigurableOptions(usage.Options):
+    """
+    A C{usage.Options} that also takes C{--config FILE} and reads the table
+    named C{configTable} from it (the command line winning).
+
+    @ivar config_document: the parsed file (None without C{--config}), for
+        an umbrella to hand the other tables on.
+    """
+
+    configTable = None
+
+    def __init__(self):
+        super().__init__()
+        self.config_document = None
+        #: long names of the options set explicitly (command line or file)
+        self.explicit = set()
+
+    def opt_config(self, path):
+        """TOML file with one table per server (see doc/operations.rst); the command line wins."""
+        self["config"] = path
+
+    def parseOptions(self, options=None):
+        if options is None:
+            options = sys.argv[1:]
+        options = list(options)
+        self.explicit = given_options(self, options)
+        path = _config_path(options)
+        if path is not None:
+            self.config_document = load_config(path)
+            table = self.config_document.get(self.configTable, {})
+            where = f"--config {path!r} [{self.configTable}]"
+            from_file = table_arguments(self, table, where, skip=self.explicit)
+            self.explicit |= given_options(self, from_file)
+            options = from_file + options
+        super().parseOptions(options)
+
+
+def _config_path(argv):
+    """The value of C{--config} in C{argv} (the last one), without parsing the rest."""
+    path = None
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--config" and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg[len("--config="):]
+    return path
