@@ -19,7 +19,7 @@ COMMANDS = {
 
 
 def usage(out):
-    out.write("usage: streamproto COMMAND [ARGS...]\n\ncommands:\n")
+    out.write("usage: streamproto [--version] COMMAND [ARGS...]\n\ncommands:\n")
     for name, (module, help_) in COMMANDS.items():
         try:
             importlib.import_module(module)
@@ -32,6 +32,13 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         usage(sys.stdout)
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from twisted import __version__ as twisted_version
+
+        from streamproto import __version__
+        sys.stdout.write(f"streamproto {__version__} (Twisted {twisted_version}, "
+                         f"Python {sys.version.split()[0]})\n")
         return 0
     entry = COMMANDS.get(argv[0])
     if entry is None:

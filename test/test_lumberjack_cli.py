@@ -77,6 +77,46 @@ class SendWarningsTests(unittest.TestCase):
         self.assertIn("reconnecting", text)
 
 
+class GiveUpTests(unittest.TestCase):
+    """The command gives up when nothing is acknowledged for --give-up seconds."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def give_up(self, argv):
+        options = cli.Options()
+        options.parseOptions(["send", "--give-up", "1.5"] + argv + ["-"])
+        err = io.StringIO()
+        started = reactor.seconds()
+        failure = yield self.assertFailure(
+            cli.send(reactor, options.subOptions, io.BytesIO(b'{"a": 1}\n'), io.StringIO(),
+                     err), cli.GaveUp)
+        self.assertLess(reactor.seconds() - started, 10)
+        return str(failure)
+
+    @defer.inlineCallbacks
+    def test_refused_port(self):
+        port = _closed_port()
+        text = yield self.give_up(["--port", str(port)])
+        self.assertTrue(text.startswith(f"nothing acknowledged by 127.0.0.1:{port} in 1.5 s; "
+                                        "giving up (last: cannot connect: "), text)
+
+    @defer.inlineCallbacks
+    def test_permanent_tls_failure(self):
+        factory = LumberjackServerFactory(LogStoreSink(MemoryLogStore(reactor), "beats"))
+        port = yield serverFromString(reactor, certs().server_endpoint()).listen(factory)
+        self.addCleanup(port.stopListening)
+        text = yield self.give_up(["--port", str(port.getHost().port), "--ca", certs().ca,
+                                   "--server-name", "localhost"])
+        self.assertIn("giving up (last: connection lost", text)
+
+    def test_option(self):
+        options = cli.Options()
+        options.parseOptions(["send", "-"])
+        self.assertEqual(options.subOptions["give-up"], 60.0)
+        self.assertRaises(Exception, cli.Options().parseOptions, ["send", "--give-up", "-1"])
+
+
 class HelpTextTests(unittest.SynchronousTestCase):
     """--help as users see it: no stray indentation, doubled dots or words."""
 

@@ -243,3 +243,17 @@ class JSONLines(unittest.SynchronousTestCase):
         observer({"log_format": "hello {who}", "who": "you", "log_level": LogLevel.info,
                   "log_namespace": "x", "log_time": 0.0})
         self.assertEqual(json.loads(stream.getvalue())["message"], "hello you")
+
+
+class Version(unittest.SynchronousTestCase):
+    def test_version(self):
+        from streamproto import __version__, cli
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        self.assertEqual(cli.main(["--version"]), 0)
+        self.assertTrue(out.getvalue().startswith(f"streamproto {__version__} (Twisted "),
+                        out.getvalue())
+        done = subprocess.run([sys.executable, "-m", "streamproto", "--version"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=60)
+        self.assertEqual((done.returncode, done.stdout.split()[:2]),
+                         (0, ["streamproto", __version__]))

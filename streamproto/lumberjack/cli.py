@@ -33,6 +33,9 @@ class SendOptions(usage.Options):
         ["compression", "z", 3, "zlib level, 0 for none.", int],
         ["pipelining", None, 2, "Batches in flight.", int],
         ["timeout", None, 30.0, "Seconds to wait for an ack.", float],
+        ["give-up", None, 60.0, "Seconds without any acknowledged event (a refused port, a "
+         "TLS setting the server refuses) before the command gives up with an error; "
+         "0: retry for ever.", float],
     ]
 
     def parseArgs(self, path="-"):
@@ -45,6 +48,8 @@ class SendOptions(usage.Options):
             raise usage.UsageError("--batch and --pipelining must be positive")
         if (self["cert"] or self["key"] or self["ca"]) and not self["tls"]:
             self["tls"] = True
+        if self["give-up"] < 0:
+            raise usage.UsageError("--give-up must not be negative")
 
 
 class Options(usage.Options):
@@ -77,16 +82,25 @@ def read_events(stream, chunk, errors):
         yield events
 
 
-def _client_warnings(stream, client):
+class GaveUp(Exception):
+    """Nothing was acknowledged for C{--give-up} seconds."""
+
+
+def _client_warnings(stream, client, last=None):
     """
     A log observer writing C{client}'s warnings (cannot connect, TLS
     refused, no ack) to C{stream}: the client retries for ever, and without
-    them a wrong address or TLS setting would look like a silent hang.
+    them a wrong address or TLS setting would look like a silent hang.  The
+    last one is kept in C{last["warning"]} (for the give-up message).
     """
     def observer(event):
         if (event.get("log_source") is client
                 and event.get("log_level", LogLevel.info) >= LogLevel.warn):
-            stream.write(f"streamproto lumberjack: {formatEvent(event)}\n")
+            text = formatEvent(event)
+            if last is not None:
+                last["warning"] = text.removeprefix("lumberjack client: ").removesuffix(
+                    "; reconnecting")
+            stream.write(f"streamproto lumberjack: {text}\n")
     return observer
 
 
@@ -125,8 +139,25 @@ def send(reactor, options, stream, out=None, err=None):
         progress.update(counts["acked"], counts["bytes"])
         return n
 
-    warnings = _client_warnings(err.stream, client)
+    last = {"warning": None}
+    warnings = _client_warnings(err.stream, client, last)
     globalLogPublisher.addObserver(warnings)
+    gave_up = []
+    watchdog = None
+    if options["give-up"]:
+        progress_seen = {"acked": -1, "at": reactor.seconds()}
+
+        def watch():
+            # the client retries for ever (a service would); a command gives up
+            if client.events_acked != progress_seen["acked"] or not client.pending:
+                progress_seen.update(acked=client.events_acked, at=reactor.seconds())
+            elif reactor.seconds() - progress_seen["at"] >= options["give-up"]:
+                gave_up.append(last["warning"] or "no acknowledgement")
+                watchdog.stop()
+                client.close()
+        watchdog = task.LoopingCall(watch)
+        watchdog.clock = reactor
+        watchdog.start(min(1.0, options["give-up"] / 4), now=False)
     try:
         for events in read_events(stream, chunk, err):
             nbytes = sum(map(len, events))
@@ -137,7 +168,14 @@ def send(reactor, options, stream, out=None, err=None):
                 yield in_flight.pop(0)
         for d in in_flight:
             yield d
+    except Exception:
+        if gave_up:
+            raise GaveUp(f"nothing acknowledged by {options['host']}:{options['port']} in "
+                         f"{options['give-up']:g} s; giving up (last: {gave_up[0]})")
+        raise
     finally:
+        if watchdog is not None and watchdog.running:
+            watchdog.stop()
         globalLogPublisher.removeObserver(warnings)
         yield client.close()
     progress.finish()
@@ -162,9 +200,17 @@ def main(argv):
 
         def done(r):
             result["value"] = r
+
+        def gave_up(f):
+            f.trap(GaveUp)
+            sys.stderr.write(f"streamproto lumberjack: {f.value}\n")
+            result["value"] = (0, 1)
+
+        def closed(r):
             if stream is not sys.stdin.buffer:
                 stream.close()
-        return d.addCallback(done)
+            return r
+        return d.addCallbacks(done, gave_up).addBoth(closed)
 
     try:
         task.react(run)
