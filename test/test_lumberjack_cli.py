@@ -11,6 +11,7 @@ import sys
 
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import serverFromString
+from twisted.python import usage
 from twisted.trial import unittest
 
 from streamproto.log import MemoryLogStore
@@ -114,7 +115,8 @@ class GiveUpTests(unittest.TestCase):
         options = cli.Options()
         options.parseOptions(["send", "-"])
         self.assertEqual(options.subOptions["give-up"], 60.0)
-        self.assertRaises(Exception, cli.Options().parseOptions, ["send", "--give-up", "-1"])
+        self.assertRaises(usage.UsageError, cli.Options().parseOptions,
+                          ["send", "--give-up", "-1"])
 
 
 class HelpTextTests(unittest.SynchronousTestCase):
