@@ -128,3 +128,8 @@ def main(argv=None, out=None):
     except OSError as e:
         sys.stderr.write(f"streamproto status: cannot read {args.metrics}: {e}\n")
         return 1
+    except ValueError as e:
+        # not a metrics endpoint (an HTML page, another service's port)
+        sys.stderr.write(f"streamproto status: {args.metrics} did not answer Prometheus "
+                         f"metrics text: {e}\n")
+        return 1

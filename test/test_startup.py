@@ -257,3 +257,45 @@ class Version(unittest.SynchronousTestCase):
                               capture_output=True, text=True, cwd=ROOT, timeout=60)
         self.assertEqual((done.returncode, done.stdout.split()[:2]),
                          (0, ["streamproto", __version__]))
+
+
+class ClientErrors(unittest.SynchronousTestCase):
+    """Client errors as one readable line, never a Python repr."""
+
+    def test_nested_reasons_and_openssl(self):
+        from OpenSSL import SSL
+        from twisted.web._newclient import ResponseNeverReceived
+
+        from streamproto.core.errors import describe
+        tls = SSL.Error([("SSL routines", "", "certificate verify failed")])
+        text = describe(Failure(ResponseNeverReceived([Failure(tls)])))
+        self.assertEqual(text, "TLS error: certificate verify failed (the server's certificate "
+                               "is not signed by a CA this command trusts: give its CA bundle "
+                               "with --ca)")
+        self.assertNotIn("<", text)
+        self.assertEqual(describe(ValueError("plain")), "plain")
+        self.assertEqual(describe(KeyError()), "KeyError")
+
+
+class StatusErrors(unittest.TestCase):
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def test_status_on_something_else(self):
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+        from twisted.web.static import Data
+
+        from streamproto import status
+        root = Resource()
+        root.putChild(b"metrics", Data(b"<html>not metrics {</html>", "text/html"))
+        port = reactor.listenTCP(0, Site(root), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        url = f"http://127.0.0.1:{port.getHost().port}/metrics"
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        from twisted.internet.threads import deferToThread
+        code = yield deferToThread(status.main, ["--once", "--metrics", url], io.StringIO())
+        self.assertEqual(code, 1)
+        self.assertIn(f"streamproto status: {url} did not answer Prometheus metrics text",
+                      err.getvalue())

@@ -11,6 +11,7 @@ import sys
 from twisted.internet import task
 from twisted.python import usage
 
+from streamproto.core.errors import describe
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.reliable.client import (
     DEFAULT_ACK_EVERY,
@@ -87,7 +88,7 @@ def _run(reactor, options, out):
 
     def failed(failure):
         # a protocol failure (ReliableError) or a connection-level one
-        why = failure.getErrorMessage() or failure.type.__name__
+        why = describe(failure)
         sys.stderr.write(f"streamproto reliable client: {why}\n")
         return 1
 

@@ -21,6 +21,7 @@ from twisted.internet import defer, task
 from twisted.internet.interfaces import IStreamClientEndpoint
 from zope.interface import implementer
 
+from streamproto.core.errors import describe
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
@@ -229,7 +230,7 @@ def run(reactor, args, stdin, stdout, stderr):
         if failure.check(CLIError):
             stderr.write(f"Error: {failure.value}\n")
         else:
-            stderr.write(f"Error: {failure.getErrorMessage()}\n")
+            stderr.write(f"Error: {describe(failure)}\n")
         return 1
     return d.addErrback(report)
 

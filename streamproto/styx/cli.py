@@ -16,6 +16,7 @@ import importlib
 import json
 import sys
 
+from streamproto.core.errors import describe
 from streamproto.log.config import LogConfig
 from streamproto.styx import formats
 
@@ -441,7 +442,7 @@ def _report(failure):
     if failure.check(CLIError):
         sys.stderr.write(f"Error: {failure.value}\n")
     else:
-        sys.stderr.write(f"Error: {failure.getErrorMessage()}\n")
+        sys.stderr.write(f"Error: {describe(failure)}\n")
     return 1
 
 
