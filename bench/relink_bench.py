@@ -203,6 +203,25 @@ def tcp_baseline(n, size, parts):
     return elapsed
 
 
+def _run_each(items, one, child):
+    """Run C{one(item)} for each item in turn on the reactor, then stop the child."""
+    from twisted.internet import reactor
+    from twisted.internet.defer import inlineCallbacks
+
+    @inlineCallbacks
+    def go():
+        try:
+            for item in items:
+                yield one(item)
+        finally:
+            reactor.stop()
+
+    reactor.callWhenRunning(go)
+    reactor.run()
+    child.terminate()
+    child.wait()
+
+
 def tcp_runs(n, size, parts_list, window, batch):
     """Run the connector here against a listener child, once per parts count."""
     from twisted.internet import reactor
@@ -243,18 +262,7 @@ def tcp_runs(n, size, parts_list, window, batch):
         results.append(time.perf_counter() - start)
         yield c.stop()
 
-    @inlineCallbacks
-    def go():
-        try:
-            for parts in parts_list:
-                yield one(parts)
-        finally:
-            reactor.stop()
-
-    reactor.callWhenRunning(go)
-    reactor.run()
-    child.terminate()
-    child.wait()
+    _run_each(parts_list, one, child)
     return results
 
 
@@ -328,18 +336,7 @@ def echo_runs(n, size, windows, id_size=2):
         results.append(time.perf_counter() - start)
         yield c.stop()
 
-    @inlineCallbacks
-    def go():
-        try:
-            for window in windows:
-                yield one(window)
-        finally:
-            reactor.stop()
-
-    reactor.callWhenRunning(go)
-    reactor.run()
-    child.terminate()
-    child.wait()
+    _run_each(windows, one, child)
     return results
 
 
