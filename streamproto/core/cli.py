@@ -155,16 +155,19 @@ class Convention:
     @param formats: whether C{-f/--format} applies.
     @param aliases: extra old spellings of C{--server} for this command,
         e.g. C{("--metrics",)}.
+    @param renamed: this command's other old spellings (hidden options the
+        command adds itself), old -> new, for the note on stderr.
     """
 
     def __init__(self, prog, default_server, *, timeout=None, timeout_help=None,
-                 formats=True, aliases=()):
+                 formats=True, aliases=(), renamed=None):
         self.prog = prog
         self.default_server = default_server
         self.timeout = timeout
         self.timeout_help = timeout_help or "seconds to wait for the server"
         self.formats = formats
         self.aliases = tuple(aliases)
+        self.renamed = dict(renamed or {})
 
     # -- parsers ---------------------------------------------------------
     def parser(self, description, **kwargs):
@@ -235,6 +238,9 @@ class Convention:
             self.resolve(args, stderr)
         except ValueError as e:
             parser.error(str(e))
+        for old, new in self.renamed.items():
+            if any(a == old or a.startswith(old + "=") for a in argv):
+                self.note_renamed(args, old, stderr or sys.stderr, new)
         return args
 
     def resolve(self, args, stderr=None):
@@ -310,11 +316,11 @@ class Convention:
         except Exception as e:  # noqa: BLE001 - unreadable PEM: a usage error, one line
             raise ValueError(f"cannot use the TLS files given: {describe(e)}") from None
 
-    def note_renamed(self, args, option, stderr):
+    def note_renamed(self, args, option, stderr, new=None):
+        new = new or RENAMED.get(option, "-s/--server")
         if getattr(args, "verbosity", 1) > 0:
             stderr.write(f"{self.prog}: note: {option} is the previous release's spelling, "
-                         f"kept for this release only: use {RENAMED.get(option, '-s/--server')}"
-                         "\n")
+                         f"kept for this release only: use {new}\n")
 
     def endpoint(self, reactor, args):
         """The client endpoint of C{args.server} (TLS when asked)."""
@@ -353,9 +359,9 @@ class Convention:
     def log_to(self, args, stderr=None):
         """
         Show the client libraries' log events on C{stderr} at C{args}'
-        verbosity: quiet nothing, by default warnings of streamproto's
-        clients (a reconnect, a refused handshake), C{-v} everything from
-        info up, C{-vv} debug.  @return: a callable removing the observer.
+        verbosity: quiet nothing, by default warnings and errors (a
+        reconnect, a refused handshake), C{-v} everything from info up,
+        C{-vv} debug.  @return: a callable removing the observer.
         """
         stderr = stderr or sys.stderr
         verbosity = getattr(args, "verbosity", 1)
@@ -365,8 +371,6 @@ class Convention:
 
         def observer(event):
             if event.get("log_level", LogLevel.info) < level:
-                return
-            if verbosity == 1 and not event.get("log_namespace", "").startswith("streamproto"):
                 return
             text = formatEvent(event)
             failure = event.get("log_failure")
