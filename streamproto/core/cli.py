@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 
 from twisted.internet import defer, task
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
 
 from streamproto.core.errors import describe
 
@@ -174,6 +175,19 @@ class Convention:
         """A L{CommandParser} with the common options."""
         parser = CommandParser(prog=self.prog, description=description, **kwargs)
         self.add_options(parser)
+        return parser
+
+    def share(self, parser):
+        """
+        Add the common options (suppressed defaults) to every subcommand of
+        C{parser}, at any depth, so that they are accepted after the
+        command too; call it once the parser is complete.  @return: C{parser}.
+        """
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in dict.fromkeys(action.choices.values()):
+                    self.add_options(sub, suppress=True)
+                    self.share(sub)
         return parser
 
     def common(self):
@@ -323,9 +337,14 @@ class Convention:
                          f"kept for this release only: use {new}\n")
 
     def endpoint(self, reactor, args):
-        """The client endpoint of C{args.server} (TLS when asked)."""
+        """
+        The client endpoint of C{args.server} (TLS when asked), its connect
+        timeout C{-t/--timeout} when given (else TCP's 30 s).
+        """
         from streamproto.core.tls import client_endpoint
-        return client_endpoint(reactor, args.server.host, args.server.port, args.tls_options)
+        timeout = getattr(args, "timeout", None) or 30
+        return client_endpoint(reactor, args.server.host, args.server.port, args.tls_options,
+                               timeout=timeout)
 
     # -- running -----------------------------------------------------------
     def run(self, main, stderr=None):
@@ -392,6 +411,8 @@ def report(prog, failure, stderr=None):
     reasons and OpenSSL errors unwrapped by L{describe}); the exit status.
     """
     stderr = stderr or sys.stderr
+    if not isinstance(failure, Failure):
+        failure = Failure(failure)
     if failure.check(BrokenPipeError):
         return EXIT_OK     # e.g. piped into head
     if failure.check(KeyboardInterrupt):
