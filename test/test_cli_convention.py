@@ -286,6 +286,27 @@ class ExitStatusTests(unittest.TestCase):
         self.assertIn("refused", self.assertFailed(r_fail, fail, "styx"))
 
     @defer.inlineCallbacks
+    def test_interrupted(self):
+        """Ctrl-C (SIGINT) ends a follower with status 130."""
+        from streamproto.styx.api_client import StyxClient
+        from test.netutil import wait_until
+        api, _ = yield self.serve(styx_tap, ["--metrics", "tcp:0:interface=127.0.0.1"])
+        client = StyxClient(f"http://127.0.0.1:{api}", reactor)
+        self.addCleanup(client.close)
+        yield client.create_log("events")
+        yield client.write_records("events", [b"first"])
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proto = ProcessOutput()
+        process = reactor.spawnProcess(
+            proto, sys.executable, [sys.executable, "-m", "streamproto", "styx", "-s",
+                                    f"127.0.0.1:{api}", "consume", "events", "-F", "-u"],
+            env=env, path=ROOT)
+        yield wait_until(lambda: bytes(proto.out) == b"first\n", timeout=60)
+        process.signalProcess("INT")
+        out, err, code = yield proto.ended
+        self.assertEqual((out, code), (b"first\n", 130), err)
+
+    @defer.inlineCallbacks
     def test_styx_https_without_the_ca(self):
         """The TLS failure as a sentence with a hint, not a list of Failure reprs."""
         from streamproto.styx.resource import make_site

@@ -358,6 +358,9 @@ class Convention:
         status = []
 
         def go(reactor):
+            # the reactor stopping before main is done: Ctrl-C (SIGINT) or SIGTERM
+            reactor.addSystemEventTrigger(
+                "before", "shutdown", lambda: status or status.append(EXIT_INTERRUPTED))
             d = defer.maybeDeferred(main, reactor)
             d.addCallback(lambda r: defer.ensureDeferred(r) if _awaitable(r) else r)
             d.addErrback(self.report, stderr)
