@@ -79,10 +79,12 @@ class HistoryTests(unittest.SynchronousTestCase):
         for _ in range(50):
             self.history.snapshot()
             self.clock.advance(0.25)    # four asks a second: one sample a second
-        self.assertLessEqual(len(self.history.samples), 12)   # 10 s of 1 s samples
-        self.assertGreaterEqual(len(self.history.samples), 10)
-        times = [t for t, _ in self.history.samples]
+        points = self.history.points
+        self.assertLessEqual(len(points), 11)   # 10 s of 1 s samples
+        self.assertGreaterEqual(len(points), 9)
+        times = [p["t"] for p in points]
         self.assertGreaterEqual(min(b - a for a, b in zip(times, times[1:])), 1)
+        self.assertEqual(len(self.history.samples), 2)     # whole summaries: two
 
     def test_internal_logs_summed(self):
         self.text = metrics_text(0, 0, 0, internal=True)

@@ -12,11 +12,13 @@ origin may be contacted).
 
 History costs nothing while nobody looks: a sample (one collection of the
 registry) is taken when C{/status.json} is asked, at most once per
-C{min_interval}, and samples older than C{window} are dropped, so memory is
-bounded by C{window / min_interval} samples of at most C{max_logs} logs.
+C{min_interval}, and chart points older than C{window} are dropped, so
+memory is bounded by C{window / min_interval} points of at most
+C{max_chart_logs} logs each.
 """
 
 import json
+from collections import deque
 
 from prometheus_client import REGISTRY
 from twisted.web import resource
@@ -45,6 +47,11 @@ class StatusHistory:
     """
     Samples of the summary, taken on demand (see the module docstring).
 
+    Each sample is reduced at once to a chart point (per-server rates, the
+    busiest logs' append rates, fsync latency); only the last two whole
+    summaries are kept (the tables' values and rates), so answering costs
+    one collection and one summary however long the history.
+
     @param collect: returns the metric families to summarise (default:
         the global registry's, what C{/metrics} serves).
     @param clock: an C{IReactorTime} (its C{seconds()} are wall-clock
@@ -58,40 +65,45 @@ class StatusHistory:
         self.window = window
         self.min_interval = min_interval
         self.max_chart_logs = max_chart_logs
-        self.samples = []     # (time, summary), oldest first
+        self.samples = []     # the last two (time, summary)
+        self.points = deque()  # chart points, oldest first
 
     def sample(self):
-        """Take a sample unless the last one is recent enough; drop old ones."""
+        """Take a sample unless the last one is recent enough; drop old points."""
         now = self.clock.seconds()
         if not self.samples or now - self.samples[-1][0] >= self.min_interval:
-            self.samples.append((now, summarise_families(self.collect())))
+            summary = summarise_families(self.collect())
+            if self.samples:
+                self._add_point(now, summary, *self.samples[-1])
+            self.samples = self.samples[-1:] + [(now, summary)]
         cutoff = now - self.window
-        while len(self.samples) > 2 and self.samples[0][0] < cutoff:
-            del self.samples[0]
+        while self.points and self.points[0]["t"] < cutoff:
+            self.points.popleft()
+
+    def _add_point(self, t, summary, before_t, before):
+        r = rates(summary, before, t - before_t)
+        if r is None:
+            return
+        logs = summary["logs"]
+        busiest = sorted((k for k in logs if not is_internal(k) and k in r["logs"]),
+                         key=lambda k: -logs[k].get("end", 0))[:self.max_chart_logs]
+        self.points.append({
+            "t": t,
+            "servers": {name: dict(v, open=summary["servers"][name].get("open", 0))
+                        for name, v in r["servers"].items()},
+            "logs": {name: r["logs"][name]["records"] for name in busiest},
+            "fsync_ms": r["fsync_ms"],
+        })
 
     def snapshot(self):
         """The document of C{/status.json} (after a L{sample})."""
         self.sample()
         t, now = self.samples[-1]
-        before_t, before = self.samples[-2] if len(self.samples) > 1 else (None, None)
+        before_t, before = self.samples[0] if len(self.samples) > 1 else (None, None)
         elapsed = t - before_t if before_t is not None else None
         public = {k: v for k, v in now["logs"].items() if not is_internal(k)}
         internal = [v for k, v in now["logs"].items() if is_internal(k)]
         current = rates(now, before, elapsed)
-        charted = sorted(public, key=lambda k: -public[k].get("end", 0))[:self.max_chart_logs]
-        history = []
-        for (t0, s0), (t1, s1) in zip(self.samples, self.samples[1:]):
-            r = rates(s1, s0, t1 - t0)
-            if r is None:
-                continue
-            history.append({
-                "t": t1,
-                "servers": {name: dict(v, open=s1["servers"][name].get("open", 0))
-                            for name, v in r["servers"].items()},
-                "logs": {name: r["logs"][name]["records"] for name in charted
-                         if name in r["logs"]},
-                "fsync_ms": r["fsync_ms"],
-            })
         if current is not None:
             current["logs"] = {k: v for k, v in current["logs"].items() if not is_internal(k)}
         return {
@@ -107,7 +119,7 @@ class StatusHistory:
                 "failed": sum(1 for v in internal if v.get("failed")),
             },
             "rates": current,
-            "history": history,
+            "history": list(self.points),
             "rate_keys": list(SERVER_RATES),
         }
 
