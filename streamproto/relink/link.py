@@ -837,6 +837,7 @@ class Link:
         #: a resumed connection of a paused link reads up to the peer's
         #: C{resume} before it pauses (the peer's acks come first)
         self._pause_at_resume = False
+        self._tell_shutdown = False   # the peer's shutdown, for the handler after the read
         self._ping_call = None
         self._ping_sent_at = None
         self._last_rx = 0.0
@@ -1262,6 +1263,12 @@ class Link:
         for ch, messages in deliveries.items():
             if self.in_channels.get(ch.channel_id) is ch:
                 ch.deliver(messages)
+        if self._tell_shutdown and self.lost is None:
+            self._tell_shutdown = False
+            try:
+                self.handler.peer_shutdown(self)
+            except Exception:
+                self.log.failure("peer_shutdown handler failed")
         self.flush()
         self._check_shutdown_done()
 
@@ -1294,11 +1301,10 @@ class Link:
                     self._pause(True)
                     self._arm_stall()
         elif ptype == SHUTDOWN:
+            # the handler hears of it after the messages that came before it
+            # (packets_received delivers them at the end of the read)
             self.peer_shutdown = True
-            try:
-                self.handler.peer_shutdown(self)
-            except Exception:
-                self.log.failure("peer_shutdown handler failed")
+            self._tell_shutdown = True
         # NOP and PONG: receiving anything already proved the peer alive
 
     def _in_channel_closed(self, ch):
