@@ -172,7 +172,7 @@ def send_events(port, events, work):
     with open(path, "w") as f:
         f.writelines(json.dumps(e) + "\n" for e in events)
     subprocess.run([sys.executable, "-m", "streamproto", "lumberjack", "send",
-                    "--host", "127.0.0.1", "--port", str(port), path],
+                    "-s", f"127.0.0.1:{port}", path],
                    check=True, env=dict(os.environ, PYTHONPATH=ROOT))
 
 

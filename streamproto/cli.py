@@ -26,6 +26,9 @@ def usage(out):
         except ModuleNotFoundError:
             continue
         out.write(f"  {name:<12} {help_}\n")
+    out.write("\nevery command: -s/--server ADDRESS, --tls, --ca/--cert/--key, -t/--timeout,\n"
+              "-f/--format text|json, -v/-q; exit status 0 done, 1 failure, 2 usage\n"
+              "(doc/cli.rst).  streamproto COMMAND --help for a command's options.\n")
 
 
 def main(argv=None):

@@ -11,7 +11,6 @@ import sys
 
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import serverFromString
-from twisted.python import usage
 from twisted.trial import unittest
 
 from streamproto.log import MemoryLogStore
@@ -47,11 +46,9 @@ class SendWarningsTests(unittest.TestCase):
 
     @defer.inlineCallbacks
     def _send_until_warned(self, argv, expected):
-        options = cli.Options()
-        options.parseOptions(["send"] + argv + ["-"])
+        args = cli.parse_args(["send"] + argv + ["-"])
         err = io.StringIO()
-        sending = cli.send(reactor, options.subOptions, io.BytesIO(b'{"a": 1}\n'),
-                           io.StringIO(), err)
+        sending = cli.send(reactor, args, io.BytesIO(b'{"a": 1}\n'), io.StringIO(), err)
         try:
             yield wait_until(lambda: expected in err.getvalue())
         finally:
@@ -79,19 +76,18 @@ class SendWarningsTests(unittest.TestCase):
 
 
 class GiveUpTests(unittest.TestCase):
-    """The command gives up when nothing is acknowledged for --give-up seconds."""
+    """The command gives up when nothing is acknowledged for -t/--timeout seconds."""
 
     timeout = 30
 
     @defer.inlineCallbacks
     def give_up(self, argv):
-        options = cli.Options()
-        options.parseOptions(["send", "--give-up", "1.5"] + argv + ["-"])
+        args = cli.parse_args(["send", "-t", "1.5"] + argv + ["-"])
         err = io.StringIO()
         started = reactor.seconds()
         failure = yield self.assertFailure(
-            cli.send(reactor, options.subOptions, io.BytesIO(b'{"a": 1}\n'), io.StringIO(),
-                     err), cli.GaveUp)
+            cli.send(reactor, args, io.BytesIO(b'{"a": 1}\n'), io.StringIO(), err),
+            cli.GaveUp)
         self.assertLess(reactor.seconds() - started, 10)
         return str(failure)
 
@@ -112,17 +108,23 @@ class GiveUpTests(unittest.TestCase):
         self.assertIn("giving up (last: connection lost", text)
 
     def test_option(self):
-        options = cli.Options()
-        options.parseOptions(["send", "-"])
-        self.assertEqual(options.subOptions["give-up"], 60.0)
-        self.assertRaises(usage.UsageError, cli.Options().parseOptions,
-                          ["send", "--give-up", "-1"])
+        self.assertEqual(cli.parse_args(["send", "-"]).timeout, 60.0)
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        # the previous release's spelling, with a note naming the new one
+        self.assertEqual(cli.parse_args(["send", "--give-up", "5"], err).timeout, 5.0)
+        self.assertIn("--give-up is the previous release's spelling", err.getvalue())
+        self.assertIn("use -t/--timeout", err.getvalue())
+        for bad in (["--give-up", "-1"], ["-t", "-1"], ["-t", "soon"]):
+            with self.assertRaises(SystemExit) as raised:
+                cli.parse_args(["send"] + bad)
+            self.assertEqual(raised.exception.code, 2)
 
 
 class HelpTextTests(unittest.SynchronousTestCase):
     """--help as users see it: no stray indentation, doubled dots or words."""
 
-    def _check(self, text):
+    def _check_twisted_options(self, text):
         # the option lines, after the synopsis
         for line in text.split("Options:", 1)[1].splitlines():
             # the description column: drop the option names in front of it
@@ -130,18 +132,22 @@ class HelpTextTests(unittest.SynchronousTestCase):
             self.assertNotRegex(description, r"\S {3,}\S", line)
             self.assertNotRegex(description, r"[^.]\.\.(?!\.)", line)
 
-    def test_send_synopsis_names_the_command_once(self):
-        options = cli.Options()
-        with self.assertRaises(SystemExit):
-            self.patch(sys, "stdout", io.StringIO())
-            options.parseOptions(["send", "--help"])
-        first = sys.stdout.getvalue().splitlines()[0]
-        self.assertTrue(first.startswith("streamproto lumberjack send [options] [FILE]"), first)
+    def test_send_usage_names_the_command_once(self):
+        self.patch(sys, "stdout", io.StringIO())
+        with self.assertRaises(SystemExit) as raised:
+            cli.parse_args(["send", "--help"])
+        self.assertEqual(raised.exception.code, 0)
+        text = sys.stdout.getvalue()
+        first = text.splitlines()[0]
+        self.assertTrue(first.startswith("usage: streamproto lumberjack send "), first)
         self.assertEqual(first.count("send"), 1, first)
-        self._check(sys.stdout.getvalue())
+        self.assertIn("-s ADDRESS, --server ADDRESS", text)
+        # the previous release's spellings work but are not shown
+        for old in ("--host", "--port", "--give-up", "--ca-certs", "--connect"):
+            self.assertNotIn(old, text)
 
     def test_server_options_help(self):
         from streamproto.reliable import tap as reliable_tap
         from streamproto.styx import tap as styx_tap
         for options in (styx_tap.Options(), reliable_tap.Options()):
-            self._check(str(options))
+            self._check_twisted_options(str(options))

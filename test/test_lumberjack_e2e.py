@@ -277,12 +277,11 @@ class TapAndCliTests(ServerCase):
     @defer.inlineCallbacks
     def test_cli_send(self):
         port = yield self.serve()
-        options = cli.Options()
-        options.parseOptions(["send", "--port", str(port), "--batch", "10", "-"])
+        args = cli.parse_args(["send", "--port", str(port), "--batch", "10", "-q", "-"])
         lines = b"\n".join(json.dumps(e).encode() for e in make_events(25))
         stream = io.BytesIO(lines + b"\nnot json\n\n" + json.dumps({"last": 1}).encode() + b"\n")
         out, err = io.StringIO(), io.StringIO()
-        sent, skipped = yield cli.send(reactor, options.subOptions, stream, out, err)
+        sent, skipped = yield cli.send(reactor, args, stream, out, err)
         self.assertEqual((sent, skipped), (26, 1))
         self.assertIn("line 26", err.getvalue())
         self.assertEqual(out.getvalue(), "sent 26 events, skipped 1 bad lines\n")
@@ -296,11 +295,10 @@ class TapAndCliTests(ServerCase):
                 return True
 
         port = yield self.serve()
-        options = cli.Options()
-        options.parseOptions(["send", "--port", str(port), "--compression", "0"])
+        args = cli.parse_args(["send", "-s", f"127.0.0.1:{port}", "--compression", "0"])
         stream = io.BytesIO(b"".join(json.dumps(e).encode() + b"\n" for e in make_events(5)))
         err = Terminal()
-        yield cli.send(reactor, options.subOptions, stream, io.StringIO(), err)
+        yield cli.send(reactor, args, stream, io.StringIO(), err)
         self.assertIn("lumberjack send:", err.getvalue())
         self.assertIn("5 records", err.getvalue())
 
@@ -314,7 +312,7 @@ class TapAndCliTests(ServerCase):
             f.write(b"".join(json.dumps(e).encode() + b"\n" for e in make_events(40)))
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         out, err, code = yield utils.getProcessOutputAndValue(
-            sys.executable, ["-m", "streamproto", "lumberjack", "send", "--port", str(port),
+            sys.executable, ["-m", "streamproto", "lumberjack", "send", "-s", f"127.0.0.1:{port}",
                              "--batch", "16", path],
             env=dict(os.environ, PYTHONPATH=root), path=root)
         self.assertEqual((code, out), (0, b"sent 40 events\n"), err)

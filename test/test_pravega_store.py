@@ -89,7 +89,7 @@ class RestartTests(unittest.TestCase):
         yield self.assertFailure(w.write(b"late"), SegmentSealedError)
         w.stop(None)
         out = io.BytesIO()
-        status = yield cli.run(reactor, ["--port", str(ep._port), "read", SEG], stdout=out)
+        status = yield cli.run(reactor, ["-s", f"127.0.0.1:{ep._port}", "read", SEG], stdout=out)
         self.assertEqual(status, 0)
         self.assertEqual(out.getvalue().splitlines(),
                          [b"before %d" % i for i in range(300)] + [b"after"])
@@ -122,7 +122,7 @@ class RestartTests(unittest.TestCase):
         yield w.close()
         self.assertGreaterEqual(w.connections, 2)
         out = io.BytesIO()
-        status = yield cli.run(reactor, ["--port", str(port_number), "read", SEG], stdout=out)
+        status = yield cli.run(reactor, ["-s", f"127.0.0.1:{port_number}", "read", SEG], stdout=out)
         self.assertEqual(status, 0)
         self.assertEqual(out.getvalue().splitlines(), first + second)
 
@@ -145,7 +145,7 @@ class CLITests(unittest.TestCase):
     @defer.inlineCallbacks
     def run_cli(self, *argv, stdin=b""):
         out, err = io.BytesIO(), io.StringIO()
-        status = yield cli.run(reactor, ["--port", str(self.port.getHost().port)] + list(argv),
+        status = yield cli.run(reactor, ["-s", f"127.0.0.1:{self.port.getHost().port}", *argv],
                                stdin=io.BytesIO(stdin), stdout=out, stderr=err)
         return status, out.getvalue().decode(), err.getvalue()
 

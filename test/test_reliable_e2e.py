@@ -1,6 +1,7 @@
 """End to end over real sockets: TCP, TLS, a durable server killed and restarted, tap, CLI."""
 
 import io
+import json
 import os
 
 from twisted.internet import defer, reactor, task
@@ -182,18 +183,24 @@ class TapAndCLITests(TestCase):
             return port
         listener._waitingForPort.addCallback(keep)
         number = (yield got).getHost().port
-        parsed = cli.ClientOptions()
-        parsed.parseOptions(["--port", str(number), "--count", "100"])
+        parsed = cli.parse_args(["client", "-s", f"127.0.0.1:{number}", "--count", "100"])
         out = io.StringIO()
         status = yield cli._run(reactor, parsed, out)
         self.assertEqual(status, 0)
         self.assertRegex(out.getvalue(), r"received 100 messages, 0 reconnects, CRC \d+ verified")
-        parsed = cli.ClientOptions()
-        parsed.parseOptions(["--port", str(number), "--count", "3", "--mode", "stateless",
-                             "--print"])
+        parsed = cli.parse_args(["client", "-s", f"127.0.0.1:{number}", "--count", "3",
+                                 "--mode", "stateless", "--print"])
         out = io.StringIO()
         self.assertEqual((yield cli._run(reactor, parsed, out)), 0)
         self.assertEqual(len(out.getvalue().splitlines()), 4)
+        parsed = cli.parse_args(["client", "-s", f"127.0.0.1:{number}", "-n", "3",
+                                 "--mode", "stateless", "--print", "-f", "json"])
+        out = io.StringIO()
+        self.assertEqual((yield cli._run(reactor, parsed, out)), 0)
+        result = json.loads(out.getvalue())
+        values = [int(v) for v in result["values"]]
+        self.assertEqual((result["received"], len(values)), (3, 3))
+        self.assertEqual(values[1:], [2 * v for v in values[:-1]])    # doubling
 
     def test_cli_usage_errors(self):
         self.assertEqual(cli.main(["server"]), 2)

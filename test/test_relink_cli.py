@@ -50,7 +50,7 @@ class RelinkCLITestBase(unittest.TestCase):
         return MemoryLogStore(reactor)
 
     def connect_args(self):
-        args = ["--connect", f"127.0.0.1:{self.port}"]
+        args = ["-s", f"127.0.0.1:{self.port}"]
         if self.tls:
             c = certs()
             args += ["--ca", c.ca, "--cert", c.client_cert, "--key", c.client_key,
@@ -154,7 +154,7 @@ class NoLinkTests(RelinkCLITestBase):
 
     @defer.inlineCallbacks
     def test_unknown_endpoint(self):
-        status, out, err = yield self.relink("--link-timeout", "0.5", "send", "--endpoint",
+        status, out, err = yield self.relink("-t", "0.5", "send", "--endpoint",
                                              "nope", stdin=b"x\n")
         self.assertEqual((status, out), (1, ""))
         self.assertIn("no link after 0.5s", err)
@@ -162,7 +162,7 @@ class NoLinkTests(RelinkCLITestBase):
 
     @defer.inlineCallbacks
     def test_other_id_size(self):
-        status, out, err = yield self.relink("--link-timeout", "0.5", "--id-size", "2",
+        status, out, err = yield self.relink("-t", "0.5", "--id-size", "2",
                                              "echo", "--count", "5")
         self.assertEqual((status, out), (1, ""))
         self.assertIn("no link after 0.5s", err)
@@ -181,11 +181,15 @@ class ShutdownTimeoutTests(unittest.TestCase):
                                             listener_id_size=4)]))
         self.addCleanup(port.stopListening)
         out, err = io.StringIO(), io.StringIO()
-        args = cli.parse_args(["--connect", f"127.0.0.1:{port.getHost().port}",
+        args = cli.parse_args(["-s", f"127.0.0.1:{port.getHost().port}",
                                "--shutdown-timeout", "0.5", "send", "--endpoint", "silent"])
         status = yield cli.run(reactor, args, io.BytesIO(b"a\nb\n"), out, err)
         self.assertEqual(status, 1)
-        self.assertEqual(err.getvalue(), "Error: the listener did not complete the shutdown "
+        # the library's warning (shown by default), then the error
+        self.assertIn("streamproto relink: relink: no shutdown from the listener in 0.5 s",
+                      err.getvalue())
+        self.assertEqual(err.getvalue().splitlines(True)[-1],
+                         "streamproto relink: error: the listener did not complete the shutdown "
                          "within 0.5 s (messages not yet acknowledged may not have been "
                          "consumed)\n")
         self.assertEqual(handler.messages, {0: [(b"a",), (b"b",)]})
@@ -236,24 +240,26 @@ class ErrorTests(unittest.TestCase):
         port = yield self.free_port()
         for command in (["send"], ["echo", "--count", "5"]):
             status, out, err = yield self.run_cli(
-                ["--connect", f"127.0.0.1:{port}"] + command, stdin=b"x\n")
+                ["-s", f"127.0.0.1:{port}"] + command, stdin=b"x\n")
             self.assertEqual((status, out), (1, ""))
-            self.assertTrue(err.startswith(f"Error: cannot connect to 127.0.0.1:{port}: "),
-                            err)
+            self.assertTrue(err.startswith(
+                f"streamproto relink: error: cannot connect to 127.0.0.1:{port}: "), err)
             self.assertIn("refused", err)
 
-    @defer.inlineCallbacks
     def test_bad_address(self):
-        for address in ("no-port", "host:", "host:http"):
-            status, out, err = yield self.run_cli(["--connect", address, "send"])
-            self.assertEqual((status, out), (1, ""))
-            self.assertEqual(err, f"Error: --connect wants HOST:PORT, not {address!r}\n")
+        for option in ("-s", "--connect"):
+            for address in ("host:", "host:http", "ftp://host:1"):
+                err = io.StringIO()
+                self.patch(sys, "stderr", err)
+                self.assertEqual(cli.main([option, address, "send"]), 2)
+                self.assertIn(f"streamproto relink: error: bad server address {address!r}",
+                              err.getvalue())
 
     def test_usage_errors(self):
         self.patch(sys, "stderr", io.StringIO())
         for argv in ([], ["frobnicate"], ["send", "--channel", "x"],
                      ["send", "--commit-every", "0"], ["echo", "--count", "0"],
-                     ["echo", "--size", "-1"], ["--link-timeout", "0", "send"],
+                     ["echo", "--size", "-1"], ["--link-timeout", "-1", "send"],
                      ["--shutdown-timeout", "0", "send"], ["--window", "0", "send"]):
             self.assertEqual(cli.main(argv), 2, argv)
         self.assertIn("--commit-every must be at least 1", sys.stderr.getvalue())
@@ -277,6 +283,6 @@ class EntryPointTests(RelinkCLITestBase):
                                           stdin=b"a\nb\n")
         self.assertEqual((code, out), (0, b"sent 2 messages\n"), err)
         self.assertRecords((yield self.stored("relink-1")), [b"a", b"b"])
-        out, err, code = yield self.spawn(["--connect", "127.0.0.1:1", "echo"])
+        out, err, code = yield self.spawn(["-s", "127.0.0.1:1", "echo"])
         self.assertEqual(code, 1, err)
-        self.assertIn(b"Error: cannot connect to 127.0.0.1:1: ", err)
+        self.assertIn(b"streamproto relink: error: cannot connect to 127.0.0.1:1: ", err)

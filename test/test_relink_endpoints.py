@@ -3,13 +3,15 @@ The server's endpoints in memory: echo, and the bridge to the log store
 (acknowledged only once durable; a commit is one atomic append).
 """
 
+import gc
+
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.log import MemoryLogStore
 from streamproto.relink.endpoints import EchoHandler, LogBridgeHandler
 from streamproto.relink.link import LinkConfig, LinkLost
-from test.test_relink_support import Pair
+from test.test_relink_support import Pair, Recorder
 
 
 def fired(d):
@@ -52,6 +54,36 @@ class HeldLog:
 
 
 class Echo(SynchronousTestCase):
+    def test_messages_in_the_same_read_as_the_shutdown(self):
+        # the handler hears of the peer's shutdown after the messages before
+        # it: the echo opens its channel before our shutdown forbids that
+        p = Pair(server=EchoHandler(), id_sizes=(4, 4)).connect()
+        sent = fired(p.link.channel(5).send([b"last words"]))
+        done = fired(p.connector.shutdown())
+        p.run()
+        self.assertEqual(p.client.messages, {5: [(b"last words",)]})
+        self.assertEqual((sent, done), ([1], [None]))
+
+    def test_shutdown_answer_cut_short_is_no_unhandled_error(self):
+        """
+        The endpoints answer the peer's shutdown with theirs.  A link
+        discarded before that completes (the peer went away, the server
+        stops) is no error to log as unhandled.
+        """
+        # the connector holds the echo unconsumed, the store the append: the
+        # shutdown waits for them
+        for handler in (EchoHandler(), LogBridgeHandler(HeldStore(MemoryLogStore()))):
+            p = Pair(server=handler, client=Recorder(hold=True), id_sizes=(4, 4)).connect()
+            p.link.channel(1).send([b"unanswered"], ack=None)
+            fired(p.connector.shutdown())
+            p.run()
+            server_link = p.server_link
+            self.assertTrue(server_link.peer_shutdown)
+            p.cut()
+            server_link.discard(LinkLost("endpoint closed"))
+            gc.collect()
+            self.assertEqual(self.flushLoggedErrors(LinkLost), [])
+
     def test_echo_same_channel(self):
         p = Pair(server=EchoHandler(), id_sizes=(4, 4)).connect()
         for i in range(5):

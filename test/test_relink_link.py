@@ -12,6 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.relink import codec
+from streamproto.relink.endpoints import EchoHandler
 from streamproto.relink.link import (
     ChannelBusy, ChannelClosing, LinkConfig, LinkError, LinkLost, _unwrap,
 )
@@ -245,6 +246,171 @@ class Backpressure(SynchronousTestCase):
         p.server.release()
         p.run()
         self.assertEqual(p.st.producerState, "producing")
+
+
+class StalledEcho(SynchronousTestCase):
+    """
+    The deadlock a paused reader can fall into, and the way out.
+
+    C{echo} consumes a message once its answer fits our send window, the
+    window opens with the peer's acknowledgements, and those travel behind
+    the peer's data.  A peer that keeps more in flight than our receive
+    bounds (here: our connector with a window of 100,000 messages and
+    acknowledgements held back between rounds, like the Go package's
+    delayed acks) fills them; reading pauses with the acknowledgements
+    unread, and nothing would ever move again.  The link drops the
+    connection instead, and the resumption brings the acknowledgements
+    first.
+    """
+
+    count = 400
+    server_config = LinkConfig(window_bytes=1024, max_queued_bytes=1024,
+                               max_buffered_bytes=4096, stall_timeout=0.5)
+
+    def pair(self):
+        p = Pair(server=EchoHandler(), client=Recorder(hold=True), config=self.server_config)
+        p.honour_pauses = True
+        p.connect()
+        p.link.config = LinkConfig(window=100000, max_queued=100000, window_bytes=1 << 30,
+                                   max_queued_bytes=1 << 30, ping_interval=1000)
+        return p
+
+    def echo(self, p, rounds=300):
+        """Run rounds (acks released once a round) until every echo arrived."""
+        sent = fired(p.link.channel(1).send_many(
+            [[b"%05d" % i + b"e" * 95] for i in range(self.count)]))
+        worst = 0
+        server_link = p.server_link
+        for _ in range(rounds):
+            p.client.release()
+            p.run(chunk=512)
+            incoming = server_link.in_channels.get(1)
+            if incoming is not None:
+                worst = max(worst, incoming.buffered)
+            if sent and len(p.client.messages.get(1, [])) == self.count:
+                break
+            p.clock.advance(0.5)
+            if p.connected and p.st.disconnecting:
+                p.cut()         # what was not read is lost with the connection
+            if not p.connected:
+                p.connect(run=False)
+        return sent, worst
+
+    def test_the_link_resumes_instead_of_deadlocking(self):
+        p = self.pair()
+        sent, worst = self.echo(p)
+        self.assertEqual(sent, [self.count])
+        # every echo exactly once, in order, across the resumptions
+        self.assertEqual(p.client.messages[1],
+                         [(b"%05d" % i + b"e" * 95,) for i in range(self.count)])
+        server_link = p.server_link
+        self.assertGreater(server_link.stall_breaks, 0)
+        self.assertEqual(p.connections, server_link.stall_breaks + 1)
+        self.assertIsNone(server_link.lost)
+        # memory stays bounded: the bound plus what one read brings
+        self.assertGreater(server_link.receive_pauses, 0)
+        self.assertLessEqual(worst, self.server_config.max_buffered_bytes + 1024)
+
+    def test_a_resumed_connection_reads_the_acks_before_pausing(self):
+        p = self.pair()
+        p.link.channel(1).send_many([[b"e" * 100]] * self.count, ack=None)
+        p.run(chunk=512)
+        server_link = p.server_link
+        self.assertTrue(server_link.reading_paused)
+        out = server_link.out_channels[1]
+        self.assertEqual(out.room, 0)               # echo waits for acks
+        p.client.release()
+        p.run(chunk=512)
+        consumed = out.consumed
+        self.assertLess(consumed, out.transmitted)  # the acks wait unread
+        p.cut()
+        p.connect()
+        # the peer's resume acknowledgements were read, then reading paused
+        # again: its resent messages wait
+        self.assertGreater(out.consumed, consumed)
+        self.assertTrue(server_link.messaging)
+        self.assertEqual(p.st.producerState, "paused")
+
+    def test_no_drop_while_the_handler_makes_progress(self):
+        # reading paused, a sender waiting, but messages are consumed: no stall
+        p = self.pair()
+        p.link.channel(1).send_many([[b"e" * 100]] * self.count, ack=None)
+        p.run(chunk=512)
+        server_link = p.server_link
+        self.assertTrue(server_link.reading_paused)
+        mark = server_link.stall_breaks
+        for _ in range(3):
+            p.clock.advance(0.4)
+            server_link.in_channels[1]._consume(server_link.in_channels[1].consumed + 1)
+        self.assertEqual(server_link.stall_breaks, mark)
+        self.assertFalse(p.st.disconnecting)
+
+    def test_a_peer_that_does_not_read_is_not_dropped(self):
+        """
+        If the peer does not read what we send, its acknowledgements are not
+        coming either way: the link stays paused, bounded, and connected.
+        """
+        p = Pair(server=EchoHandler(), config=self.server_config)
+        p.honour_pauses = True
+        p.connect(server_transport=PausingTransport(limit=512))
+        p.link.config = LinkConfig(window=100000, max_queued=100000, window_bytes=1 << 30,
+                                   max_queued_bytes=1 << 30, ping_interval=1000)
+        p.ct.pauseProducing()       # the connector stops reading
+        p.link.channel(1).send_many([[b"e" * 100]] * self.count, ack=None)
+        for _ in range(20):
+            p.run(chunk=512)
+            p.clock.advance(0.5)
+        server_link = p.server_link
+        self.assertTrue(server_link.reading_paused)
+        self.assertTrue(server_link.transmission_paused)
+        self.assertEqual(server_link.stall_breaks, 0)
+        self.assertFalse(p.st.disconnecting)
+        self.assertLessEqual(server_link.in_channels[1].buffered,
+                             self.server_config.max_buffered_bytes + 1024)
+
+    def test_turned_off(self):
+        config = LinkConfig(window_bytes=1024, max_queued_bytes=1024, max_buffered_bytes=4096,
+                            stall_timeout=0)
+        p = Pair(server=EchoHandler(), client=Recorder(hold=True), config=config)
+        p.honour_pauses = True
+        p.connect()
+        p.link.config = LinkConfig(window=100000, max_queued=100000, window_bytes=1 << 30,
+                                   max_queued_bytes=1 << 30, ping_interval=1000)
+        p.link.channel(1).send_many([[b"e" * 100]] * self.count, ack=None)
+        for _ in range(10):
+            p.client.release()
+            p.run(chunk=512)
+            p.clock.advance(0.5)
+        self.assertEqual(p.server_link.stall_breaks, 0)
+        self.assertEqual(p.connections, 1)
+
+
+class PausedHealthCheck(SynchronousTestCase):
+    def test_no_pong_timeout_while_reading_is_paused(self):
+        """
+        A reader that paused cannot see the peer's pong (it waits behind the
+        data we do not read): missing pongs then prove nothing.
+        """
+        config = LinkConfig(max_unconsumed=4, ping_interval=5, pong_timeout=3)
+        p = Pair(server=Recorder(hold=True), config=config)
+        p.honour_pauses = True
+        p.connect()
+        p.link.config = LinkConfig(window=100, ping_interval=1000)
+        sent = [fired(p.link.channel(1).send([b"%d" % i])) for i in range(40)]
+        p.run(chunk=24)
+        self.assertTrue(p.server_link.reading_paused)
+        for _ in range(30):
+            p.clock.advance(1)
+            p.run()
+        self.assertEqual(p.connections, 1)
+        self.assertFalse(p.st.disconnecting)
+        for _ in range(100):
+            if all(sent):
+                break
+            p.server.release()
+            p.run(chunk=24)
+        self.assertEqual([r[0] for r in sent], list(range(1, 41)))
+        self.assertEqual(p.connections, 1)
 
 
 class GracefulStop(SynchronousTestCase):

@@ -297,5 +297,5 @@ class StatusErrors(unittest.TestCase):
         from twisted.internet.threads import deferToThread
         code = yield deferToThread(status.main, ["--once", "--metrics", url], io.StringIO())
         self.assertEqual(code, 1)
-        self.assertIn(f"streamproto status: {url} did not answer Prometheus metrics text",
+        self.assertIn(f"streamproto status: error: {url} did not answer Prometheus metrics text",
                       err.getvalue())

@@ -55,7 +55,7 @@ class CLITestBase(unittest.TestCase):
         self.serve(MemoryLogStore(reactor))
 
     def styx(self, *args, stdin=b""):
-        return spawn(["-H", self.host] + list(args), stdin).ended
+        return spawn(["-s", self.host] + list(args), stdin).ended
 
     @defer.inlineCallbacks
     def ok(self, *args, stdin=b""):
@@ -87,10 +87,10 @@ class LogsCommandTests(CLITestBase):
     def test_errors(self):
         out, err, code = yield self.styx("logs", "get", "nope")
         self.assertEqual(code, 1)
-        self.assertEqual(err, b"Error: api: log 'nope' not found\n")
+        self.assertEqual(err, b"streamproto styx: error: api: log 'nope' not found\n")
         out, err, code = yield self.styx("logs", "create", "bad.name")
         self.assertEqual(code, 1)
-        self.assertIn(b"Error: ", err)
+        self.assertIn(b"streamproto styx: error: ", err)
         out, err, code = yield self.styx("logs", "frobnicate")
         self.assertEqual(code, 2)
 
@@ -165,7 +165,7 @@ class RecordsCommandTests(CLITestBase):
     def test_produce_unknown_log(self):
         out, err, code = yield self.styx("produce", "nope", *self.mode, stdin=b"x\n")
         self.assertEqual(code, 1)
-        self.assertEqual(err, b"Error: api: log 'nope' not found\n")
+        self.assertEqual(err, b"streamproto styx: error: api: log 'nope' not found\n")
 
 
 class RecordsOverHTTPTests(RecordsCommandTests):
@@ -183,7 +183,7 @@ class SlowInputTests(CLITestBase):
     @defer.inlineCallbacks
     def test_pause_longer_than_the_server_timeout(self):
         yield self.store.create("events")
-        proto = spawn(["-H", self.host, "produce", "events"], stdin=None)
+        proto = spawn(["-s", self.host, "produce", "events"], stdin=None)
         proto.transport.write(b"first\n")
         # the server closes styx/0 streams idle for 2 s; we pause 3 s
         yield task.deferLater(reactor, 3.0, lambda: None)
@@ -242,11 +242,11 @@ class TLSCommandTests(CLITestBase):
     def test_client_certificate(self):
         c = certs()
         host = f"https://localhost:{self.port}"
-        out, err, code = yield spawn(["-H", host, "--ca", c.ca, "--cert", c.client_cert,
+        out, err, code = yield spawn(["-s", host, "--ca", c.ca, "--cert", c.client_cert,
                                       "--key", c.client_key, "logs", "create", "secure"]).ended
         self.assertEqual(code, 0, err)
         self.assertEqual(self.store.names(), ["secure"])
-        tls = ["-H", host, "--ca", c.ca, "--cert", c.client_cert, "--key", c.client_key]
+        tls = ["-s", host, "--ca", c.ca, "--cert", c.client_cert, "--key", c.client_key]
         for mode in ((), ("--http",)):
             out, err, code = yield spawn(tls + ["produce", "secure", *mode],
                                          stdin=b"a\nb\n").ended
@@ -254,7 +254,7 @@ class TLSCommandTests(CLITestBase):
             out, err, code = yield spawn(tls + ["consume", "secure", "-w", "end", "-P", "-2",
                                                 *mode]).ended
             self.assertEqual((code, out), (0, b"a\nb\n"), err)
-        out, err, code = yield spawn(["-H", host, "--ca", c.ca, "logs", "list"]).ended
+        out, err, code = yield spawn(["-s", host, "--ca", c.ca, "logs", "list"]).ended
         self.assertEqual(code, 1)
 
 

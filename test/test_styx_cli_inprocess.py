@@ -41,7 +41,7 @@ class InProcessCommandTests(unittest.TestCase):
     @defer.inlineCallbacks
     def styx(self, *argv, stdin=b""):
         """Run a command in process: (exit status, stdout bytes)."""
-        args = cli.build_parser().parse_args(["-H", self.host] + list(argv))
+        args = cli.parse_args(["-s", self.host] + list(argv))
         out = Stdout()
         self.patch(sys, "stdout", out)
         self.patch(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
@@ -137,7 +137,7 @@ class ReportTests(unittest.SynchronousTestCase):
 
     def test_exit_statuses(self):
         self.assertEqual(self.report(cli.CLIError("no such log")),
-                         (1, "Error: no such log\n"))
-        self.assertEqual(self.report(ValueError("bad")), (1, "Error: bad\n"))
+                         (1, "streamproto styx: error: no such log\n"))
+        self.assertEqual(self.report(ValueError("bad")), (1, "streamproto styx: error: bad\n"))
         self.assertEqual(self.report(BrokenPipeError()), (0, ""))
         self.assertEqual(self.report(KeyboardInterrupt()), (130, ""))

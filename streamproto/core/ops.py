@@ -219,7 +219,7 @@ def store_problems(stores):
 
 
 def metrics_site(stores):
-    """A twisted.web Site serving /metrics, /health and /ready."""
+    """A twisted.web Site serving /metrics, /health, /ready and the status page at /."""
     from prometheus_client.twisted import MetricsResource
 
     root = resource.Resource()
@@ -227,6 +227,8 @@ def metrics_site(stores):
     health = HealthResource(lambda: store_problems(stores))
     root.putChild(b"health", health)
     root.putChild(b"ready", health)
+    from streamproto.core.statuspage import install_status_page
+    install_status_page(root)     # / and /status.json
     return Site(root)
 
 

@@ -119,12 +119,13 @@ def client_tls_options(hostname, ca_certs=None, cert=None, private_key=None):
     return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client_cert)
 
 
-def client_endpoint(reactor, host, port, tls=None):
+def client_endpoint(reactor, host, port, tls=None, timeout=30):
     """
     A client endpoint for C{host:port}, wrapped in TLS when C{tls} (client
-    TLS options, e.g. from L{client_tls_options}) is given.
+    TLS options, e.g. from L{client_tls_options}) is given; C{timeout}:
+    seconds to wait for the TCP connection.
     """
-    endpoint = TCP4ClientEndpoint(reactor, host, port)
+    endpoint = TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
     if tls is not None:
         endpoint = wrapClientTLS(tls, endpoint)
     return endpoint

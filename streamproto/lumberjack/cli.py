@@ -2,63 +2,60 @@
 C{streamproto lumberjack send}: send JSON lines (one event a line) from a
 file or stdin to a Lumberjack server, with a progress line on a terminal.
 
-    streamproto lumberjack send --host logs.example --port 5044 events.jsonl
-    tail -F app.log.json | streamproto lumberjack send --tls --ca ca.pem \\
-        --cert client.pem --key client.key --host logs.example -
+    streamproto lumberjack send --server logs.example:5044 events.jsonl
+    tail -F app.log.json | streamproto lumberjack send -s logs.example --ca ca.pem \\
+        --cert client.pem --key client.key -
+
+The common options (C{-s/--server}, TLS, C{-f}, C{-v}/C{-q}, C{-t}) are
+those of every streamproto command: L{streamproto.core.cli}, doc/cli.rst.
 """
 
+import argparse
 import sys
 
 from twisted.internet import defer, task
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
-from twisted.python import usage
 
+from streamproto.core import cli as common
 from streamproto.core.progress import Progress
-from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.lumberjack.client import LumberjackClient
 from streamproto.lumberjack.codec import ProtocolError, validate_json
 
-
-class SendOptions(usage.Options):
-    synopsis = "[options] [FILE]   (FILE of JSON lines; '-' or none: stdin)"
-    optFlags = [["tls", None, "Connect with TLS (verifying the server)."]]
-    optParameters = [
-        ["host", "H", "127.0.0.1", "Server host."],
-        ["port", "p", 5044, "Server port.", int],
-        ["ca", None, None, "PEM file of CAs to verify the server with (default: system)."],
-        ["cert", None, None, "Client certificate (PEM)."],
-        ["key", None, None, "Client private key (PEM)."],
-        ["server-name", None, None, "Name to verify in the server certificate (default: host)."],
-        ["batch", "b", 2048, "Largest batch (bulk_max_size).", int],
-        ["compression", "z", 3, "zlib level, 0 for none.", int],
-        ["pipelining", None, 2, "Batches in flight.", int],
-        ["timeout", None, 30.0, "Seconds to wait for an ack.", float],
-        ["give-up", None, 60.0, "Seconds without any acknowledged event (a refused port, a "
-         "TLS setting the server refuses) before the command gives up with an error; "
-         "0: retry for ever.", float],
-    ]
-
-    def parseArgs(self, path="-"):
-        self["file"] = path
-
-    def postOptions(self):
-        if not 0 <= self["compression"] <= 9:
-            raise usage.UsageError("--compression must be 0..9")
-        if self["batch"] < 1 or self["pipelining"] < 1:
-            raise usage.UsageError("--batch and --pipelining must be positive")
-        if (self["cert"] or self["key"] or self["ca"]) and not self["tls"]:
-            self["tls"] = True
-        if self["give-up"] < 0:
-            raise usage.UsageError("--give-up must not be negative")
+PROG = "streamproto lumberjack"
+CONVENTION = common.Convention(
+    PROG, "127.0.0.1:5044", timeout=60.0,
+    timeout_help="seconds without any acknowledged event (a refused port, a TLS setting "
+                 "the server refuses) before the command gives up with an error",
+    renamed={"--give-up": "-t/--timeout"})
 
 
-class Options(usage.Options):
-    synopsis = "streamproto lumberjack"
-    subCommands = [["send", None, SendOptions, "Send JSON lines as events."]]
+def build_parser():
+    parser = CONVENTION.parser("Send JSON lines to a Lumberjack (Beats) server.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    send = commands.add_parser(
+        "send", parents=[CONVENTION.common()], help="send JSON lines as events",
+        description="Send JSON lines (one event a line) from FILE or stdin; lines that are "
+                    "not JSON are skipped and make the exit status 1.")
+    send.add_argument("file", nargs="?", default="-", metavar="FILE",
+                      help="file of JSON lines ('-' or none: stdin)")
+    send.add_argument("-b", "--batch", type=common.positive_int, default=2048,
+                      help="largest batch (bulk_max_size); default 2048")
+    send.add_argument("-z", "--compression", type=int, choices=range(10), default=3,
+                      metavar="0..9", help="zlib level, 0 for none; default 3")
+    send.add_argument("--pipelining", type=common.positive_int, default=2,
+                      help="batches in flight; default 2")
+    send.add_argument("--ack-timeout", type=common.seconds, default=30.0,
+                      help="seconds to wait for a batch's acknowledgement before sending it "
+                           "again on a new connection; default 30")
+    # the previous release's name of -t/--timeout
+    send.add_argument("--give-up", dest="timeout", type=common.seconds,
+                      default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
 
-    def postOptions(self):
-        if self.subCommand is None:
-            raise usage.UsageError("missing command (send)")
+
+def parse_args(argv, stderr=None):
+    """The parsed and resolved arguments; SystemExit(2) on a usage error."""
+    return CONVENTION.parse(build_parser(), argv, stderr)
 
 
 def read_events(stream, chunk, errors):
@@ -82,25 +79,23 @@ def read_events(stream, chunk, errors):
         yield events
 
 
-class GaveUp(Exception):
-    """Nothing was acknowledged for C{--give-up} seconds."""
+class GaveUp(common.CommandError):
+    """Nothing was acknowledged for C{--timeout} seconds."""
 
 
-def _client_warnings(stream, client, last=None):
+def _client_warnings(client, last):
     """
-    A log observer writing C{client}'s warnings (cannot connect, TLS
-    refused, no ack) to C{stream}: the client retries for ever, and without
-    them a wrong address or TLS setting would look like a silent hang.  The
-    last one is kept in C{last["warning"]} (for the give-up message).
+    A log observer keeping C{client}'s last warning (cannot connect, TLS
+    refused, no ack) in C{last["warning"]}, for the give-up message; the
+    warnings themselves reach stderr through L{Convention.log_to}: the
+    client retries for ever, and without them a wrong address or TLS
+    setting would look like a silent hang.
     """
     def observer(event):
         if (event.get("log_source") is client
                 and event.get("log_level", LogLevel.info) >= LogLevel.warn):
-            text = formatEvent(event)
-            if last is not None:
-                last["warning"] = text.removeprefix("lumberjack client: ").removesuffix(
-                    "; reconnecting")
-            stream.write(f"streamproto lumberjack: {text}\n")
+            last["warning"] = formatEvent(event).removeprefix(
+                "lumberjack client: ").removesuffix("; reconnecting")
     return observer
 
 
@@ -114,24 +109,25 @@ class _Errors:
 
 
 @defer.inlineCallbacks
-def send(reactor, options, stream, out=None, err=None):
-    """Send every line of C{stream}; returns (sent, skipped)."""
+def send(reactor, args, stream, out=None, err=None):
+    """
+    Send every line of C{stream} with the options in C{args} (from
+    L{parse_args}); returns (sent, skipped).  Fails with L{GaveUp} when
+    nothing is acknowledged for C{args.timeout} seconds.
+    """
     out = out or sys.stdout
     err = _Errors(err or sys.stderr)
-    tls = None
-    if options["tls"]:
-        tls = client_tls_options(options["server-name"] or options["host"], options["ca"],
-                                 options["cert"], options["key"])
-    endpoint = client_endpoint(reactor, options["host"], options["port"], tls)
-    client = LumberjackClient(endpoint, clock=reactor, bulk_max_size=options["batch"],
-                              compression_level=options["compression"],
-                              pipelining=options["pipelining"], timeout=options["timeout"])
+    client = LumberjackClient(CONVENTION.endpoint(reactor, args), clock=reactor,
+                              bulk_max_size=args.batch, compression_level=args.compression,
+                              pipelining=args.pipelining, timeout=args.ack_timeout)
     progress = Progress("lumberjack send", stream=err.stream)
+    if args.verbosity <= 0:
+        progress.enabled = False
     counts = {"acked": 0, "bytes": 0}
     in_flight = []
     # keep a few batches' worth queued ahead, not the whole file
-    chunk = options["batch"]
-    ahead = max(2, options["pipelining"]) * 2
+    chunk = args.batch
+    ahead = max(2, args.pipelining) * 2
 
     def acked(n, nbytes):
         counts["acked"] += n
@@ -140,24 +136,25 @@ def send(reactor, options, stream, out=None, err=None):
         return n
 
     last = {"warning": None}
-    warnings = _client_warnings(err.stream, client, last)
+    warnings = _client_warnings(client, last)
     globalLogPublisher.addObserver(warnings)
+    shown = CONVENTION.log_to(args, err.stream)
     gave_up = []
     watchdog = None
-    if options["give-up"]:
+    if args.timeout:
         progress_seen = {"acked": -1, "at": reactor.seconds()}
 
         def watch():
             # the client retries for ever (a service would); a command gives up
             if client.events_acked != progress_seen["acked"] or not client.pending:
                 progress_seen.update(acked=client.events_acked, at=reactor.seconds())
-            elif reactor.seconds() - progress_seen["at"] >= options["give-up"]:
+            elif reactor.seconds() - progress_seen["at"] >= args.timeout:
                 gave_up.append(last["warning"] or "no acknowledgement")
                 watchdog.stop()
                 client.close()
         watchdog = task.LoopingCall(watch)
         watchdog.clock = reactor
-        watchdog.start(min(1.0, options["give-up"] / 4), now=False)
+        watchdog.start(min(1.0, args.timeout / 4), now=False)
     try:
         for events in read_events(stream, chunk, err):
             nbytes = sum(map(len, events))
@@ -170,52 +167,42 @@ def send(reactor, options, stream, out=None, err=None):
             yield d
     except Exception:
         if gave_up:
-            raise GaveUp(f"nothing acknowledged by {options['host']}:{options['port']} in "
-                         f"{options['give-up']:g} s; giving up (last: {gave_up[0]})")
+            raise GaveUp(f"nothing acknowledged by {args.server.address} in "
+                         f"{args.timeout:g} s; giving up (last: {gave_up[0]})") from None
         raise
     finally:
         if watchdog is not None and watchdog.running:
             watchdog.stop()
         globalLogPublisher.removeObserver(warnings)
+        shown()
         yield client.close()
     progress.finish()
-    out.write(f"sent {counts['acked']} events")
-    out.write(f", skipped {err.skipped} bad lines\n" if err.skipped else "\n")
+    skipped = f", skipped {err.skipped} bad lines" if err.skipped else ""
+    common.emit(args, out, f"sent {counts['acked']} events{skipped}",
+                {"sent": counts["acked"], "skipped": err.skipped})
     return counts["acked"], err.skipped
 
 
 def main(argv):
-    options = Options()
     try:
-        options.parseOptions(argv)
-    except usage.UsageError as e:
-        sys.stderr.write(f"{options}\nstreamproto lumberjack: {e}\n")
-        return 2
-    sub = options.subOptions
-    result = {}
+        args = parse_args(argv)
+    except SystemExit as e:
+        return e.code
 
-    def run(reactor):
-        stream = sys.stdin.buffer if sub["file"] == "-" else open(sub["file"], "rb")
-        d = send(reactor, sub, stream)
-
-        def done(r):
-            result["value"] = r
-
-        def gave_up(f):
-            f.trap(GaveUp)
-            sys.stderr.write(f"streamproto lumberjack: {f.value}\n")
-            result["value"] = (0, 1)
-
-        def closed(r):
+    @defer.inlineCallbacks
+    def go(reactor):
+        if args.file == "-":
+            stream = sys.stdin.buffer
+        else:
+            try:
+                stream = open(args.file, "rb")
+            except OSError as e:
+                raise common.CommandError(f"cannot read {args.file}: {e.strerror}") from None
+        try:
+            sent, skipped = yield send(reactor, args, stream)
+        finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
-            return r
-        return d.addCallbacks(done, gave_up).addBoth(closed)
+        return common.EXIT_FAILURE if skipped else common.EXIT_OK
 
-    try:
-        task.react(run)
-    except SystemExit as e:
-        if e.code:
-            return e.code
-    sent, skipped = result.get("value", (0, 1))
-    return 1 if skipped else 0
+    return CONVENTION.run(go)

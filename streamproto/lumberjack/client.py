@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.errors import describe
 from streamproto.lumberjack.codec import Ack, FrameDecoder, ProtocolError, encode_batch
 from streamproto.lumberjack.server import set_no_delay
 
@@ -354,7 +355,7 @@ class LumberjackClient:
         if protocol is not self._protocol:
             return
         self._protocol = None
-        self._loss_reason = reason.getErrorMessage()
+        self._loss_reason = describe(reason)   # one line, never a repr
         self._cancel_timeout()
         if self._inflight:
             # whatever was not acked goes out again, first

@@ -9,32 +9,27 @@ C{streamproto pravega COMMAND}: segment admin, writing and reading.
     streamproto pravega write SEGMENT < lines        # one event per line
     streamproto pravega read SEGMENT [--offset N] [--follow]
 
-Connection options (before the command): --host, --port, --tls with
---ca-certs / --cert / --key.
+The common options (C{-s/--server}, TLS, C{-f}, C{-v}/C{-q}, C{-t}), before
+or after the command, are those of every streamproto command:
+L{streamproto.core.cli}, doc/cli.rst.
 """
 
-import argparse
 import contextlib
+import json
 import sys
 
 from twisted.internet import defer
-from twisted.internet.task import react
 
-from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.core import cli as common
 from streamproto.pravega import client
+
+PROG = "streamproto pravega"
+CONVENTION = common.Convention(PROG, "127.0.0.1:12345", timeout=30.0,
+                               timeout_help="seconds to wait to connect to the server")
 
 
 def parser():
-    p = argparse.ArgumentParser(prog="streamproto pravega",
-                                description="Pravega segment store client")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=12345)
-    p.add_argument("--tls", action="store_true", help="connect with TLS")
-    p.add_argument("--ca-certs", help="PEM CA certificates to verify the server")
-    p.add_argument("--cert", help="PEM client certificate")
-    p.add_argument("--key", help="PEM client private key")
-    p.add_argument("--server-name", default=None,
-                   help="name to verify in the server certificate (default: --host)")
+    p = CONVENTION.parser("Pravega segment store client")
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_ in [("create", "create a segment"), ("info", "show a segment"),
                         ("seal", "seal a segment"), ("delete", "delete a segment")]:
@@ -50,15 +45,11 @@ def parser():
     r.add_argument("segment")
     r.add_argument("--offset", type=int, default=0)
     r.add_argument("--follow", action="store_true", help="wait for new events at the tail")
-    return p
+    return CONVENTION.share(p)
 
 
 def endpoint(reactor, args):
-    tls = None
-    if args.tls or args.ca_certs or args.cert:
-        tls = client_tls_options(args.server_name or args.host, ca_certs=args.ca_certs,
-                                 cert=args.cert, private_key=args.key)
-    return client_endpoint(reactor, args.host, args.port, tls)
+    return CONVENTION.endpoint(reactor, args)
 
 
 @defer.inlineCallbacks
@@ -69,10 +60,11 @@ def run(reactor, argv, stdin=None, stdout=None, stderr=None):
     stderr = stderr or sys.stderr
     try:
         with contextlib.redirect_stderr(stderr):
-            args = parser().parse_args(argv)
+            args = CONVENTION.parse(parser(), argv, stderr)
     except SystemExit as e:
         return e.code
     ep = endpoint(reactor, args)
+    stop = CONVENTION.log_to(args, stderr)
     try:
         if args.command == "write":
             status = yield _write(ep, args, stdin, stdout)
@@ -81,12 +73,14 @@ def run(reactor, argv, stdin=None, stdout=None, stderr=None):
         else:
             status = yield _admin(ep, args, stdout)
     except client.PravegaError as e:
-        stderr.write(f"streamproto pravega {args.command}: {type(e.reply).__name__}: "
-                     f"{getattr(e.reply, 'segment', '')}\n")
-        return 1
-    except Exception as e:
-        stderr.write(f"streamproto pravega {args.command}: {e}\n")
-        return 1
+        return CONVENTION.report(common.CommandError(
+            f"{args.command}: {type(e.reply).__name__}: {getattr(e.reply, 'segment', '')}"),
+            stderr)
+    except Exception as e:  # noqa: BLE001 - one line, the convention's
+        return CONVENTION.report(common.CommandError(f"{args.command}: "
+                                                     f"{common.error_text(e)}"), stderr)
+    finally:
+        stop()
     return status
 
 
@@ -99,9 +93,12 @@ def _admin(ep, args, stdout):
             stdout.write(f"created {args.segment}\n".encode())
         elif args.command == "info":
             info = yield proto.segment_info(args.segment)
-            for name in ("segment", "is_sealed", "start_offset", "write_offset",
-                         "last_modified"):
-                stdout.write(f"{name}: {getattr(info, name)}\n".encode())
+            fields = ("segment", "is_sealed", "start_offset", "write_offset", "last_modified")
+            if args.format == "json":
+                stdout.write(json.dumps({n: getattr(info, n) for n in fields}).encode() + b"\n")
+            else:
+                for name in fields:
+                    stdout.write(f"{name}: {getattr(info, name)}\n".encode())
         elif args.command == "seal":
             yield proto.seal_segment(args.segment)
             stdout.write(f"sealed {args.segment}\n".encode())
@@ -168,14 +165,4 @@ def _read(ep, args, stdout):
 
 
 def main(argv):
-    status = []
-
-    def go(reactor):
-        return run(reactor, argv).addCallback(status.append)
-
-    try:
-        react(go)
-    except SystemExit as e:
-        if e.code:
-            return e.code
-    return status[0] if status else 1
+    return CONVENTION.run(lambda reactor: run(reactor, argv))

@@ -1,18 +1,19 @@
 """
 C{streamproto reliable client}: fetch a stream and verify it.
 
-    streamproto reliable client --count 1000 --port 7341
+    streamproto reliable client --count 1000 --server 127.0.0.1:7341
     streamproto reliable client --mode stateless --count 20 --print
-    streamproto reliable client --tls --ca-certs ca.pem --cert c.pem --key k.pem
+    streamproto reliable client -s localhost:7342 --ca ca.pem --cert c.pem --key k.pem
+
+The common options (C{-s/--server}, TLS, C{-f}, C{-v}/C{-q}, C{-n},
+C{-t}) are those of every streamproto command: L{streamproto.core.cli},
+doc/cli.rst.
 """
 
+import argparse
 import sys
 
-from twisted.internet import task
-from twisted.python import usage
-
-from streamproto.core.errors import describe
-from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.core import cli as common
 from streamproto.reliable.client import (
     DEFAULT_ACK_EVERY,
     DEFAULT_GIVE_UP_AFTER,
@@ -21,100 +22,90 @@ from streamproto.reliable.client import (
     StatelessClient,
 )
 
-
-class ClientOptions(usage.Options):
-    synopsis = "streamproto reliable client [options]"
-    optParameters = [
-        ["host", "H", "127.0.0.1", "Server host."],
-        ["port", "p", 7341, "Server port.", int],
-        ["count", "n", 100, "Messages to receive (stateful: 1..65535).", int],
-        ["mode", "m", "stateful", "stateful or stateless."],
-        ["uuid", None, None, "Session UUID (stateful; default: random)."],
-        ["ack-every", None, DEFAULT_ACK_EVERY, "Ack every Nth message id (0: never).", int],
-        ["retry-delay", None, DEFAULT_RETRY_DELAY, "Seconds to wait after a failed connect "
-         "(at least 5).", float],
-        ["backoff", None, 1.0, "Multiply the retry delay by this after each failure.", float],
-        ["give-up-after", None, DEFAULT_GIVE_UP_AFTER, "Seconds without a connection before "
-         "giving up.", float],
-        ["ca-certs", None, None, "PEM CA bundle to verify the server (implies --tls)."],
-        ["cert", None, None, "PEM client certificate (implies --tls)."],
-        ["key", None, None, "PEM client private key (default: --cert)."],
-        ["server-name", None, None, "Name to verify in the server certificate "
-         "(default: --host)."],
-    ]
-    optFlags = [
-        ["tls", None, "Connect with TLS."],
-        ["print", None, "Print every value received."],
-    ]
-
-    def postOptions(self):
-        if self["mode"] not in ("stateful", "stateless"):
-            raise usage.UsageError("--mode is stateful or stateless")
-        if self["mode"] == "stateful" and not 1 <= self["count"] <= 0xFFFF:
-            raise usage.UsageError("--count must be in 1..65535 in stateful mode")
-        if self["count"] < 1:
-            raise usage.UsageError("--count must be positive")
-        if self["retry-delay"] < DEFAULT_RETRY_DELAY:
-            raise usage.UsageError("--retry-delay must be at least 5 seconds")
-        if self["ca-certs"] or self["cert"]:
-            self["tls"] = True
+PROG = "streamproto reliable"
+CONVENTION = common.Convention(
+    PROG, "127.0.0.1:7341", timeout=DEFAULT_GIVE_UP_AFTER,
+    timeout_help="seconds without a connection before giving up",
+    renamed={"--give-up-after": "-t/--timeout"})
 
 
-def _run(reactor, options, out):
-    tls = None
-    if options["tls"]:
-        tls = client_tls_options(options["server-name"] or options["host"],
-                                 ca_certs=options["ca-certs"], cert=options["cert"],
-                                 private_key=options["key"])
-    endpoint = client_endpoint(reactor, options["host"], options["port"], tls)
-    common = dict(clock=reactor, retry_delay=options["retry-delay"], backoff=options["backoff"],
-                  give_up_after=options["give-up-after"])
-    if options["mode"] == "stateful":
-        client = StatefulClient(endpoint, options["count"], uuid=options["uuid"],
-                                ack_every=options["ack-every"], **common)
+def build_parser():
+    parser = CONVENTION.parser("A reliable-stream client: fetch a stream and verify it.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    p = commands.add_parser("client", parents=[CONVENTION.common()],
+                            help="fetch a stream and verify it",
+                            description="Fetch a stream and verify it (stateful: every id "
+                                        "once and the CRC; stateless: the doubling values).")
+    p.add_argument("-n", "--count", type=common.positive_int, default=100,
+                   help="messages to receive (stateful: 1..65535); default 100")
+    p.add_argument("-m", "--mode", choices=("stateful", "stateless"), default="stateful",
+                   help="default stateful")
+    p.add_argument("--uuid", help="session UUID (stateful; default: random)")
+    p.add_argument("--ack-every", type=int, default=DEFAULT_ACK_EVERY,
+                   help=f"ack every Nth message id (0: never); default {DEFAULT_ACK_EVERY}")
+    p.add_argument("--retry-delay", type=common.seconds, default=DEFAULT_RETRY_DELAY,
+                   help="seconds to wait after a failed connect (at least 5); default "
+                        f"{DEFAULT_RETRY_DELAY:g}")
+    p.add_argument("--backoff", type=float, default=1.0,
+                   help="multiply the retry delay by this after each failure; default 1")
+    p.add_argument("--print", action="store_true", help="print every value received")
+    # the previous release's name of -t/--timeout
+    p.add_argument("--give-up-after", dest="timeout", type=common.seconds,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse_args(argv, stderr=None):
+    """The parsed and resolved arguments; SystemExit(2) on a usage error."""
+    parser = build_parser()
+    args = CONVENTION.parse(parser, argv, stderr)
+    if args.mode == "stateful" and not 1 <= args.count <= 0xFFFF:
+        parser.error("--count must be in 1..65535 in stateful mode")
+    if args.retry_delay < DEFAULT_RETRY_DELAY:
+        parser.error("--retry-delay must be at least 5 seconds")
+    if not args.backoff >= 1:
+        parser.error("--backoff must be at least 1")
+    return args
+
+
+def _run(reactor, args, out):
+    """Fetch and verify; fire with the exit status (errors raise)."""
+    endpoint = CONVENTION.endpoint(reactor, args)
+    common_args = dict(clock=reactor, retry_delay=args.retry_delay, backoff=args.backoff,
+                       give_up_after=args.timeout or float("inf"))
+    if args.mode == "stateful":
+        client = StatefulClient(endpoint, args.count, uuid=args.uuid,
+                                ack_every=args.ack_every, **common_args)
     else:
         # values double: keep them all only to print them
-        client = StatelessClient(endpoint, options["count"], keep=options["print"], **common)
+        client = StatelessClient(endpoint, args.count, keep=args.print, **common_args)
 
     def report(result):
-        if options["print"]:
-            for value in result.values:
+        values = list(result.values) if args.print else None
+        if values is not None and args.format == "text":
+            for value in values:
                 out.write(f"{value}\n")
-        line = f"received {options['count']} messages, {result.reconnects} reconnects"
+        line = f"received {args.count} messages, {result.reconnects} reconnects"
         if result.crc is not None:
             line += f", CRC {result.crc} verified (uuid {result.uuid})"
-        out.write(line + "\n")
-        return 0
+        data = {"received": args.count, "reconnects": result.reconnects, "crc": result.crc,
+                "uuid": result.uuid}
+        if values is not None:
+            data["values"] = values
+        common.emit(args, out, line, data)
+        return common.EXIT_OK
 
-    def failed(failure):
-        # a protocol failure (ReliableError) or a connection-level one
-        why = describe(failure)
-        sys.stderr.write(f"streamproto reliable client: {why}\n")
-        return 1
-
-    return client.run().addCallbacks(report, failed)
+    return client.run().addCallback(report)
 
 
 def main(argv, out=None):
     out = out or sys.stdout
-    if not argv or argv[0] != "client":
-        sys.stderr.write("usage: streamproto reliable client [options]  (--help for options)\n")
-        return 2
-    options = ClientOptions()
     try:
-        options.parseOptions(argv[1:])
-    except usage.UsageError as e:
-        sys.stderr.write(f"{e}\n{options}")
-        return 2
-    status = []
+        args = parse_args(argv)
+    except SystemExit as e:
+        return e.code
 
     def go(reactor):
-        d = _run(reactor, options, out)
-        d.addCallback(status.append)
-        return d
-
-    try:
-        task.react(go)
-    except SystemExit:
-        pass
-    return status[0] if status else 1
+        stop = CONVENTION.log_to(args)
+        return _run(reactor, args, out).addBoth(lambda r: (stop(), r)[1])
+    return CONVENTION.run(go)

@@ -27,6 +27,7 @@ from twisted.internet import defer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.errors import describe
 from streamproto.reliable import codec
 from streamproto.reliable.errors import (
     CRCMismatch,
@@ -338,7 +339,7 @@ class _Reconnector:
                     self.retry_delay * self.backoff ** (self._failed_attempts - 1))
         if now + delay - self._disconnected_at > self.give_up_after:
             self._retry_call = self.clock.callLater(0, self._end, StreamGaveUp(
-                f"no connection for {self.give_up_after:g} s ({reason.getErrorMessage()}); "
+                f"no connection for {self.give_up_after:g} s ({describe(reason)}); "
                 "the server may have dropped the stream"))
         else:
             self.log.info("reliable-stream connect failed ({why}); retry in {delay:g} s",

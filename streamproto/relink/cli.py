@@ -1,14 +1,15 @@
 """
 C{streamproto relink}: a small Relink client.
 
-    streamproto relink send [--connect HOST:PORT] [--endpoint log] [--channel N]
+    streamproto relink send [-s HOST:PORT] [--endpoint log] [--channel N]
                             [--transactions] [--commit-every K] < lines
-    streamproto relink echo [--connect HOST:PORT] [--count N] [--size B]
+    streamproto relink echo [-s HOST:PORT] [-n N] [--size B]
 
 C{send} sends every stdin line (without its newline) as one message and
 exits once all are consumed (or committed); C{echo} round-trips messages
-through the server's C{echo} endpoint and prints the rate.  TLS: C{--ca}
-(verify the server), C{--cert}/C{--key} (client certificate).  Once
+through the server's C{echo} endpoint and prints the rate.  The common
+options (C{-s/--server}, TLS, C{-f}, C{-v}/C{-q}, C{-n}, C{-t}) are those
+of every streamproto command: L{streamproto.core.cli}, doc/cli.rst.  Once
 everything is sent, a command waits at most C{--shutdown-timeout} seconds
 for the server's shutdown, then exits with an error saying so.
 """
@@ -17,19 +18,26 @@ import argparse
 import sys
 import time
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.internet.interfaces import IStreamClientEndpoint
 from zope.interface import implementer
 
-from streamproto.core.errors import describe
-from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.core import cli as common
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
 from streamproto.relink.link import LinkConfig
 
+PROG = "streamproto relink"
+CONVENTION = common.Convention(
+    PROG, "127.0.0.1:7350", timeout=10.0,
+    timeout_help="seconds to wait for the link (the server refuses a handshake for an "
+                 "unknown endpoint, other id sizes, or a missing client certificate by "
+                 "closing: the connector would retry for ever)",
+    renamed={"--link-timeout": "-t/--timeout"})
 
-class CLIError(Exception):
-    """An error reported as C{Error: ...} with exit status 1."""
+
+class CLIError(common.CommandError):
+    """An error reported as C{streamproto relink: error: ...} with exit status 1."""
 
 
 @implementer(IStreamClientEndpoint)
@@ -72,20 +80,13 @@ class _Counter(ChannelHandler):
 
 
 def _parser():
-    p = argparse.ArgumentParser(
-        prog="streamproto relink",
-        description="A small Relink client: send stdin lines as messages, or echo "
-                    "messages through the server's echo endpoint and print the rate.")
-    p.add_argument("--connect", default="127.0.0.1:7350", help="HOST:PORT of the server")
-    p.add_argument("--ca", help="CA bundle to verify the server with (turns TLS on)")
-    p.add_argument("--cert", help="client certificate (PEM)")
-    p.add_argument("--key", help="client private key (PEM)")
-    p.add_argument("--server-name", help="name to verify in the server certificate")
+    p = CONVENTION.parser(
+        "A small Relink client: send stdin lines as messages, or echo messages through "
+        "the server's echo endpoint and print the rate.")
     p.add_argument("--id-size", type=int, default=4, help="channel id size (server's --id-size)")
-    p.add_argument("--link-timeout", type=float, default=10.0,
-                   help="seconds to wait for the link (the server refuses a handshake for an "
-                        "unknown endpoint, other id sizes, or a missing client certificate "
-                        "by closing: the connector would retry for ever); default 10")
+    # the previous release's name of -t/--timeout
+    p.add_argument("--link-timeout", dest="timeout", type=common.seconds,
+                   default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
                    help="seconds to wait for the server's shutdown and last acknowledgements "
                         "once everything is sent (a server that never answers would keep "
@@ -95,32 +96,22 @@ def _parser():
                         f"(the send window); default {LinkConfig.window}, the Go package "
                         "keeps 65536")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("send", help="send stdin lines as messages")
+    s = sub.add_parser("send", help="send stdin lines as messages",
+                       parents=[CONVENTION.common()])
     s.add_argument("--endpoint", default="log")
     s.add_argument("--channel", type=int, default=0)
     s.add_argument("--transactions", action="store_true",
                    help="use connector transactions (the server's log-tx endpoint)")
     s.add_argument("--commit-every", type=int, default=1000)
-    e = sub.add_parser("echo", help="round-trip messages through the echo endpoint")
-    e.add_argument("--count", type=int, default=10000)
-    e.add_argument("--size", type=int, default=64)
+    e = sub.add_parser("echo", help="round-trip messages through the echo endpoint",
+                       parents=[CONVENTION.common()])
+    e.add_argument("-n", "--count", type=int, default=10000, help="messages; default 10000")
+    e.add_argument("--size", type=int, default=64, help="bytes a message; default 64")
     return p
 
 
-def _address(args):
-    host, _, port = args.connect.rpartition(":")
-    if not host or not port.isdigit():
-        raise CLIError(f"--connect wants HOST:PORT, not {args.connect!r}")
-    return host, int(port)
-
-
 def _connector(reactor, args, endpoint, handler, transactions=False):
-    host, port = _address(args)
-    tls = None
-    if args.ca or args.cert:
-        tls = client_tls_options(args.server_name or host, ca_certs=args.ca, cert=args.cert,
-                                 private_key=args.key)
-    first = _FirstAttempt(client_endpoint(reactor, host, port, tls))
+    first = _FirstAttempt(CONVENTION.endpoint(reactor, args))
     config = LinkConfig(window=args.window, max_queued=args.window,
                         shutdown_timeout=args.shutdown_timeout)
     c = Connector(first, endpoint, handler, connector_id_size=args.id_size,
@@ -134,23 +125,25 @@ def _connector(reactor, args, endpoint, handler, transactions=False):
 def _linked(reactor, c, failed, args):
     """
     The connector's link; CLIError if the first connection attempt failed,
-    or if no link came within C{--link-timeout}.
+    or if no link came within C{-t/--timeout}.
     """
     linked = c.when_linked()
     either = defer.Deferred()
     linked.addBoth(lambda r: either.called or either.callback(r))
     failed.addErrback(lambda f: either.called or either.errback(f))
-    timer = reactor.callLater(args.link_timeout, lambda: either.called or either.errback(
-        TimeoutError(f"no link after {args.link_timeout:g}s (the server closes a handshake "
-                     "for an unknown endpoint or other id sizes, and TLS without the "
-                     "client certificate it requires)")))
+    timer = None
+    if args.timeout:
+        timer = reactor.callLater(args.timeout, lambda: either.called or either.errback(
+            TimeoutError(f"no link after {args.timeout:g}s (the server closes a handshake "
+                         "for an unknown endpoint or other id sizes, and TLS without the "
+                         "client certificate it requires)")))
     try:
         link = yield either
     except Exception as e:
         yield c.stop()
-        raise CLIError(f"cannot connect to {args.connect}: {e}")
+        raise CLIError(f"cannot connect to {args.server.address}: {common.error_text(e)}")
     finally:
-        if timer.active():
+        if timer is not None and timer.active():
             timer.cancel()
     return link
 
@@ -177,9 +170,10 @@ def _send(reactor, args, lines, out):
     results = yield defer.gatherResults(pending)
     yield c.shutdown(timeout=args.shutdown_timeout)
     failed = results.count(False)
-    out.write(f"sent {sent} messages" + (f", {failed} commits failed" if failed else "")
-              + "\n")
-    return 1 if failed else 0
+    common.emit(args, out, f"sent {sent} messages"
+                + (f", {failed} commits failed" if failed else ""),
+                {"sent": sent, "commits_failed": failed})
+    return common.EXIT_FAILURE if failed else common.EXIT_OK
 
 
 @defer.inlineCallbacks
@@ -209,40 +203,35 @@ def _echo(reactor, args, out):
     # does): shut down only when everything sent is acknowledged
     yield consumed
     yield c.shutdown(timeout=args.shutdown_timeout)
-    out.write(f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
-              f"{args.count / elapsed:,.0f} msg/s\n")
-    return 0
+    common.emit(args, out, f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
+                f"{args.count / elapsed:,.0f} msg/s",
+                {"messages": args.count, "size": args.size, "seconds": elapsed,
+                 "messages_per_second": args.count / elapsed})
+    return common.EXIT_OK
 
 
 def run(reactor, args, stdin, stdout, stderr):
     """
     Run the parsed command: a Deferred firing with the exit status (errors
-    are written to C{stderr} as C{Error: ...}, status 1).
+    are written to C{stderr} as C{streamproto relink: error: ...}, status 1).
 
     @param stdin: binary lines for C{send}; @param stdout: text output.
     """
+    stop = CONVENTION.log_to(args, stderr)
     if args.command == "send":
         d = defer.maybeDeferred(_send, reactor, args, stdin, stdout)
     else:
         d = defer.maybeDeferred(_echo, reactor, args, stdout)
-
-    def report(failure):
-        if failure.check(CLIError):
-            stderr.write(f"Error: {failure.value}\n")
-        else:
-            stderr.write(f"Error: {describe(failure)}\n")
-        return 1
-    return d.addErrback(report)
+    d.addErrback(CONVENTION.report, stderr)
+    return d.addBoth(lambda r: (stop(), r)[1])
 
 
-def parse_args(argv):
+def parse_args(argv, stderr=None):
     """The parsed arguments (raises SystemExit(2) with a usage message if bad)."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = CONVENTION.parse(parser, argv, stderr)
     if args.command == "send" and args.commit_every < 1:
         parser.error("--commit-every must be at least 1")
-    if not args.link_timeout > 0:
-        parser.error("--link-timeout must be positive")
     if not args.shutdown_timeout > 0:
         parser.error("--shutdown-timeout must be positive")
     if args.window < 1:
@@ -257,15 +246,5 @@ def main(argv):
         args = parse_args(argv)
     except SystemExit as e:
         return e.code
-    result = []
-
-    def go(reactor):
-        return run(reactor, args, sys.stdin.buffer, sys.stdout, sys.stderr).addCallback(
-            result.append)
-
-    try:
-        task.react(go)
-    except SystemExit as e:
-        if e.code:
-            return e.code
-    return result[0] if result else 1
+    return CONVENTION.run(lambda reactor: run(reactor, args, sys.stdin.buffer, sys.stdout,
+                                              sys.stderr))

@@ -23,6 +23,15 @@ from streamproto.log.public import PublicLogStore
 DEFAULT_LOG_TEMPLATE = "relink-{channel}"
 
 
+def _answer_shutdown(link):
+    """
+    Our half of the shutdown the peer started.  A link discarded before it
+    completes (the peer went away for good, the server stops) has nothing
+    left to report: that is no error to log.
+    """
+    link.shutdown().addErrback(lambda f: f.trap(LinkError))
+
+
 @implementer(IChannelHandler)
 class EchoHandler(ChannelHandler):
     """
@@ -79,7 +88,7 @@ class EchoHandler(ChannelHandler):
 
     def peer_shutdown(self, link):
         # we only ever answer on the peer's channels: shut down with it
-        link.shutdown()
+        _answer_shutdown(link)
 
     def _echo(self, link, channel_id, messages):
         channel = link.channel(channel_id)
@@ -134,7 +143,7 @@ class LogBridgeHandler(ChannelHandler):
         return d
 
     def peer_shutdown(self, link):
-        link.shutdown()
+        _answer_shutdown(link)
 
     def _append(self, channel_id, records):
         def forget(f):

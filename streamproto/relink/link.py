@@ -78,6 +78,13 @@ class LinkConfig:
     @ivar max_unconsumed: unconsumed incoming messages per channel before the
         connection stops reading; it reads again below half of it.  Also the
         most messages a transaction may stage before its commit.
+    @ivar stall_timeout: seconds reading may stay paused with nothing
+        consumed while one of our channels has a sender waiting for room
+        (for the peer's acknowledgements, which wait unread behind the
+        peer's data) and the peer reads what we send.  Then the connection
+        is dropped and the link kept: on the resumption the peer sends its
+        acknowledgements first (spec 3.5), which breaks the wait.  0 turns
+        this off.
     """
     window: int = 4096
     window_bytes: int = 4 * 1024 * 1024
@@ -87,6 +94,7 @@ class LinkConfig:
     max_channels: int = 1024
     max_buffered_bytes: int = 32 * 1024 * 1024
     max_unconsumed: int = 262144
+    stall_timeout: float = 0.5
     shutdown_timeout: float = 30.0
     ping_interval: float = 11.0
     pong_timeout: float = 7.0
@@ -679,6 +687,7 @@ class InChannel:
 
     def _consume(self, count):
         if count > self.consumed:
+            self.link._consumed_total += count - self.consumed
             self.consumed = count
             self.link._ack_dirty(self)
             if self.link._over:
@@ -819,6 +828,16 @@ class Link:
         self._over = {}         # in-channels over max_unconsumed (an ordered set)
         #: how often this link stopped reading (receive backpressure)
         self.receive_pauses = 0
+        #: how often a stalled paused link dropped its connection (see
+        #: C{LinkConfig.stall_timeout})
+        self.stall_breaks = 0
+        self._consumed_total = 0    # messages consumed on every channel so far
+        self._stall_call = None
+        self._stall_mark = 0
+        #: a resumed connection of a paused link reads up to the peer's
+        #: C{resume} before it pauses (the peer's acks come first)
+        self._pause_at_resume = False
+        self._tell_shutdown = False   # the peer's shutdown, for the handler after the read
         self._ping_call = None
         self._ping_sent_at = None
         self._last_rx = 0.0
@@ -870,7 +889,14 @@ class Link:
             for ch in self.out_channels.values():
                 self._to_transmit[ch] = None
         if self._paused and pause is not None:
-            pause(True)
+            if resumed:
+                # the peer's acknowledgements come before its resume and its
+                # resent messages: read them (a few bytes a channel), they
+                # may be what the handler waits for
+                self._pause_at_resume = True
+            else:
+                pause(True)
+                self._arm_stall()
         self._schedule_ping()
         self.flush()
         try:
@@ -888,6 +914,8 @@ class Link:
         self._write = self._close_connection = self._pause = self.owner = None
         self._out = []
         self._acks_due = {}
+        self._pause_at_resume = False
+        self._cancel_stall()
         if self._ping_call is not None and self._ping_call.active():
             self._ping_call.cancel()
         self._ping_call = None
@@ -1235,6 +1263,12 @@ class Link:
         for ch, messages in deliveries.items():
             if self.in_channels.get(ch.channel_id) is ch:
                 ch.deliver(messages)
+        if self._tell_shutdown and self.lost is None:
+            self._tell_shutdown = False
+            try:
+                self.handler.peer_shutdown(self)
+            except Exception:
+                self.log.failure("peer_shutdown handler failed")
         self.flush()
         self._check_shutdown_done()
 
@@ -1261,12 +1295,16 @@ class Link:
                 ch.transmitted = max(ch.received, ch.consumed)
                 self._to_transmit[ch] = None
             self._shutdown_due = self.shutdown_sent
+            if self._pause_at_resume:
+                self._pause_at_resume = False
+                if self._paused and self._pause is not None:
+                    self._pause(True)
+                    self._arm_stall()
         elif ptype == SHUTDOWN:
+            # the handler hears of it after the messages that came before it
+            # (packets_received delivers them at the end of the read)
             self.peer_shutdown = True
-            try:
-                self.handler.peer_shutdown(self)
-            except Exception:
-                self.log.failure("peer_shutdown handler failed")
+            self._tell_shutdown = True
         # NOP and PONG: receiving anything already proved the peer alive
 
     def _in_channel_closed(self, ch):
@@ -1334,12 +1372,73 @@ class Link:
             if self._total_buffered > limit or self._over:
                 self._paused = True
                 self.receive_pauses += 1
-                if self._pause is not None:
+                if self._pause is not None and not self._pause_at_resume:
                     self._pause(True)
+                    self._arm_stall()
         elif self._total_buffered <= limit // 2 and not self._over:
             self._paused = False
-            if self._pause is not None:
+            self._cancel_stall()
+            if self._pause is not None and not self._pause_at_resume:
                 self._pause(False)
+                # silence while we did not read proves nothing about the peer
+                self._last_rx = self.clock.seconds()
+                self._ping_sent_at = None
+
+    # A paused reader can deadlock: a handler that answers on our channels
+    # (echo) consumes only when the channel has room, room comes with the
+    # peer's acknowledgements, and those travel behind the peer's data,
+    # which we no longer read.  The bounds are meant to be larger than what
+    # a peer keeps in flight; when they are not, the link would wait for
+    # ever.  Nothing read can be dropped, so the way out is the resumption:
+    # drop the connection (the link stays), and on the next one the peer
+    # sends its acknowledgements first (spec 3.5), then resends only what
+    # we had not received.
+
+    def _arm_stall(self):
+        if (self._stall_call is None and self.attached
+                and self.config.stall_timeout > 0):
+            self._stall_mark = self._consumed_total
+            self._stall_call = self.clock.callLater(self.config.stall_timeout,
+                                                    self._stall_check)
+
+    def _cancel_stall(self):
+        call, self._stall_call = self._stall_call, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _stall_check(self):
+        self._stall_call = None
+        if not (self._paused and self.attached) or self._pause_at_resume:
+            return
+        if self._consumed_total != self._stall_mark or not self._waiting_for_acks():
+            # the handler makes progress, or waits for something the peer's
+            # acknowledgements would not bring: look again later
+            self._arm_stall()
+            return
+        self.stall_breaks += 1
+        self.log.warn(
+            "relink link {link_id}: reading paused for {timeout} s with nothing consumed "
+            "while our channel(s) {channels} wait for acknowledgements queued behind the "
+            "peer's unread data; dropping the connection (the link is kept: on resumption "
+            "the acknowledgements come first).  Receive bounds (max_buffered_bytes, "
+            "max_unconsumed) above what the peer keeps in flight avoid this",
+            link_id=self.link_id, timeout=self.config.stall_timeout,
+            channels=", ".join(str(c) for c in self._blocked_channels()))
+        close = self._close_connection
+        if close is not None:
+            close()
+
+    def _blocked_channels(self):
+        return [ch.channel_id for ch in self.out_channels.values()
+                if ch._writable and not ch.writable and ch.transmitted > ch.consumed]
+
+    def _waiting_for_acks(self):
+        """
+        Whether a sender of ours waits for room that only the peer's
+        acknowledgements can make, while the peer reads what we send (if
+        it does not, its acknowledgements are not coming anyway).
+        """
+        return not self.transmission_paused and bool(self._blocked_channels())
 
     @property
     def reading_paused(self):
@@ -1356,6 +1455,11 @@ class Link:
         if not self.attached:
             return
         now = self.clock.seconds()
+        if self._paused and not self._pause_at_resume:
+            # we do not read: the peer's pong would wait unread behind its
+            # data, so silence proves nothing (see _flow)
+            self._ping_sent_at = None
+            self._last_rx = now
         if self._ping_sent_at is not None:
             if now - self._ping_sent_at >= self.config.pong_timeout:
                 self.log.warn("link {link_id}: no pong in {timeout}s; dropping the connection",

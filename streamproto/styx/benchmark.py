@@ -9,14 +9,15 @@ a L{StyxConsumer} reading it all back.  It prints records/s and MB/s like
 the reference.
 """
 
-import argparse
 import sys
 import time
 
-from twisted.internet import defer, task
+from streamproto.core import cli as common
+from streamproto.styx.api_client import StyxAPIError, StyxClient
+from streamproto.styx.stream_client import StyxConsumer, StyxProducer
 
-from streamproto.styx.api_client import StyxAPIError, StyxClient, base_url
-from streamproto.styx.stream_client import StyxConsumer, StyxProducer, split_url
+CONVENTION = common.Convention("streamproto styx benchmark", "http://localhost:7123",
+                               formats=False)
 
 #: (record size, count): the reference's sizes with 1/100 of its counts.
 DEFAULT_RUNS = ((10, 1000000), (100, 1000000), (1000, 100000))
@@ -105,11 +106,8 @@ async def _fresh_log(client, name):
 
 
 async def run(reactor, args, out):
-    url = base_url(args.host)
-    tls = None
-    if url.startswith("https://"):
-        from streamproto.core.tls import client_tls_options
-        tls = client_tls_options(split_url(url)[0], args.ca, args.cert, args.key)
+    url = args.server.url()
+    tls = args.tls_options
     client = StyxClient(url, reactor, tls_options=tls)
     name = args.log
     results = []
@@ -151,10 +149,7 @@ def _runs(text):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="streamproto styx benchmark",
-                                     description="Run the styx/0 produce/consume benchmark.")
-    parser.add_argument("-H", "--host", default="http://localhost:7123",
-                        help="server to connect to (default http://localhost:7123)")
+    parser = CONVENTION.parser("Run the styx/0 produce/consume benchmark.")
     parser.add_argument("--runs", type=_runs, default=DEFAULT_RUNS,
                         help="SIZExCOUNT,... (default 10x1000000,100x1000000,1000x100000)")
     parser.add_argument("--only", choices=("produce", "consume"), action="append",
@@ -162,30 +157,18 @@ def build_parser():
     parser.add_argument("--log", default="benchmark", help="log name (default benchmark)")
     parser.add_argument("--window", type=int, default=None,
                         help="producer in-flight window in bytes")
-    parser.add_argument("--ca", help="CA bundle verifying an https server")
-    parser.add_argument("--cert", help="client certificate (PEM)")
-    parser.add_argument("--key", help="client private key (PEM)")
     return parser
 
 
 def main(argv=None, out=None):
-    parser = build_parser()
     try:
-        args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+        args = CONVENTION.parse(build_parser(), sys.argv[1:] if argv is None else argv)
     except SystemExit as e:
         return e.code
     args.only = tuple(args.only or ("produce", "consume"))
     out = out or sys.stdout
-    status = []
 
-    def go(reactor):
-        d = defer.ensureDeferred(run(reactor, args, out))
-
-        def failed(f):
-            sys.stderr.write(f"streamproto styx benchmark: {f.getErrorMessage()}\n")
-            status.append(1)
-        d.addErrback(failed)
-        return d
-
-    task.react(lambda reactor: go(reactor), [])  # noqa: PLW0108
-    return status[0] if status else 0
+    async def go(reactor):
+        await run(reactor, args, out)
+        return common.EXIT_OK
+    return CONVENTION.run(go)

@@ -6,21 +6,31 @@ C{streamproto styx ...}: the reference CLI's commands and options.
     streamproto styx produce|consume NAME ...   (the same, shorter)
     streamproto styx benchmark ...
 
-Global options (accepted before or after the command): C{-H/--host}
-(default C{localhost:7123}; C{https://...} for TLS, with C{--ca},
-C{--cert}, C{--key}), C{-f/--format text|json}.
+The common options of every streamproto command (L{streamproto.core.cli},
+doc/cli.rst) are accepted before or after the command: C{-s/--server}
+(default C{http://localhost:7123}; C{https://...} or C{--tls} for TLS, with
+C{--ca}, C{--cert}, C{--key}), C{-f/--format text|json}, C{-t/--timeout},
+C{-v}/C{-q}; the reference's C{-H/--host} is a hidden alias.
 """
 
-import argparse
 import importlib
 import json
+import random
 import sys
 
-from streamproto.core.errors import describe
+from streamproto.core import cli as common
 from streamproto.log.config import LogConfig
 from streamproto.styx import formats
 
 DEFAULT_HOST = "http://localhost:7123"
+PROG = "streamproto styx"
+CONVENTION = common.Convention(
+    PROG, DEFAULT_HOST, timeout=60.0,
+    timeout_help="seconds to wait to connect, and for a -F follower to get its server "
+                 "back after a disconnect (a shutdown, a restart)")
+#: a follower's reconnection delays: 0.25 s doubling to 10 s, with jitter
+RECONNECT_INITIAL = 0.25
+RECONNECT_MAX = 10.0
 READ_CHUNK = 1024 * 1024
 # records per produce request (one group commit each)
 BATCH_BYTES = 1024 * 1024
@@ -32,8 +42,8 @@ LIST_HEADER = ("NAME", "STATUS", "RECORD COUNT", "FILE SIZE", "START POSITION",
                "END POSITION")
 
 
-class CLIError(Exception):
-    """An error reported as C{Error: ...} with exit status 1."""
+class CLIError(common.CommandError):
+    """An error reported as C{streamproto styx: error: ...} with exit status 1."""
 
 
 # -- output ------------------------------------------------------------------
@@ -81,17 +91,6 @@ def show_list(infos, fmt, out):
 
 # -- arguments ----------------------------------------------------------------
 
-def _globals(parser, suppress):
-    default = argparse.SUPPRESS if suppress else None
-    parser.add_argument("-H", "--host", default=default,
-                        help=f"server to connect to (default {DEFAULT_HOST})")
-    parser.add_argument("-f", "--format", choices=["text", "json"], default=default,
-                        help="output format (default text)")
-    parser.add_argument("--ca", default=default, help="CA bundle verifying an https server")
-    parser.add_argument("--cert", default=default, help="client certificate (PEM)")
-    parser.add_argument("--key", default=default, help="client private key (PEM)")
-
-
 def _writer_options(p):
     p.add_argument("name")
     p.add_argument("-u", "--unbuffered", action="store_true",
@@ -108,9 +107,12 @@ def _reader_options(p):
     p.add_argument("-P", "--position", type=int, default=0)
     p.add_argument("-w", "--whence", choices=["origin", "start", "current", "end"],
                    default="origin")
-    p.add_argument("-n", "--count", type=int, default=-1)
+    p.add_argument("-n", "--count", type=int, default=-1,
+                   help="records to read (default: all)")
     p.add_argument("-F", "--follow", action="store_true",
-                   help="wait for new records at the end of the log")
+                   help="wait for new records at the end of the log; reconnect (with "
+                        "backoff) and resume at the next record when the server goes "
+                        "away, for up to -t/--timeout seconds")
     p.add_argument("-u", "--unbuffered", action="store_true", help="flush every record")
     p.add_argument("-b", "--binary", action="store_true",
                    help="output binary records (int32 big-endian size + bytes)")
@@ -122,13 +124,11 @@ def _reader_options(p):
 def build_parser():
     # "benchmark" is dispatched before parsing (its own parser, an optional
     # module): name it here so that --help shows every command
-    parser = argparse.ArgumentParser(
-        prog="streamproto styx", description="Styx logs, produce and consume.",
+    parser = CONVENTION.parser(
+        "Styx logs, produce and consume.",
         epilog="streamproto styx benchmark [--help]: the styx/0 produce/consume benchmark.")
-    _globals(parser, suppress=False)
     commands = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    _globals(common, suppress=True)
+    common = CONVENTION.common()
 
     logs = commands.add_parser("logs", help="manage logs", parents=[common])
     actions = logs.add_subparsers(dest="action", required=True)
@@ -164,17 +164,8 @@ def build_parser():
 
 
 def _client(args, reactor):
-    from streamproto.styx.api_client import StyxClient, base_url
-    url = base_url(args.host or DEFAULT_HOST)
-    tls = None
-    if url.startswith("https://"):
-        from urllib.parse import urlsplit
-
-        from streamproto.core.tls import client_tls_options
-        key = (args.key or args.cert) if args.cert else None
-        tls = client_tls_options(urlsplit(url).hostname, ca_certs=args.ca, cert=args.cert,
-                                 private_key=key)
-    return StyxClient(url, reactor, tls_options=tls)
+    from streamproto.styx.api_client import StyxClient
+    return StyxClient(args.server.url(), reactor, tls_options=args.tls_options)
 
 
 # -- commands ----------------------------------------------------------------
@@ -287,6 +278,8 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     decoder = fmt.decoder(0x7FFFFFFF)
     unbuffered = args.unbuffered or _is_tty(stdin)
     progress = Progress(f"produce {args.name}", stream=err)
+    if getattr(args, "verbosity", 1) <= 0:
+        progress.enabled = False
     sent = 0
     nbytes = 0
     batch = []
@@ -326,8 +319,17 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     return 0
 
 
-async def consume(reactor, args, client, stdout=None, err=None):
-    """Write records to stdout; with --follow, long-poll for more for ever."""
+async def consume(reactor, args, client, stdout=None, err=None, jitter=random.random):
+    """
+    Write records to stdout; with --follow, wait for more for ever.
+
+    A follower whose server goes away after it was connected (the styx/0
+    Error(SHUTDOWN) of a graceful stop, a lost connection, a refused
+    reconnection while the server restarts) reconnects after a growing,
+    jittered delay and resumes at the record after the last one it wrote:
+    nothing lost, nothing twice.  It gives up after C{--timeout} seconds
+    without a connection (0: never).
+    """
     from streamproto.core.progress import Progress
     stdout = stdout or sys.stdout.buffer
     err = err or sys.stderr
@@ -338,16 +340,18 @@ async def consume(reactor, args, client, stdout=None, err=None):
         position = info["end_position"] + args.position
     else:
         position = info["start_position"] + args.position
-    remaining = args.count
     encode_binary = args.binary
     delimiter = formats.LINE_ENDINGS[args.line_ending]
     unbuffered = args.unbuffered
-    total = remaining if remaining >= 0 else (
+    total = args.count if args.count >= 0 else (
         None if args.follow else max(info["end_position"] - position, 0))
     progress = Progress(f"consume {args.name}", total=total, stream=err)
+    if getattr(args, "verbosity", 1) <= 0:
+        progress.enabled = False
     state = {"count": 0, "bytes": 0, "position": position}
 
     def write(records):
+        connected["now"] = True
         if encode_binary:
             data = formats.encode_records(formats.BINARY, records)
         else:
@@ -360,27 +364,97 @@ async def consume(reactor, args, client, stdout=None, err=None):
         state["position"] += len(records)
         progress.update(state["count"], state["bytes"])
 
+    def remaining():
+        return -1 if args.count < 0 else args.count - state["count"]
+
     stream = _use_stream(args)
-    if stream is not None:
+    connected = {"now": False}
+
+    async def styx0():
         consumer = await _stream_errors(stream.StyxConsumer.connect_url(
             reactor, client.base_url, args.name, write, tls=client.tls_options,
-            whence="origin", position=position, count=remaining, follow=args.follow))
+            whence="origin", position=state["position"], count=remaining(),
+            follow=args.follow))
+        connected["now"] = True
         await _stream_errors(consumer.done)
-        stdout.flush()
-        progress.finish()
-        return 0
-    while True:
-        got = await client.read_records(
-            args.name, whence="origin", position=state["position"], count=remaining,
-            follow=args.follow, timeout=LONG_POLL_SECONDS if args.follow else None,
-            on_records=write)
-        if remaining >= 0:
-            remaining -= got
-        if not args.follow or remaining == 0:
-            break
+
+    async def http():
+        while True:
+            await client.read_records(
+                args.name, whence="origin", position=state["position"], count=remaining(),
+                follow=args.follow, timeout=LONG_POLL_SECONDS if args.follow else None,
+                on_records=write)
+            connected["now"] = True
+            if not args.follow or remaining() == 0:
+                return
+
+    once = styx0 if stream is not None else http
+    if not args.follow:
+        await once()
+    else:
+        await _reconnecting(reactor, args, once, connected, remaining, jitter)
     stdout.flush()
     progress.finish()
     return 0
+
+
+def _retriable(error):
+    """
+    Whether a follower should reconnect after C{error}: the server went
+    away (shut down, restarting, connection lost), not a refusal that
+    would be the same next time (an unknown log, a TLS failure).
+    """
+    from twisted.internet import error as net
+    from twisted.web._newclient import ResponseFailed
+
+    from streamproto.styx.api_client import StyxAPIError
+    from streamproto.styx.codec import ErrorCode
+    from streamproto.styx.stream_client import StyxConnectionLost, StyxStreamError
+    if isinstance(error, StyxStreamError):
+        return error.code in (ErrorCode.SHUTDOWN, ErrorCode.TIMEOUT)
+    if isinstance(error, (StyxAPIError, CLIError)):
+        return getattr(error, "status", 0) == 503 or "shutting down" in str(error)
+    if isinstance(error, (ResponseFailed, StyxConnectionLost)):
+        # lost mid-response; but a TLS handshake failure is no reason to retry
+        return "SSL" not in common.error_text(error)
+    return isinstance(error, (net.ConnectError, net.ConnectionLost, net.ConnectionDone,
+                              ConnectionError))
+
+
+async def _reconnecting(reactor, args, once, connected, remaining, jitter):
+    """
+    Run C{once()} (one connection's worth of following) again while the
+    server comes and goes; see L{consume}.  The server answered C{get_log}
+    with these settings before: what fails now and L{_retriable} says may
+    pass later is the server being away.
+    """
+    from twisted.application.internet import backoffPolicy
+    from twisted.internet import task
+    from twisted.logger import Logger
+    log = Logger(namespace="streamproto.styx.cli")
+    delay = backoffPolicy(RECONNECT_INITIAL, RECONNECT_MAX, 2.0, jitter=jitter)
+    attempt = 0
+    down_since = None
+    while remaining() != 0:
+        connected["now"] = False
+        try:
+            await once()
+            return
+        except Exception as e:  # noqa: BLE001 - sorted by _retriable below
+            if not _retriable(e):
+                raise
+            if connected["now"]:
+                attempt, down_since = 0, None   # it was back: start over
+            down_since = reactor.seconds() if down_since is None else down_since
+            away = reactor.seconds() - down_since
+            if args.timeout and away >= args.timeout:
+                raise CLIError(f"the server has been away for {away:.0f} s (-t/--timeout "
+                               f"{args.timeout:g}): {common.error_text(e)}") from None
+            wait = delay(attempt)
+            attempt += 1
+            log.warn("connection to the server lost ({why}); reconnecting in {wait:.1f} s",
+                     why=common.error_text(e), wait=wait)
+            await task.deferLater(reactor, wait, lambda: None)
 
 
 async def run(reactor, args):
@@ -400,6 +474,11 @@ async def run(reactor, args):
         await client.close()
 
 
+def parse_args(argv):
+    """The parsed and resolved arguments; SystemExit(2) on a usage error."""
+    return CONVENTION.parse(build_parser(), argv)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "benchmark":
@@ -408,42 +487,27 @@ def main(argv=None):
         except ImportError as e:
             if e.name != "streamproto.styx.benchmark":
                 raise
-            sys.stderr.write("streamproto styx: benchmark is not available in this build\n")
-            return 2
+            sys.stderr.write(f"{PROG}: error: benchmark is not available in this build\n")
+            return common.EXIT_USAGE
         return bench.main(argv[1:]) or 0
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = parse_args(argv)
     except SystemExit as e:
         return e.code
-    from twisted.internet import defer, task
-    status = []
+    return CONVENTION.run(lambda reactor: _run_logged(reactor, args))
 
-    def go(reactor):
-        d = defer.ensureDeferred(run(reactor, args))
-        d.addErrback(_report)
-        d.addCallback(status.append)
-        return d
 
+async def _run_logged(reactor, args):
+    stop = CONVENTION.log_to(args)
     try:
-        task.react(go)
-    except SystemExit as e:
-        if e.code not in (0, None):
-            return e.code
-    return status[0] if status else 1
+        return await run(reactor, args)
+    finally:
+        stop()
 
 
 def _report(failure):
-    """Print a failure the way the reference does; return the exit status."""
-    if failure.check(BrokenPipeError):
-        return 0  # e.g. piped into head
-    if failure.check(KeyboardInterrupt):
-        return 130
-    if failure.check(CLIError):
-        sys.stderr.write(f"Error: {failure.value}\n")
-    else:
-        sys.stderr.write(f"Error: {describe(failure)}\n")
-    return 1
+    """Print a failure as one line (L{common.report}); return the exit status."""
+    return CONVENTION.report(failure)
 
 
 if __name__ == "__main__":
