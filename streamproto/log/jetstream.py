@@ -1138,12 +1138,14 @@ class JetStreamLogStore:
         slow the appenders down rather than grow buffers.
     @param retention_interval: seconds between retention rounds (None: only
         after appends).
+    @param io: the asyncio-side client (default a L{NatsIO}; tests pass a
+        fake with the same coroutine methods).
     """
 
     def __init__(self, servers, replicas=None, prefix=DEFAULT_PREFIX, tls=None, timeout=10.0,
                  clock=None, bridge=None, cache_bytes=64 << 20, max_message_bytes=1 << 20,
                  max_inflight=64, max_inflight_bytes=32 << 20, retention_interval=60.0,
-                 read_ahead=4, publish_timeout=None, connection_name="streamproto"):
+                 read_ahead=4, publish_timeout=None, connection_name="streamproto", io=None):
         from streamproto.log.bridge import AsyncioThreadBridge
         if isinstance(servers, str):
             servers = [servers]
@@ -1153,9 +1155,9 @@ class JetStreamLogStore:
         self.clock = clock or _default_clock()
         self.bridge = bridge or AsyncioThreadBridge(self.clock)
         self.timeout = timeout
-        self.io = NatsIO(self.servers, self.bridge, tls=tls, name=connection_name,
-                         api_timeout=min(5.0, timeout),
-                         publish_timeout=publish_timeout or min(5.0, timeout))
+        self.io = io or NatsIO(self.servers, self.bridge, tls=tls, name=connection_name,
+                               api_timeout=min(5.0, timeout),
+                               publish_timeout=publish_timeout or min(5.0, timeout))
         self.cache = BodyCache(cache_bytes)
         self._max_message_bytes = max_message_bytes
         self.max_inflight = max_inflight
