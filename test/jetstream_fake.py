@@ -145,6 +145,9 @@ class FakeJetStream:
         return sorted(n for n, s in self.streams.items()
                       if s.config["subjects"][0].startswith(prefix))
 
+    async def get_direct(self, stream, seq):
+        return await self.get(stream, seq)
+
     async def get(self, stream, seq=None, last=None, next=None, start_time=None):
         self._check()
         s = self.streams.get(stream)

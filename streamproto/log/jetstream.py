@@ -854,7 +854,7 @@ class JetStreamLog:
 
     @defer.inlineCallbacks
     def _fetch_body(self, seq):
-        got = yield self.store._call(self.store.io.get, self.stream, seq)
+        got = yield self.store._call(self.store.io.get_direct, self.stream, seq)
         if got is None:
             raise PositionOutOfRange(f"message {seq} of log {self.name} was purged")
         info = self._decode(got)
@@ -1145,7 +1145,7 @@ class JetStreamLogStore:
     def __init__(self, servers, replicas=None, prefix=DEFAULT_PREFIX, tls=None, timeout=10.0,
                  clock=None, bridge=None, cache_bytes=64 << 20, max_message_bytes=1 << 20,
                  max_inflight=64, max_inflight_bytes=32 << 20, retention_interval=60.0,
-                 read_ahead=4, publish_timeout=None, connection_name="streamproto", io=None):
+                 read_ahead=16, publish_timeout=None, connection_name="streamproto", io=None):
         from streamproto.log.bridge import AsyncioThreadBridge
         if isinstance(servers, str):
             servers = [servers]

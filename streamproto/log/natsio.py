@@ -253,6 +253,38 @@ class NatsIO:
         data = base64.b64decode(m["data"]) if m.get("data") else b""
         return StoredMsg(m["seq"], m["subject"], headers, data, m.get("time"))
 
+    async def get_direct(self, stream, seq):
+        """
+        Message C{seq} by JetStream's direct get: any replica answers with
+        the raw message (headers and body as stored), so a large body costs
+        no JSON and no base64 on either side.  A replica only stores what
+        the quorum committed, so what it returns was acknowledged; one that
+        lags answers "not found", and then the leader is asked
+        (L{get}), which knows every committed message.
+
+        @return: a L{StoredMsg}, or None when there is no such message.
+        """
+        import nats.errors
+        try:
+            msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}",
+                                        json.dumps({"seq": seq}).encode(),
+                                        timeout=self.api_timeout)
+        except nats.errors.NoRespondersError:
+            return await self.get(stream, seq)
+        except (asyncio.TimeoutError, nats.errors.TimeoutError):
+            raise NotAvailable(f"DIRECT.GET.{stream}: JetStream did not answer in time")
+        except nats.errors.Error as e:
+            raise NotAvailable(f"DIRECT.GET.{stream}: {_describe(e)}")
+        headers = msg.headers or {}
+        if not msg.data and headers.get("Status"):
+            # 404: this replica has not applied it yet (or it is gone)
+            return await self.get(stream, seq)
+        got = headers.get("Nats-Sequence")
+        if got is None or int(got) != seq:
+            return await self.get(stream, seq)
+        return StoredMsg(seq, headers.get("Nats-Subject", ""), headers, msg.data,
+                         headers.get("Nats-Time-Stamp"))
+
     # publishing ---------------------------------------------------------
     def publish(self, subject, headers, body, callback):
         """
