@@ -148,7 +148,7 @@ class _Chunk:
 class _Message:
     """One message sent: its chunks, its coordinates and what became of it."""
 
-    __slots__ = ("chunks", "info", "body", "lengths", "outcome", "error", "sent_at")
+    __slots__ = ("chunks", "info", "body", "lengths", "outcome", "error", "sent_at", "seen")
 
     def __init__(self, chunks, info, body, lengths, sent_at):
         self.chunks = chunks
@@ -158,6 +158,9 @@ class _Message:
         self.outcome = None
         self.error = None
         self.sent_at = sent_at
+        #: the sequence the follower (or a fetch) saw it stored at, before
+        #: its publish was answered
+        self.seen = None
 
 
 @implementer(ILog)
@@ -372,7 +375,16 @@ class JetStreamLog:
         if info.msg_id is None:
             return
         message = self._unresolved.pop(info.msg_id, None) or self._ghosts.pop(info.msg_id, None)
-        if message is not None and message.outcome != "stored":
+        if message is None:
+            # stored, and seen before its publish was answered (the
+            # follower can be quicker than the ack): if that answer is then
+            # lost, the message must not be sent again
+            for sent in self._inflight:
+                if sent.outcome is None and sent.info.msg_id == info.msg_id:
+                    sent.seen = info.seq
+                    return
+            return
+        if message.outcome != "stored":
             message.outcome = "stored"
             message.info.seq = info.seq
             self._complete(message)
@@ -525,6 +537,11 @@ class JetStreamLog:
             self._confirm_through(message)
             return
         error = outcome.error
+        if message.seen is not None and isinstance(error, NotAvailable):
+            # its answer was lost, but it was seen stored: it is
+            message.info.seq = message.seen
+            self._confirm_through(message)
+            return
         message.error = error
         if isinstance(error, NotAvailable):
             # a timeout or a lost connection: it may be stored or not
@@ -703,7 +720,9 @@ class JetStreamLog:
         return self._catch_up().addBoth(done)
 
     def _note_unavailable(self, error):
-        since = self._unavailable_since or self._clock.seconds()
+        since = self._unavailable_since
+        if since is None:
+            since = self._clock.seconds()
         if self._clock.seconds() - since >= self.store.timeout and self.failed is None:
             failure = LogFailed(f"JetStream unavailable for {self.store.timeout:g}s: {error}")
             failure.transient = True
