@@ -148,7 +148,7 @@ class FakeJetStream:
     async def get_direct(self, stream, seq):
         return await self.get(stream, seq)
 
-    async def get(self, stream, seq=None, last=None, next=None, start_time=None):
+    async def get(self, stream, seq=None, last=None, next=None, start_time=None, timeout=None):
         self._check()
         s = self.streams.get(stream)
         if s is None:

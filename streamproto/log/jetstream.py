@@ -90,6 +90,12 @@ CONFIG_KEY = "streamproto_config"
 FORMAT_KEY = "streamproto_format"
 FORMAT_VERSION = "1"
 
+#: seconds to wait for the stream leader's answer to "where is the tail?"
+CATCH_UP_TIMEOUT = 1.0
+
+#: how long a message whose outcome was unknown may still turn up stored
+GHOST_SECONDS = 300
+
 #: the message id of a log's first marker: two front-ends creating the same
 #: log at once write it once
 INIT_MSG_ID = "streamproto-init"
@@ -658,12 +664,17 @@ class JetStreamLog:
         # what was not stored goes again, in order, with fresh positions
         again = []
         now = self._clock.seconds()
+        # a message whose outcome was unknown can still be applied by the
+        # quorum after the tail was read (then its records are not sent a
+        # third time); after GHOST_SECONDS it no longer can
+        for msg_id, m in list(self._ghosts.items()):
+            if now - m.sent_at > GHOST_SECONDS:
+                del self._ghosts[msg_id]
         for m in self._inflight:
             if m.outcome == "stored":
                 continue
             if m.outcome == "unknown":
                 self._ghosts[m.info.msg_id] = m
-                self._clock.callLater(300, self._ghosts.pop, m.info.msg_id, None)
             for chunk in m.chunks:
                 if not chunk.done and not chunk.append.failed and chunk.append.deadline > now:
                     again.append(chunk)
@@ -683,8 +694,11 @@ class JetStreamLog:
         """
         io = self.store.io
         call = self.store._call
+        # a short wait: while the stream elects a leader nobody answers, and
+        # asking again soon ends the stall sooner than one long wait
         last = yield call(io.get, self.stream,
-                          last=subjects_filter(self.store.prefix, self.name))
+                          last=subjects_filter(self.store.prefix, self.name),
+                          timeout=CATCH_UP_TIMEOUT)
         if last is None:
             return
         last_info = self._decode(last)
@@ -1176,7 +1190,7 @@ class JetStreamLogStore:
         self.timeout = timeout
         self.io = io or NatsIO(self.servers, self.bridge, tls=tls, name=connection_name,
                                api_timeout=min(5.0, timeout),
-                               publish_timeout=publish_timeout or min(5.0, timeout))
+                               publish_timeout=publish_timeout or min(3.0, timeout))
         self.cache = BodyCache(cache_bytes)
         self._max_message_bytes = max_message_bytes
         self.max_inflight = max_inflight

@@ -225,7 +225,7 @@ class NatsIO:
             if not page or offset >= response.get("total", 0):
                 return names
 
-    async def get(self, stream, seq=None, last=None, next=None, start_time=None):
+    async def get(self, stream, seq=None, last=None, next=None, start_time=None, timeout=None):
         """
         One message from the stream leader: by sequence, the last on a
         subject, the first at or after C{seq} on a subject (C{next}), or the
@@ -243,7 +243,7 @@ class NatsIO:
         if start_time is not None:
             request["start_time"] = start_time
         try:
-            response = await self.api(f"STREAM.MSG.GET.{stream}", request)
+            response = await self.api(f"STREAM.MSG.GET.{stream}", request, timeout=timeout)
         except JetStreamError as e:
             if e.err_code == NO_MESSAGE_FOUND:
                 return None
