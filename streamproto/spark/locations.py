@@ -33,7 +33,10 @@ class AmbiguousLogError(Exception):
 
 @dataclass(frozen=True)
 class Location:
-    """C{kind} is C{"path"} (a store directory) or C{"url"} (a styx-server)."""
+    """
+    C{kind} is C{"path"} (a store directory), C{"url"} (a styx-server) or
+    C{"nats"} (a JetStream store URL).
+    """
 
     kind: str
     where: str
@@ -118,8 +121,39 @@ class SyncedLocalLogs:
         return bounds, {name: where for name in bounds}
 
 
+class JetStreamLogs:
+    """The logs of a JetStream store, read straight from the cluster."""
+
+    def __init__(self, store, timeout, tls=None):
+        self.store = store
+        self._reader = _jetstream_reader(store, timeout, tls)
+
+    def bounds(self, logs=None, missing_ok=False):
+        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
+            else logs
+        bounds = {}
+        for name in names:
+            try:
+                bounds[name] = self._reader.bounds(name)
+            except LogNotFound:
+                if not missing_ok:
+                    raise
+        where = Location("nats", self.store)
+        return bounds, {name: where for name in bounds}
+
+
+def _jetstream_reader(store, timeout, tls):
+    from streamproto.log.natsreader import JetStreamReader
+    from streamproto.log.storeurl import parse_store_url
+    url = parse_store_url(store)
+    context = tls.context() if (tls is not None and url.tls) else None
+    return JetStreamReader(url.servers, prefix=url.prefix, tls=context, timeout=timeout)
+
+
 def open_logs(opts):
     """Where the logs of these L{SourceOptions} are, and how to find their bounds."""
+    if opts.store is not None:
+        return JetStreamLogs(opts.store, opts.timeout, opts.tls)
     if opts.path is not None and opts.urls:
         return SyncedLocalLogs(opts.path, opts.urls[0], opts.timeout, opts.tls)
     if opts.path is not None:
@@ -141,6 +175,9 @@ def read_range(location, log, start, end, fail_on_data_loss=True, timeout=30.0,
     if location.kind == "path":
         from streamproto.log.reader import LogDirectoryReader
         source = LogDirectoryReader(location.where)
+        read = functools.partial(source.read, max_bytes=max_bytes)
+    elif location.kind == "nats":
+        source = _jetstream_reader(location.where, timeout, tls)
         read = functools.partial(source.read, max_bytes=max_bytes)
     else:
         source = StyxHTTPClient(location.where, timeout, tls)
