@@ -9,11 +9,13 @@ readers and partitions pickle cleanly.
 
 import functools
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from twisted.logger import Logger
 
 from streamproto.log.errors import LogNotFound, PositionOutOfRange
 from streamproto.log.public import is_internal
+from streamproto.spark.planning import node_key
 from streamproto.spark.remote import StyxHTTPClient, StyxHTTPError
 
 
@@ -69,14 +71,21 @@ class LocalLogs:
 
 
 class RemoteLogs:
-    """The logs of one or several styx-servers; each log name must be on one server only."""
+    """
+    The logs of one or several styx-servers.  With C{fleet}, the same log
+    name on several servers is one stream per node: the keys of the bounds
+    are C{"host:port/log"} (L{node_key}); without, a log name must be on one
+    server only.
+    """
 
-    def __init__(self, urls, timeout, tls=None):
+    def __init__(self, urls, timeout, tls=None, fleet=False):
         self.clients = [StyxHTTPClient(url, timeout, tls) for url in urls]
+        self.fleet = fleet
 
     def bounds(self, logs=None, missing_ok=False):
         bounds = {}
         where = {}
+        found = set()
         wanted = None if logs is None else set(logs)
         for client in self.clients:
             if wanted is not None and len(self.clients) == 1:
@@ -90,14 +99,16 @@ class RemoteLogs:
                     if e.status == 404 or e.code == "log_not_found":
                         continue
                     raise
-                if name in where:
+                found.add(name)
+                key = node_key(urlsplit(client.base_url).netloc, name) if self.fleet else name
+                if key in where:
                     raise AmbiguousLogError(
-                        f"log {name!r} is on both {where[name].where} and {client.base_url}: "
+                        f"log {name!r} is on both {where[key].where} and {client.base_url}: "
                         "name the logs to read with the option 'logs'")
-                bounds[name] = (start, end)
-                where[name] = Location("url", client.base_url)
+                bounds[key] = (start, end)
+                where[key] = Location("url", client.base_url)
         if not missing_ok and wanted is not None:
-            missing = sorted(wanted - set(bounds))
+            missing = sorted(wanted - found)
             if missing:
                 raise LogNotFound(f"log(s) {', '.join(missing)} not found on "
                                   f"{', '.join(c.base_url for c in self.clients)}")
@@ -158,7 +169,7 @@ def open_logs(opts):
         return SyncedLocalLogs(opts.path, opts.urls[0], opts.timeout, opts.tls)
     if opts.path is not None:
         return LocalLogs(opts.path)
-    return RemoteLogs(opts.urls, opts.timeout, opts.tls)
+    return RemoteLogs(opts.urls, opts.timeout, opts.tls, fleet=opts.fleet)
 
 
 def read_range(location, log, start, end, fail_on_data_loss=True, timeout=30.0,

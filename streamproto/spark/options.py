@@ -66,6 +66,15 @@ class SourceOptions:
     arrow_batch_records: int = DEFAULT_ARROW_BATCH_RECORDS
     tls: TLSFiles | None = None
 
+    @property
+    def fleet(self):
+        """
+        Several styx-servers (and no directory): a log name found on several
+        of them is one partitioned stream, read per node, with a C{node}
+        column and offsets per node and log.
+        """
+        return self.path is None and len(self.urls) > 1
+
 
 def _get(options, key):
     # Spark hands a case-insensitive dict; plain dicts in tests may not be.
@@ -241,9 +250,13 @@ def value_type_ddl(opts):
 def source_schema_ddl(opts):
     """
     The source's schema.  C{log} and C{position} are never null; C{value} is
-    null only for a JSON record that does not parse.
+    null only for a JSON record that does not parse.  Reading several
+    styx-servers adds C{node} (the server's C{host:port}).
     """
-    return f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
+    ddl = f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
+    if opts.fleet:
+        ddl += ", node STRING NOT NULL"
+    return ddl
 
 
 @dataclass(frozen=True)
