@@ -8,6 +8,7 @@ failover trials (L{test.test_jetstream_failover}).
 """
 
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.trial import unittest
 
 from streamproto.log.errors import LogFailed
@@ -185,3 +186,31 @@ class ChainTests(unittest.SynchronousTestCase):
         self.successResultOf(log.append([b"x"], attributes={"writer": 7}))
         self.assertEqual(len(self.io.published) - before, 1)
         self.assertEqual(log.attributes["writer"], 7)
+
+    def test_conditional_appends_race(self):
+        """
+        Two front-ends each append conditionally at the same position: one
+        wins, the other gets L{AppendConflict} (its write never lands), and
+        re-reading then appending at the new end works.
+        """
+        from streamproto.log.errors import AppendConflict
+        log_a = self.log(self.store(connection_name="a"))
+        log_b = self.log(self.store(connection_name="b"))
+        self.io.hold = True
+        da = log_a.append([b"from a"], expected_position=0)
+        db = log_b.append([b"from b"], expected_position=0)
+        for _ in range(10):
+            self.io.release()
+            self.run_clock(0.2)
+        results = {}
+        da.addBoth(lambda r: results.__setitem__("a", r))
+        db.addBoth(lambda r: results.__setitem__("b", r))
+        won = [k for k, r in results.items() if not isinstance(r, Failure)]
+        self.assertEqual(len(won), 1, results)
+        lost = "b" if won == ["a"] else "a"
+        self.assertTrue(results[lost].check(AppendConflict), results[lost])
+        self.assertEqual(len(self.records(log_a)), 1)
+        self.io.hold = False
+        loser = log_b if lost == "b" else log_a
+        self.successResultOf(loser.append([b"again"], expected_position=1))
+        self.assertEqual(len(self.records(log_a)), 2)

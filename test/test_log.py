@@ -112,6 +112,23 @@ class StoreBehaviour:
         self.assertEqual(log.info()["record_count"], 4)
         self.assertEqual(log.info()["end_position"], 4)
 
+    def test_conditional_append(self):
+        """
+        An append with C{expected_position} is written only where it was
+        expected; otherwise it fails with L{AppendConflict}, writing nothing.
+        """
+        from streamproto.log.errors import AppendConflict
+        log = self.log()
+        r = self.successResultOf(log.append([b"first"], expected_position=0))
+        self.assertEqual(r.first_position, 0)
+        self.failureResultOf(log.append([b"stale"], expected_position=0), AppendConflict)
+        self.failureResultOf(log.append([b"ahead"], expected_position=5), AppendConflict)
+        r = self.successResultOf(log.append([b"second"], attributes={"v": 2},
+                                            expected_position=1))
+        self.assertEqual((r.first_position, r.end_position), (1, 2))
+        self.assertEqual(self.successResultOf(log.read(0)).records(), [b"first", b"second"])
+        self.assertEqual(log.attributes["v"], 2)
+
     def test_append_record_batch(self):
         from streamproto.log.batch import RecordBatch
         log = self.log()

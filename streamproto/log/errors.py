@@ -61,3 +61,13 @@ class WriteFailed(LogError):
     """
 
     code = "log_not_available"
+
+
+class AppendConflict(LogError):
+    """
+    A conditional append (C{expected_position}) found the log ending
+    elsewhere: another writer (on this or another front-end) appended
+    first.  Nothing of it was written.
+    """
+
+    code = "conflict"

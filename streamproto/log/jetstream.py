@@ -65,7 +65,7 @@ from zope.interface import implementer
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
+    AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
     RecordTooLarge,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
@@ -112,9 +112,10 @@ class _Append:
     """One L{ILog.append} (or a marker) on its way."""
 
     __slots__ = ("lengths", "data", "attributes", "deferred", "deadline", "kind", "start",
-                 "chunks", "done_chunks", "first_position", "last_seq", "failed")
+                 "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected")
 
-    def __init__(self, lengths, data, attributes, deadline, kind=DATA, start=None):
+    def __init__(self, lengths, data, attributes, deadline, kind=DATA, start=None,
+                 expected=None):
         self.lengths = lengths
         self.data = data
         self.attributes = attributes
@@ -127,6 +128,8 @@ class _Append:
         self.first_position = None
         self.last_seq = None
         self.failed = False
+        #: a conditional append's expected first position (alone in its message)
+        self.expected = expected
 
 
 class _Chunk:
@@ -396,7 +399,7 @@ class JetStreamLog:
             self._complete(message)
 
     # -- appending -------------------------------------------------------
-    def append(self, records, attributes=None):
+    def append(self, records, attributes=None, expected_position=None):
         if self._closed:
             return fail(LogClosed(self.name))
         if self.failed is not None:
@@ -416,9 +419,13 @@ class JetStreamLog:
                 f"here ({room} bytes: raise max_payload on the NATS servers)"))
         if not len(lengths) and not attributes:
             return succeed(AppendResult(self.end_position, self.end_position, self.end_offset))
+        if expected_position is not None and len(lengths) and \
+                sum(lengths) + 4 * len(lengths) > self.store.max_message_bytes:
+            return fail(RecordTooLarge("a conditional append must fit in one JetStream "
+                                       f"message ({self.store.max_message_bytes} bytes)"))
         a = _Append(lengths, bytes(data) if isinstance(data, memoryview) else data,
                     dict(attributes) if attributes else None,
-                    self._clock.seconds() + self.store.timeout)
+                    self._clock.seconds() + self.store.timeout, expected=expected_position)
         return self._enqueue(a)
 
     def _enqueue(self, a):
@@ -472,7 +479,9 @@ class JetStreamLog:
             if chunk.append.failed or chunk.done:
                 queue.popleft()
                 continue
-            if chunk.append.kind == MARKER:
+            if chunk.append.kind == MARKER or chunk.append.expected is not None:
+                # alone in its message: a marker, or a conditional append
+                # (judged against the chain's tail when it is sent)
                 if not chunks:
                     chunks.append(queue.popleft())
                 break
@@ -488,6 +497,12 @@ class JetStreamLog:
                           self._attributes)
         seq, last_id, position, offset, attrs = self._tail
         first = chunks[0].append
+        if first.expected is not None and first.expected != position:
+            if not self._inflight:
+                self._tail = None
+            self._fail_append(first, AppendConflict(
+                f"log {self.name} ends at {position}, not {first.expected}"))
+            return
         kind = MARKER if first.kind == MARKER else DATA
         if kind == MARKER:
             lengths, data, count, nbytes = lengths_array(), b"", 0, 0

@@ -53,11 +53,15 @@ from streamproto.core.ops import add_readiness_check
 # Read when grpc is first imported (lazily, below); an explicit setting wins.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
+from streamproto.log.errors import AppendConflict  # noqa: E402
 from streamproto.pravega.segments import (  # noqa: E402
     BadOffset, SegmentExists, SegmentNotFound, SegmentSealed,
 )
 
 SERVICE_NAME = "io.pravega.controller.stream.api.grpc.v1.ControllerService"
+
+#: a change is tried this many times against other controllers' changes
+MUTATION_ATTEMPTS = 5
 STATE_LOG = "pravega-controller"
 #: Transaction leases (milliseconds): used when a client asks for 0, and the most it may ask.
 DEFAULT_LEASE_MS = 120_000
@@ -389,6 +393,8 @@ class ControllerState:
         # oldest first: [{"t": ms, "epoch": e, "cut": {"id": offset}}]
         self.retention = {}
         self._log = None
+        #: the state log's end when the document in memory was read or written
+        self._position = None
         self._lock = defer.DeferredLock()
 
     @defer.inlineCallbacks
@@ -398,27 +404,8 @@ class ControllerState:
         does not parse: the controller must not carry on with an empty
         state (it would lose every scope and stream it knew).
         """
-        self._log = log = yield self.store.get_or_create(STATE_LOG)
-        if log.end_position > log.start_position:
-            position = log.end_position - 1
-            batch = yield log.read(position, 1)
-            try:
-                state = json.loads(bytes(batch.records()[0]))
-                scopes = state["scopes"]
-                if not isinstance(scopes, dict):
-                    raise TypeError("scopes is not an object")
-            except (ValueError, KeyError, TypeError) as e:
-                raise ControllerStateDamaged(
-                    f"controller state log {STATE_LOG!r}, record {position}: "
-                    f"{type(e).__name__}: {e}")
-            self.scopes = scopes
-            self.txns = state.get("txns", {})
-            self.layouts = state.get("layouts", {})
-            self.retention = state.get("retention", {})
-        # documents written before streams could scale have no layouts
-        for scope, streams in self.scopes.items():
-            for stream, info in streams.items():
-                self.layouts.setdefault(f"{scope}/{stream}", Layout.new(info["segments"]).doc)
+        self._log = yield self.store.get_or_create(STATE_LOG)
+        yield self._load()
         self.log.info("controller state: {n} scopes, {t} transactions", n=len(self.scopes),
                       t=len(self.txns))
         # finish what a crash interrupted (every step is idempotent)
@@ -434,15 +421,88 @@ class ControllerState:
             elif txn["state"] == "ABORTING":
                 yield self.abort_txn(txn["scope"], txn["stream"], txn_id)
 
+    @defer.inlineCallbacks
+    def _load(self):
+        """Read the newest document of the state log into memory."""
+        log = self._log
+        end = log.end_position
+        scopes, txns, layouts, retention = {}, {}, {}, {}
+        if end > log.start_position:
+            position = end - 1
+            batch = yield log.read(position, 1)
+            try:
+                state = json.loads(bytes(batch.records()[0]))
+                scopes = state["scopes"]
+                if not isinstance(scopes, dict):
+                    raise TypeError("scopes is not an object")
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise ControllerStateDamaged(
+                    f"controller state log {STATE_LOG!r}, record {position}: "
+                    f"{type(e).__name__}: {e}")
+            txns = state.get("txns", {})
+            layouts = state.get("layouts", {})
+            retention = state.get("retention", {})
+        # documents written before streams could scale have no layouts
+        for scope, streams in scopes.items():
+            for stream, info in streams.items():
+                layouts.setdefault(f"{scope}/{stream}", Layout.new(info["segments"]).doc)
+        self.scopes, self.txns, self.layouts, self.retention = scopes, txns, layouts, retention
+        self._position = end
+
+    @defer.inlineCallbacks
+    def _catch_up(self, force=False):
+        """
+        Take the document another controller on the same store (a second
+        front-end on a JetStream store) wrote since ours: C{get} of an open
+        log brings its tail up to date with the store's.
+        """
+        log = yield self.store.get(STATE_LOG)
+        if log is not self._log:
+            self._log = log
+            force = True
+        if force or log.end_position != self._position:
+            yield self._load()
+
+    def refresh(self):
+        """
+        Bring the state in memory up to date (between mutations, never
+        during one).  @return: Deferred.
+        """
+        return self._lock.run(self._catch_up)
+
     def _save(self):
         record = json.dumps({"scopes": self.scopes, "txns": self.txns, "layouts": self.layouts,
                              "retention": self.retention}, sort_keys=True).encode()
-        d = self._log.append([record])
-        # keep only the newest document
-        return d.addCallback(lambda r: self._log.truncate(r.first_position))
+        # written only right after the document it was derived from: two
+        # controllers on one store never overwrite each other's change
+        d = self._log.append([record], expected_position=self._position)
+
+        def saved(r):
+            self._position = r.end_position
+            # keep only the newest document
+            return self._log.truncate(r.first_position)
+        return d.addCallback(saved)
 
     def _mutate(self, fn, *args):
-        return self._lock.run(fn, *args)
+        return self._lock.run(self._attempt, fn, *args)
+
+    @defer.inlineCallbacks
+    def _attempt(self, fn, *args):
+        """
+        Run a change on the newest document; when another controller wrote
+        first (L{AppendConflict}), read its document and run the change again.
+        """
+        for attempt in range(MUTATION_ATTEMPTS):
+            yield self._catch_up(force=attempt > 0)
+            try:
+                result = yield fn(*args)
+            except AppendConflict:
+                self.log.info("controller state changed by another controller: retrying")
+                continue
+            return result
+        yield self._catch_up(force=True)
+        raise AppendConflict(f"controller state: {MUTATION_ATTEMPTS} conflicting writers in "
+                             "a row")
 
     def stream(self, scope, stream):
         return self.scopes.get(scope, {}).get(stream)
@@ -1490,7 +1550,8 @@ class ControllerService(service.Service):
             import grpc
             return defer.fail(_RpcError(grpc.StatusCode.UNAVAILABLE,
                                         f"controller state unavailable: {self.failure}"))
-        return defer.maybeDeferred(fn, *args)
+        # what another controller on the same store changed is seen at once
+        return self.state.refresh().addCallback(lambda _: fn(*args))
 
     def _problems(self):
         if self.failure is None:
