@@ -35,6 +35,9 @@ class ServerOptions(ConfigurableOptions):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
+        ["auth-policy", None, None,
+         "TOML authorization policy: who may read, write, administer which logs "
+         "(doc/security.rst); reloaded on SIGHUP.  Without it everything is allowed."],
     ]
 
     def __init__(self):
@@ -55,6 +58,22 @@ class ServerOptions(ConfigurableOptions):
             check_endpoint("port", description)
         self["data"] = check_data_directory(self["data"])
         check_ops_options(self)
+        self["authorizer"] = check_auth_policy(self.get("auth-policy"))
+
+
+def check_auth_policy(path):
+    """
+    The authorizer of C{--auth-policy}: a L{PolicyHolder} of the file, or
+    L{ALLOW_ALL} without one.  @raise usage.UsageError: the file cannot be
+    read or is not a valid policy (the message says which key and why).
+    """
+    from streamproto.core.auth import ALLOW_ALL, PolicyError, PolicyHolder
+    if not path:
+        return ALLOW_ALL
+    try:
+        return PolicyHolder(path)
+    except PolicyError as e:
+        raise usage.UsageError(f"--auth-policy {e}")
 
 
 def check_ops_options(options):
@@ -301,6 +320,10 @@ def server_service(options, factory_from_store, store=None, name=None):
         store = owner.store
         owner.setServiceParent(top)  # first in, so stopped last
     stores.append(store)
+    authorizer = options.get("authorizer")
+    if getattr(authorizer, "reload", None) is not None:
+        from streamproto.core.auth import PolicyService
+        PolicyService(authorizer).setServiceParent(top)
     tracker = TrackingFactory(factory_from_store(store), name or "server")
     top.trackers.append(tracker)
     listen(top, options["port"], tracker)
