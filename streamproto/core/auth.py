@@ -58,6 +58,10 @@ class PolicyError(ValueError):
     """A policy file that cannot be used; the message says where and why."""
 
 
+class AuthorizationDenied(Exception):
+    """An operation the policy does not allow (already logged and counted)."""
+
+
 class IAuthorizer(Interface):
     """Answers whether principals may do an operation on a resource."""
 

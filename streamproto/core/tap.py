@@ -299,6 +299,17 @@ def listen(parent, descriptions, factory):
         listener.setServiceParent(parent)
 
 
+def watch_policy(top, options):
+    """
+    Make C{--auth-policy}'s holder reload on SIGHUP while C{top} runs (a
+    L{PolicyService} child; nothing without a policy).
+    """
+    authorizer = options.get("authorizer")
+    if getattr(authorizer, "reload", None) is not None:
+        from streamproto.core.auth import PolicyService
+        PolicyService(authorizer).setServiceParent(top)
+
+
 def server_service(options, factory_from_store, store=None, name=None):
     """
     The usual shape of a server's C{makeService}: a L{ServerService} owning
@@ -320,10 +331,7 @@ def server_service(options, factory_from_store, store=None, name=None):
         store = owner.store
         owner.setServiceParent(top)  # first in, so stopped last
     stores.append(store)
-    authorizer = options.get("authorizer")
-    if getattr(authorizer, "reload", None) is not None:
-        from streamproto.core.auth import PolicyService
-        PolicyService(authorizer).setServiceParent(top)
+    watch_policy(top, options)
     tracker = TrackingFactory(factory_from_store(store), name or "server")
     top.trackers.append(tracker)
     listen(top, options["port"], tracker)

@@ -332,12 +332,36 @@ class ListenerProtocol(_LinkedConnection):
         endpoint = self.factory.endpoints.get(handshake.endpoint)
         if endpoint is None:
             raise ProtocolError(f"unknown endpoint {handshake.endpoint!r}")
+        principals = self._authorize(endpoint.name)
         link, resumed = endpoint.accept(handshake, self)
+        if link is not None:
+            # what the handler may do with it (the log bridge's logs) is
+            # decided for this connection's principals, resumed or not
+            link.principals = principals
         if link is None:
             self._stage = "closed"
             self.link_gone(endpoint.epoch)
             return None
         return link, resumed, rest
+
+    def _authorize(self, name):
+        """
+        The connection's principals, if the policy lets them link to
+        endpoint C{name} (the resource C{relink:NAME}, operation write).
+        @raise ProtocolError: ends the handshake (the connection is closed
+            before any link exists or is resumed).
+        """
+        from streamproto.core.auth import connection_principals, denied
+        authorizer = getattr(self.factory, "authorizer", None)
+        principals = connection_principals(self.transport)
+        if authorizer is None or not authorizer.enabled:
+            return principals
+        resource = f"relink:{name}"
+        if not authorizer.allows(principals, "write", resource):
+            denied(self.factory.server_name, principals, "write", resource,
+                   f"handshake from {self._peer()} ended")
+            raise ProtocolError(f"forbidden: endpoint {name!r}")
+        return principals
 
     def _announce_link(self, link):
         self.transport.write(codec.encode_listener_reply(link.epoch, link.link_id))
