@@ -316,3 +316,31 @@ class OptionTests(unittest.SynchronousTestCase):
         options.parseOptions(["--data", self.data, "--config", config])
         for sub in options.server_options.values():
             self.assertIsInstance(sub["authorizer"], PolicyHolder)
+
+
+class ServiceTests(unittest.SynchronousTestCase):
+    def test_reload_on_sighup_while_running(self):
+        """A server made by its plugin with --auth-policy reloads on SIGHUP while it runs."""
+        if not hasattr(signal, "SIGHUP"):
+            raise unittest.SkipTest("no SIGHUP on this platform")
+        from streamproto.styx import tap
+        path = write_file(self, EXAMPLE)
+        options = tap.Options()
+        options.parseOptions(["--data", tempfile.mkdtemp(), "--auth-policy", path,
+                              "--port", "tcp:0:interface=127.0.0.1"])
+        top = tap.makeService(options)
+        services = [s for s in top if isinstance(s, auth.PolicyService)]
+        self.assertEqual([s.holder for s in services], [options["authorizer"]])
+        before = signal.getsignal(signal.SIGHUP)
+        services[0].startService()
+        try:
+            self.assertIsNot(signal.getsignal(signal.SIGHUP), before)
+            self.assertEqual(auth._watched, [options["authorizer"]])
+        finally:
+            services[0].stopService()
+        self.assertEqual(signal.getsignal(signal.SIGHUP), before)
+        self.assertEqual(auth._watched, [])
+        from streamproto.core.tap import StoreService
+        for child in top:
+            if isinstance(child, StoreService):
+                child.store.close()
