@@ -345,3 +345,61 @@ class ControllerTests(unittest.TestCase):
                                           pb.StreamInfo(scope="sc", stream="hidden"),
                                           pb.DelegationToken, "bob", "bob-pw"),
                                 codes.PERMISSION_DENIED)
+
+
+class ControllerCertificateTests(unittest.TestCase):
+    """The controller over mTLS: the gRPC peer's certificate is a principal."""
+
+    timeout = 60
+
+    def setUp(self):
+        import grpc
+
+        from streamproto.pravega.controller import ControllerService, parse_controller_endpoint
+        self.grpc = grpc
+        self.holder = PolicyHolder(write_policy(self, POLICY))
+        self.store = MemoryLogStore(reactor)
+        factory = PravegaServerFactory(self.store, authorizer=self.holder)
+        tls = parse_controller_endpoint(certs().server_endpoint())[2]
+        self.service = ControllerService(self.store, factory.segments, "127.0.0.1", 0,
+                                         ("localhost", 1), tls=tls, authorizer=self.holder,
+                                         tokens=factory.tokens)
+        self.service.startService()
+        self.addCleanup(self.service.stopService)
+        return self.service.ready
+
+    def call(self, cn, method, request, response):
+        from twisted.internet.threads import deferToThread
+        key, cert = certs().client(cn)
+        with open(certs().ca, "rb") as ca, open(key, "rb") as k, open(cert, "rb") as c:
+            credentials = self.grpc.ssl_channel_credentials(ca.read(), k.read(), c.read())
+        channel = self.grpc.secure_channel(f"localhost:{self.service.port}", credentials)
+        self.addCleanup(channel.close)
+        stub = channel.unary_unary(
+            "/io.pravega.controller.stream.api.grpc.v1.ControllerService/" + method,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response.FromString)
+        return deferToThread(stub, request, timeout=20)
+
+    @defer.inlineCallbacks
+    def test_two_identities(self):
+        from streamproto.pravega import controller_pb2 as pb
+        # cn:alice may administer streams of scope sc (not the scope itself)
+        yield self.service.state.create_scope("sc")
+        config = pb.StreamConfig(streamInfo=pb.StreamInfo(scope="sc", stream="st"),
+                                 scalingPolicy=pb.ScalingPolicy(minNumSegments=1))
+        status = yield self.call("alice", "createStream", config, pb.CreateStreamStatus)
+        self.assertEqual(status.status, pb.CreateStreamStatus.SUCCESS)
+        info = pb.StreamInfo(scope="sc", stream="st")
+        token = yield self.call("alice", "getDelegationToken", info, pb.DelegationToken)
+        self.assertEqual(self.service.tokens.verify(token.delegationToken), ("cn:alice",))
+        for method, request, response in (
+                ("createStream", config, pb.CreateStreamStatus),
+                ("getCurrentSegments", info, pb.SegmentRanges),
+                ("sealStream", info, pb.UpdateStreamStatus)):
+            try:
+                yield self.call("bob", method, request, response)
+            except self.grpc.RpcError as e:
+                self.assertEqual(e.code(), self.grpc.StatusCode.PERMISSION_DENIED)
+            else:
+                self.fail(f"{method} allowed to cn:bob")
