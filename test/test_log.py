@@ -239,6 +239,42 @@ class MemoryStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         return MemoryLogStore(self.clock)
 
 
+class JetStreamStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
+    """
+    The same suite on a real three-node JetStream cluster (R3,
+    C{sync_interval: always}), through the synchronous bridge: each call
+    waits for the cluster's answer, so the Deferreds have fired when it
+    returns, as with the file store's C{run_blocking=synchronous}.
+    """
+
+    def make_store(self):
+        from streamproto.log.bridge import SynchronousBridge
+        from streamproto.log.jetstream import JetStreamLogStore
+        from test.natsutil import shared_cluster, unique_prefix
+        cluster = shared_cluster()
+        if not hasattr(self, "prefix"):
+            self.prefix = unique_prefix(self)
+            self.addCleanup(self.delete_streams, cluster)
+        store = JetStreamLogStore(cluster.urls, prefix=self.prefix, clock=self.clock,
+                                  bridge=SynchronousBridge(), retention_interval=None)
+        self.addCleanup(store.close)
+        return store
+
+    def reopen(self, store):
+        self.successResultOf(store.close())
+        return self.make_store()
+
+    def delete_streams(self, cluster):
+        from streamproto.log.bridge import SynchronousBridge
+        from streamproto.log.jetstream import JetStreamLogStore
+        store = JetStreamLogStore(cluster.urls, prefix=self.prefix, clock=self.clock,
+                                  bridge=SynchronousBridge(), retention_interval=None)
+        self.successResultOf(store.start())
+        for name in store.names():
+            self.successResultOf(store.delete(name))
+        self.successResultOf(store.close())
+
+
 class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
     def make_store(self, path=None, **kwargs):
         self.path = path or getattr(self, "path", None) or tempdir(self)

@@ -266,11 +266,70 @@ class RemoteTests(SynchronousTestCase):
               .option("maxRecordsPerPartition", "20").load())
         self.assertEqual(rows_of(df), sorted((log, i, r) for log, rs in records.items()
                                              for i, r in enumerate(rs)))
-        # The same log name on two servers is ambiguous.
-        one.client.create("b")
-        with self.assertRaises(Exception) as raised:
-            spark().read.format("streamproto").option("url", f"{one.url},{two.url}").load().count()
-        self.assertIn("on both", str(raised.exception))
+        self.assertEqual(sorted({r["node"] for r in df.collect()}),
+                         sorted([one.url.split("//")[1], two.url.split("//")[1]]))
+
+    def test_fleet_one_log_on_several_nodes(self):
+        """
+        The same log name on several styx-servers (a fleet of file-store
+        nodes) is one partitioned stream: one partition per node, a C{node}
+        column, and in streaming offsets per node and log, exactly once.
+        """
+        one, two = StyxServer(self), StyxServer(self)
+        nodes = {one: one.url.split("//")[1], two: two.url.split("//")[1]}
+        for server, n in ((one, 30), (two, 7)):
+            server.client.create("beats")
+            server.client.append("beats", [b"%s-%d" % (nodes[server].encode(), i)
+                                           for i in range(n)])
+        urls = f"{one.url},{two.url}"
+        df = spark().read.format("streamproto").option("url", urls).load()
+        rows = sorted((r["node"], r["log"], r["position"], r["value"]) for r in df.collect())
+        self.assertEqual(rows, sorted(
+            [(nodes[one], "beats", i, b"%s-%d" % (nodes[one].encode(), i)) for i in range(30)]
+            + [(nodes[two], "beats", i, b"%s-%d" % (nodes[two].encode(), i))
+               for i in range(7)]))
+        # only one node's log of that name: still per node
+        self.assertEqual(spark().read.format("streamproto").option("url", urls)
+                         .option("logs", "beats").load().count(), 37)
+
+        from streamproto.spark.source import LogStreamReader
+        from streamproto.spark.options import parse_source_options, source_schema_ddl
+        from pyspark.sql.types import _parse_datatype_string
+        options = {"url": urls, "logs": "beats"}
+        schema = _parse_datatype_string(source_schema_ddl(parse_source_options(options)))
+        reader = LogStreamReader(options, schema)
+        end = reader.latestOffset({}, None)
+        self.assertEqual(end, {f"{nodes[one]}/beats": 30, f"{nodes[two]}/beats": 7})
+        two.client.append("beats", [b"more"])
+        later = reader.latestOffset(end, None)
+        self.assertEqual(later, {f"{nodes[one]}/beats": 30, f"{nodes[two]}/beats": 8})
+        parts = reader.partitions(end, later)
+        got = [(b.column(3).to_pylist(), b.column(2).to_pylist())
+               for p in parts for b in reader.read(p)]
+        self.assertEqual(got, [([nodes[two]], [b"more"])])
+
+    def test_fleet_upgrades_an_old_checkpoint(self):
+        """
+        A checkpoint written when several servers each held different logs
+        (keys: plain log names) goes on with per-node keys.
+        """
+        from streamproto.spark.source import LogStreamReader
+        from streamproto.spark.options import parse_source_options, source_schema_ddl
+        from pyspark.sql.types import _parse_datatype_string
+        one, two = StyxServer(self), StyxServer(self)
+        one.client.create("a")
+        one.client.append("a", [b"%d" % i for i in range(5)])
+        two.client.create("b")
+        two.client.append("b", [b"%d" % i for i in range(3)])
+        options = {"url": f"{one.url},{two.url}"}
+        schema = _parse_datatype_string(source_schema_ddl(parse_source_options(options)))
+        reader = LogStreamReader(options, schema)
+        old = {"a": 4, "b": 3}
+        end = reader.latestOffset(old, None)
+        node_one = one.url.split("//")[1]
+        self.assertEqual(end[f"{node_one}/a"], 5)
+        parts = reader.partitions(old, end)
+        self.assertEqual([(p.log, p.start, p.end) for p in parts], [(f"{node_one}/a", 4, 5)])
 
     def test_local_records_within_synced_bounds(self):
         from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType

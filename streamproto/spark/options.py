@@ -45,11 +45,14 @@ class SourceOptions:
     @ivar urls: a tuple of styx-server base URLs (without trailing slash), or ().
         With a C{path}, one URL: the server that owns that directory, asked
         for the logs' synced ends while the records are read from the files.
+    @ivar store: a JetStream store URL (C{nats://...}): executors read the
+        logs straight from the cluster; or None.
     @ivar logs: a tuple of log names, or None for every log.
     """
 
     path: str | None = None
     urls: tuple = ()
+    store: str | None = None
     logs: tuple | None = None
     max_records_per_trigger: int | None = None
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
@@ -62,6 +65,15 @@ class SourceOptions:
     arrow_batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES
     arrow_batch_records: int = DEFAULT_ARROW_BATCH_RECORDS
     tls: TLSFiles | None = None
+
+    @property
+    def fleet(self):
+        """
+        Several styx-servers (and no directory): a log name found on several
+        of them is one partitioned stream, read per node, with a C{node}
+        column and offsets per node and log.
+        """
+        return self.path is None and len(self.urls) > 1
 
 
 def _get(options, key):
@@ -135,10 +147,22 @@ def parse_source_options(options):
     path = _get(options, "path")
     path = str(path) if path not in (None, "") else None
     urls = parse_urls(_get(options, "url"))
-    if path is None and not urls:
+    store = _get(options, "store")
+    store = str(store).strip() if store not in (None, "") else None
+    if store is not None:
+        from streamproto.log.storeurl import StoreURLError, parse_store_url
+        try:
+            store = str(parse_store_url(store))
+        except StoreURLError as e:
+            raise OptionError(f"option 'store': {e}")
+        if path is not None or urls:
+            raise OptionError("option 'store' (a JetStream cluster) goes alone: not with "
+                              "'path' or 'url'")
+    elif path is None and not urls:
         raise OptionError("give the option 'path' (a local log store directory) or 'url' "
                           "(styx-server base URLs, comma-separated), or both (the ends of the "
-                          "logs from the server, the records from its directory)")
+                          "logs from the server, the records from its directory), or 'store' "
+                          "(nats://HOST:PORT,...: a JetStream store)")
     if path is not None and len(urls) > 1:
         raise OptionError("with 'path', give at most one 'url': the server that owns that "
                           "store directory")
@@ -187,6 +211,7 @@ def parse_source_options(options):
     return SourceOptions(
         path=path,
         urls=urls,
+        store=store,
         logs=logs,
         max_records_per_trigger=_positive_int(options, "maxRecordsPerTrigger", None),
         max_records_per_partition=_positive_int(
@@ -225,9 +250,13 @@ def value_type_ddl(opts):
 def source_schema_ddl(opts):
     """
     The source's schema.  C{log} and C{position} are never null; C{value} is
-    null only for a JSON record that does not parse.
+    null only for a JSON record that does not parse.  Reading several
+    styx-servers adds C{node} (the server's C{host:port}).
     """
-    return f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
+    ddl = f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
+    if opts.fleet:
+        ddl += ", node STRING NOT NULL"
+    return ddl
 
 
 @dataclass(frozen=True)

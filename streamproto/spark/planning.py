@@ -2,13 +2,25 @@
 Offsets and partition planning, as pure functions.
 
 An offset is a JSON object C{{log name: position}}: the position of the next
-record to read in each log.  A micro-batch is the half-open range
+record to read in each log (reading several styx-servers, the keys are
+C{"host:port/log"}: one log name on several servers is one stream per node).  A micro-batch is the half-open range
 C{[start[log], end[log])} of every log.  Everything here depends only on its
 arguments, so a restarted query that replays a batch from the offset log
 plans exactly the same partitions and reads exactly the same records.
 """
 
 from dataclasses import dataclass
+
+
+def node_key(node, log):
+    """The offset key of log C{log} on node C{node} (several styx-servers)."""
+    return f"{node}/{log}"
+
+
+def split_key(key):
+    """C{(node, log)} of an offset key; node None for a plain log name."""
+    node, _, log = key.rpartition("/")
+    return (node or None), log
 
 
 class OffsetError(ValueError):

@@ -20,7 +20,7 @@ from streamproto.spark.options import (
     FORMAT_NAME, parse_sink_options, parse_source_options, source_schema_ddl,
 )
 from streamproto.spark.planning import (
-    cap_offset, check_offset, limit_offset, ranges_between, split_ranges,
+    cap_offset, check_offset, limit_offset, ranges_between, split_key, split_ranges,
 )
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
@@ -81,11 +81,12 @@ class _RangeReading:
             return
         converter = ArrowConverter(_arrow_schema(self.schema))
         opts = self.opts
-        batches = read_range(partition.location, partition.log, partition.start, partition.end,
+        node, log = split_key(partition.log) if opts.fleet else (None, partition.log)
+        batches = read_range(partition.location, log, partition.start, partition.end,
                              fail_on_data_loss=opts.fail_on_data_loss, timeout=opts.timeout,
                              max_bytes=opts.arrow_batch_bytes, tls=opts.tls)
         for batch in coalesce(batches, opts.arrow_batch_records, opts.arrow_batch_bytes):
-            yield converter.convert(partition.log, batch)
+            yield converter.convert(log, batch, node)
 
 
 class LogBatchReader(_RangeReading, DataSourceReader):
@@ -144,6 +145,32 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     def prepareForTriggerAvailableNow(self):
         self._target = {log: b[1] for log, b in self._available().items()}
 
+    def _upgrade(self, offset):
+        """
+        An offset of a checkpoint written before logs were read per node
+        (its keys plain log names), in this query's keys: a name held by
+        exactly one node moves to that node's key.
+        """
+        if not self.opts.fleet or all("/" in key for key in offset):
+            return offset
+        by_log = {}
+        for key in self._where:
+            by_log.setdefault(split_key(key)[1], []).append(key)
+        upgraded = {}
+        for key, position in offset.items():
+            if "/" in key:
+                upgraded[key] = position
+            elif len(by_log.get(key, ())) == 1:
+                upgraded.setdefault(by_log[key][0], position)
+            elif not by_log.get(key):
+                continue                        # the log is gone from every node
+            else:
+                raise DataLossError(
+                    f"the checkpoint's offset for log {key!r} cannot be placed on one node "
+                    f"(it is on {len(by_log.get(key, ()))}): start the query with a new "
+                    "checkpoint location")
+        return upgraded
+
     def latestOffset(self, start=None, limit=None):
         available = {log: b[1] for log, b in self._available().items()}
         self._latest = dict(sorted(available.items()))
@@ -151,7 +178,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
             available = cap_offset(available, self._target)
         if start is None:  # pyspark < 4.2 calls latestOffset() without a start
             return dict(sorted(available.items()))
-        start = check_offset(start)
+        start = self._upgrade(check_offset(start))
         for log, position in start.items():
             if available.get(log, position) < position and self.opts.fail_on_data_loss:
                 raise DataLossError(
@@ -170,10 +197,11 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         return self._latest
 
     def partitions(self, start, end):
-        missing = [log for log in end if log not in self._where]
+        missing = [log for log in list(start) + list(end) if log not in self._where]
         if missing:
             # A batch replayed after a restart, for logs not looked up yet.
             self._available()
+        start, end = self._upgrade(check_offset(start)), self._upgrade(check_offset(end))
         where = {log: self._where.get(log) for log in end}
         for r in ranges_between(start, end):
             if where[r.log] is None:
