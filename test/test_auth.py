@@ -206,8 +206,10 @@ class MatcherModelTests(unittest.SynchronousTestCase):
     def test_matches_model(self, rule_dicts, principals, op, resource):
         document = {"tokens": {"t": hash_token("x")}, "allow": rule_dicts}
         policy = Policy.from_document(document)
-        self.assertEqual(policy.allows(principals, op, resource),
-                         model_allows(rule_dicts, principals, op, resource))
+        expected = model_allows(rule_dicts, principals, op, resource)
+        self.assertEqual(policy.allows(principals, op, resource), expected)
+        # remembered decisions agree (and a list of principals is the same as a tuple)
+        self.assertEqual(policy.allows(list(principals), op, resource), expected)
 
     @settings(max_examples=100, deadline=None)
     @given(st.lists(rules, max_size=4), names)

@@ -49,6 +49,8 @@ OPS = ("read", "write", "admin")
 #: principal kinds a rule may name (besides "anonymous" and globs like "*")
 PRINCIPAL_PREFIXES = ("cn:", "san:", "token:", "user:")
 ANONYMOUS = "anonymous"
+#: decisions a policy remembers (then it starts again): bounds its memory
+MAX_CACHED_DECISIONS = 8192
 _HASH = re.compile(r"sha256:([0-9a-fA-F]{64})\Z")
 _TOP_KEYS = ("tokens", "allow", "users", "pravega")
 _RULE_KEYS = ("principal", "logs", "ops")
@@ -121,12 +123,38 @@ class Policy:
         self.tokens = dict(tokens or {})
         self.users = dict(users or {})
         self.pravega = dict(pravega or {})
-        self._by_op = {op: [r for r in self.rules if op in r.ops] for op in OPS}
+        # per operation: rules naming one principal exactly, by principal
+        # (most rules: a lookup instead of a scan), and the glob ones
+        self._exact = {op: {} for op in OPS}
+        self._globbed = {op: [] for op in OPS}
+        for rule in self.rules:
+            for op in rule.ops:
+                if any(c in rule.principal for c in "*?["):
+                    self._globbed[op].append(rule)
+                else:
+                    self._exact[op].setdefault(rule.principal, []).append(rule)
+        # decisions so far: the policy never changes (a reload makes another)
+        self._decided = {}
 
     def allows(self, principals, op, resource):
         if op not in OPS:
             raise ValueError(f"unknown operation {op!r}")
-        return any(r.matches(principals, op, resource) for r in self._by_op[op])
+        key = (tuple(principals), op, resource)
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = self._decide(key[0], op, resource)
+            if len(self._decided) >= MAX_CACHED_DECISIONS:
+                self._decided.clear()
+            self._decided[key] = decided
+        return decided
+
+    def _decide(self, principals, op, resource):
+        exact = self._exact[op]
+        for principal in principals:
+            for rule in exact.get(principal, ()):
+                if rule.matches(principals, op, resource):
+                    return True
+        return any(r.matches(principals, op, resource) for r in self._globbed[op])
 
     def token_principal(self, token):
         return _lookup(self.tokens, token, "token:")
