@@ -202,3 +202,75 @@ class RelinkTests(Base):
         c, _ = self.connector("carol", "echo")
         yield wait_until(lambda: denied_count("relink-server", "write") > before + 1)
         self.assertFalse(c.link.attached)
+
+
+class UmbrellaTests(unittest.TestCase):
+    """
+    C{twistd streamproto --auth-policy}: every server gets the policy
+    through the plugin wiring (behind the connection tracker), and SIGHUP
+    reloads it in all of them.
+    """
+
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def test_every_server_and_sighup(self):
+        import os
+        import signal
+        import tempfile
+
+        from streamproto import tap
+        from streamproto.styx.api_client import StyxAPIError, StyxClient
+        from test.netutil import free_port
+        if not hasattr(signal, "SIGHUP"):
+            raise unittest.SkipTest("no SIGHUP on this platform")
+        path = write_policy(self, POLICY)
+        ports = {name: free_port() for name in ("styx-server", "lumberjack-server",
+                                                 "reliable-stream-server", "relink-server")}
+        args = ["--data", tempfile.mkdtemp(), "--metrics", "none", "--auth-policy", path,
+                "--shutdown-timeout", "0.5",
+                "--only", ",".join(ports)]
+        for name, port in ports.items():
+            args += ["--listen", f"{name}={certs().server_endpoint(port)}"]
+        options = tap.Options()
+        options.parseOptions(args)
+        top = tap.makeService(options)
+        before = signal.getsignal(signal.SIGHUP)
+        top.startService()
+        self.addCleanup(lambda: top.stopService() if top.running else None)
+        url = f"https://localhost:{ports['styx-server']}"
+        alice = StyxClient(url, reactor, tls_options=tls_as("alice"))
+        bob = StyxClient(url, reactor, tls_options=tls_as("bob"))
+        self.addCleanup(alice.close)
+        self.addCleanup(bob.close)
+        yield alice.create_log("events")
+        with self.assertRaises(StyxAPIError) as e:
+            yield bob.get_log("events")
+        self.assertEqual(e.exception.status, 403)
+        got = yield authutil.exchange(ports["lumberjack-server"], "bob",
+                                      encode_batch([b'{"a":1}'], 0))
+        self.assertEqual(got, b"")
+        got = yield authutil.exchange(ports["reliable-stream-server"], "bob", b"{}\n",
+                                      until=error_line)
+        self.assertIn(b"forbidden", got)
+        got = yield authutil.exchange(ports["lumberjack-server"], "alice",
+                                      encode_batch([b'{"a":1}'], 0), until=lambda r: len(r) >= 6)
+        self.assertEqual(got, ACK_1)
+        # SIGHUP: bob may now read events, everywhere the policy is used
+        with open(path, "a") as f:
+            f.write('[[allow]]\nprincipal = "cn:bob"\nlogs = ["events"]\nops = ["read"]\n')
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(200):
+            try:
+                info = yield bob.get_log("events")
+                break
+            except StyxAPIError:
+                yield task_sleep(0.05)
+        self.assertEqual(info["name"], "events")
+        yield top.stopService()
+        self.assertEqual(signal.getsignal(signal.SIGHUP), before)
+
+
+def task_sleep(seconds):
+    from twisted.internet import task
+    return task.deferLater(reactor, seconds, lambda: None)
