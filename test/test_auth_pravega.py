@@ -114,6 +114,22 @@ class TokenTests(unittest.SynchronousTestCase):
         self.assertEqual(json.loads(raw)["prn"], principals)
         self.assertEqual(self.tokens.verify(token), tuple(principals))
 
+    @settings(max_examples=300, deadline=None)
+    @given(st.one_of(st.text(max_size=200),
+                     st.lists(st.text(alphabet="AZaz09-_=.+/", max_size=60), min_size=3,
+                              max_size=3).map(".".join)))
+    def test_garbage_is_a_token_error(self, garbage):
+        with self.assertRaises(TokenError):
+            self.tokens.verify(garbage)
+
+    def test_remembered_tokens_still_expire(self):
+        token = self.tokens.issue(["user:alice"], "r")
+        self.assertEqual(self.tokens.verify(token), ("user:alice",))
+        self.assertEqual(self.tokens.verify(token), ("user:alice",))
+        self.clock.advance(60)
+        with self.assertRaises(TokenExpired):
+            self.tokens.verify(token)
+
     def test_random_secret_without_policy_secret(self):
         a = DelegationTokens(Policy.from_toml(""))
         b = DelegationTokens(Policy.from_toml(""))

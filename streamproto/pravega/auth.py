@@ -51,6 +51,8 @@ from streamproto.core.auth import ALLOW_ALL, ANONYMOUS, certificate_principals
 from streamproto.pravega import codec
 
 DEFAULT_LIFETIME = 600
+#: verified tokens remembered (then forgotten all at once): bounds memory
+MAX_VERIFIED = 1024
 #: AuthTokenCheckFailed error codes (Pravega's WireCommands.AuthTokenCheckFailed.ErrorCode)
 TOKEN_CHECK_FAILED = 0
 TOKEN_EXPIRED = 1
@@ -107,6 +109,9 @@ class DelegationTokens:
         self.clock = clock
         self._lifetime = lifetime
         self._random_secret = os.urandom(32)
+        # tokens verified already: token -> (secret, exp, principals); a
+        # reader sends the same token with every ReadSegment
+        self._verified = {}
 
     def _settings(self):
         policy = getattr(self.authorizer, "policy", self.authorizer)
@@ -146,6 +151,19 @@ class DelegationTokens:
         @raise TokenError: malformed, forged (bad signature) or not ours.
         @raise TokenExpired: past its C{exp}.
         """
+        secret = self.secret
+        known = self._verified.get(token)
+        if known is not None and known[0] == secret:
+            if known[1] <= self._now():
+                raise TokenExpired("delegation token expired")
+            return known[2]
+        principals, exp = self._verify(token)
+        if len(self._verified) >= MAX_VERIFIED:
+            self._verified.clear()
+        self._verified[token] = (secret, exp, principals)
+        return principals
+
+    def _verify(self, token):
         parts = token.split(".") if isinstance(token, str) else []
         if len(parts) != 3:
             raise TokenError("not a delegation token")
@@ -167,7 +185,7 @@ class DelegationTokens:
             raise TokenError("delegation token without exp or principals")
         if exp <= self._now():
             raise TokenExpired("delegation token expired")
-        return tuple(principals)
+        return tuple(principals), exp
 
 
 # -- resources --------------------------------------------------------------------
