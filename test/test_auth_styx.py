@@ -198,6 +198,17 @@ class StyxAuthTests(unittest.TestCase):
         self.assertEqual(self.log.end_position, json.loads(body)["position"])
 
     @defer.inlineCallbacks
+    def test_styx_client_token(self):
+        """StyxClient(token=...) sends it with every request."""
+        client = StyxClient(self.url, reactor, tls_options=certs().client_options(
+            with_cert=False), token="dash-token")
+        self.clients.append(client)
+        records = yield client.read_records("events", whence="start")
+        self.assertEqual(list(records), [b"one", b"two"])
+        yield self.assertDenied(client.write_records("events", [b"x"]), 403, "forbidden")
+        yield self.assertDenied(self.client().read_records("events"), 401, "unauthorized")
+
+    @defer.inlineCallbacks
     def test_unknown_token_401_and_never_logged(self):
         from twisted.logger import globalLogPublisher
         events = []
