@@ -1,6 +1,7 @@
 """
 What every server plugin shares: the core options (C{--port}, repeatable,
-and C{--data}) and building listening services from endpoint strings.
+C{--data} or C{--store}) and building listening services from endpoint
+strings.
 
 A protocol's C{tap.py} subclasses L{ServerOptions} and defines
 C{makeService(options, store=None)}; with a store given (the umbrella
@@ -18,6 +19,11 @@ from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
 from streamproto.core.config import ConfigurableOptions
+from streamproto.core.stores import STORE_PARAMETERS, StoreService, check_store_options
+
+__all__ = ["ServerOptions", "ServerService", "StoreService", "check_auth_policy",
+           "check_data_directory", "check_endpoint", "check_ops_options", "listen",
+           "server_service", "watch_policy"]
 
 
 class ServerOptions(ConfigurableOptions):
@@ -38,7 +44,10 @@ class ServerOptions(ConfigurableOptions):
         ["auth-policy", None, None,
          "TOML authorization policy: who may read, write, administer which logs "
          "(doc/security.rst); reloaded on SIGHUP.  Without it everything is allowed."],
-    ]
+    ] + STORE_PARAMETERS
+
+    #: values of C{--store} that name a store of the server's own (not logs)
+    localStores = ()
 
     def __init__(self):
         super().__init__()
@@ -56,7 +65,11 @@ class ServerOptions(ConfigurableOptions):
             self["port"] = [self.defaultPort]
         for description in self["port"]:
             check_endpoint("port", description)
-        self["data"] = check_data_directory(self["data"])
+        if check_store_options(self, self.localStores) is None:
+            self["data"] = check_data_directory(self["data"])
+        else:
+            # the cluster holds everything: nothing of ours on local disk
+            self["data"] = os.path.abspath(self["data"])
         check_ops_options(self)
         self["authorizer"] = check_auth_policy(self.get("auth-policy"))
 
@@ -147,29 +160,6 @@ def positive_float(name):
 def non_negative_float(name):
     return _number(name, float, lambda v: v >= 0, "not be negative",
                    "Seconds; 0 turns it off.")
-
-
-class StoreService(service.Service):
-    """
-    Owns a file-backed log store: opened at construction (so factories can be
-    built with it), fsynced and closed when the service stops.
-    """
-
-    log = Logger()
-
-    def __init__(self, path, **kwargs):
-        from streamproto.core.metrics import observe_store
-        from streamproto.log import open_store
-        self.path = path
-        self.store = open_store(path, **kwargs)
-        observe_store(self.store)
-
-    def stopService(self):
-        from streamproto.core.metrics import forget_store
-        super().stopService()
-        self.log.info("closing log store {path}", path=self.path)
-        forget_store(self.store)
-        return self.store.close()
 
 
 class ServerService(service.MultiService):
@@ -327,7 +317,7 @@ def server_service(options, factory_from_store, store=None, name=None):
         top.setName(name)
     stores = []
     if store is None:
-        owner = StoreService(options["data"])
+        owner = StoreService(options)
         store = owner.store
         owner.setServiceParent(top)  # first in, so stopped last
     stores.append(store)

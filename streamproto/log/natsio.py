@@ -72,6 +72,10 @@ class PublishOutcome(NamedTuple):
     error: Exception = None
 
 
+#: attempts per server of the first connection (0.25 s apart)
+INITIAL_ATTEMPTS = 20
+
+
 class NatsIO:
     """
     @param servers: C{nats://host:port} or C{tls://host:port} URLs.
@@ -111,8 +115,9 @@ class NatsIO:
         from collections import deque
 
         async def error_cb(e):
+            # kept for problems() and the errors raised; the store logs the
+            # state changes (one line, not one per reconnection attempt)
             self.last_error = f"{type(e).__name__}: {e}"
-            log.debug("nats: {error}", error=self.last_error)
 
         async def disconnected_cb():
             self.connected = False
@@ -126,7 +131,10 @@ class NatsIO:
         options = dict(
             servers=self.servers, name=self.name, error_cb=error_cb,
             disconnected_cb=disconnected_cb, reconnected_cb=reconnected_cb,
-            allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=0.25,
+            # a bounded first connection (a cluster that cannot be reached
+            # at start-up is an error), then reconnection for ever
+            allow_reconnect=True, max_reconnect_attempts=INITIAL_ATTEMPTS,
+            reconnect_time_wait=0.25,
             connect_timeout=2, ping_interval=5, max_outstanding_pings=2,
             pending_size=self.pending_size)
         if self.tls is not None:
@@ -134,8 +142,11 @@ class NatsIO:
         try:
             self.nc = await nats.connect(**options)
         except Exception as e:
-            self.last_error = f"cannot connect to {', '.join(self.servers)}: {_describe(e)}"
+            # the last attempt's own error says more than "no servers available"
+            detail = self.last_error or _describe(e)
+            self.last_error = f"cannot connect to {', '.join(self.servers)}: {detail}"
             raise NotAvailable(self.last_error)
+        self.nc.options["max_reconnect_attempts"] = -1
         self.connected = True
         self.last_error = None
         self.max_payload = self.nc.max_payload
