@@ -1063,12 +1063,13 @@ class ControllerServicer:
         from streamproto.pravega.auth import METHOD_ACCESS, Unauthenticated, grpc_principals
         if not self.authorizer.enabled:
             return (ANONYMOUS,)
+        access = METHOD_ACCESS.get(name)
         try:
             principals = grpc_principals(context, self.authorizer)
         except Unauthenticated as e:
-            denied(SERVER_LABEL, ("invalid-credentials",), "read", name, str(e))
+            op, resource_of = access or ("read", lambda request: name)
+            denied(SERVER_LABEL, ("invalid-credentials",), op, resource_of(request), str(e))
             raise _RpcError(self.grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {e}")
-        access = METHOD_ACCESS.get(name)
         if access is not None:
             op, resource_of = access
             self._require(principals, op, resource_of(request))
