@@ -118,12 +118,13 @@ class PolicyFileTests(unittest.SynchronousTestCase):
         policy = Policy.from_toml('[tokens]\na = "%s"\nb = "%s"\nc = "%s"\n' % (
             hash_token("1"), hash_token("2"), hash_token("3")))
         calls = []
-        real = auth.hmac.compare_digest
+        from streamproto.core.auth import policy as policy_module
+        real = policy_module.hmac.compare_digest
 
         def spy(a, b):
             calls.append((a, b))
             return real(a, b)
-        self.patch(auth.hmac, "compare_digest", spy)
+        self.patch(policy_module.hmac, "compare_digest", spy)
         self.assertEqual(policy.token_principal("1"), "token:a")
         self.assertEqual(len(calls), 3)
 
