@@ -161,6 +161,17 @@ class PrincipalTests(unittest.SynchronousTestCase):
         self.assertEqual(auth.connection_principals(StringTransport(), ["token:x"]),
                          ("token:x",))
 
+    def test_unreadable_certificate_gives_no_principals(self):
+        class Broken:
+            def to_cryptography(self):
+                raise ValueError("duplicate extension")
+
+        class T:
+            def getPeerCertificate(self):
+                return Broken()
+        self.assertEqual(auth.connection_principals(T()), ("anonymous",))
+        self.assertEqual(auth.connection_principals(T(), ["token:a"]), ("token:a",))
+
     def test_connection_with_certificate(self):
         from OpenSSL import crypto
         with open(certs().client_cert, "rb") as f:

@@ -55,7 +55,11 @@ def connection_principals(transport, extra=()):
         except Exception:  # noqa: BLE001 - no TLS layer, or handshake not done
             cert = None
     if cert is not None:
-        principals.extend(certificate_principals(cert))
+        try:
+            principals.extend(certificate_principals(cert))
+        except Exception as e:  # noqa: BLE001 - an extension cryptography cannot parse
+            # the connection gets no certificate principals (so less, never more)
+            log.warn("client certificate names unreadable, ignored: {error}", error=e)
     return tuple(principals) or (ANONYMOUS,)
 
 
