@@ -204,6 +204,40 @@ class RelinkTests(Base):
         self.assertFalse(c.link.attached)
 
 
+class RelinkOneLogTests(Base):
+    """A log bridge writing every channel to one log: the handshake decides."""
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        super().setUp()
+        with open(self.path, "a") as f:
+            f.write('[[allow]]\nprincipal = "cn:carol"\nlogs = ["relink:log"]\n'
+                    'ops = ["write"]\n')
+        self.holder.reload()
+        self.port = yield self.listen(ListenerFactory(
+            server_endpoints(self.store, "everything", id_size=4, authorizer=self.holder),
+            authorizer=self.holder))
+
+    @defer.inlineCallbacks
+    def test_handshake_ends(self):
+        handler = Waiting()
+        before = denied_count("relink-server", "write")
+        c = Connector(client_endpoint(reactor, "127.0.0.1", self.port, tls_as("carol")), "log",
+                      handler, connector_id_size=4, listener_id_size=4)
+        c.start()
+        self.addCleanup(c.stop)
+        yield wait_until(lambda: denied_count("relink-server", "write") > before)
+        self.assertFalse(c.link.attached)
+        c = Connector(client_endpoint(reactor, "127.0.0.1", self.port, tls_as("alice")), "log",
+                      handler, connector_id_size=4, listener_id_size=4)
+        c.start()
+        self.addCleanup(c.stop)
+        link = yield c.when_linked()
+        yield link.channel(3).send([b"in"])
+        log = yield self.store.get("everything")
+        self.assertEqual(list((yield log.read(0)).records()), [b"in"])
+
+
 class UmbrellaTests(unittest.TestCase):
     """
     C{twistd streamproto --auth-policy}: every server gets the policy

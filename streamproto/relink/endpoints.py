@@ -178,6 +178,20 @@ class LogBridgeHandler(ChannelHandler):
         denied(self.server_name, principals, "write", name, f"link {link.link_id} discarded")
         return fail(AuthorizationDenied(f"write to log {name!r} denied"))
 
+    def link_denied(self, principals):
+        """
+        Why a link of C{principals} may not be made, when that is known at
+        the handshake: every channel goes to one log (a template without
+        C{{channel}}) that they may not write.  None otherwise.
+        """
+        if not self.authorizer.enabled or "{channel}" in self.template:
+            return None
+        name = self.template.format(channel=0)
+        if self.authorizer.allows(principals, "write", name):
+            return None
+        denied(self.server_name, principals, "write", name, "handshake ended")
+        return f"write to log {name!r}"
+
     def messages_received(self, link, channel_id, messages):
         refused = self._denied(link, channel_id)
         if refused is not None:

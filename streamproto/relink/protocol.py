@@ -361,6 +361,12 @@ class ListenerProtocol(_LinkedConnection):
             denied(self.factory.server_name, principals, "write", resource,
                    f"handshake from {self._peer()} ended")
             raise ProtocolError(f"forbidden: endpoint {name!r}")
+        # a handler that knows already what the link may not do (the log
+        # bridge writing every channel to one log) says so now
+        link_denied = getattr(self.factory.endpoints[name].handler, "link_denied", None)
+        why = link_denied(principals) if link_denied is not None else None
+        if why:
+            raise ProtocolError(f"forbidden: {why}")
         return principals
 
     def _announce_link(self, link):
