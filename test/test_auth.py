@@ -128,6 +128,32 @@ class PolicyFileTests(unittest.SynchronousTestCase):
         self.assertEqual(policy.token_principal("1"), "token:a")
         self.assertEqual(len(calls), 3)
 
+    def test_auth_command(self):
+        """streamproto auth: new-token, hash-token from stdin, check; 0/1/2 exit statuses."""
+        from io import StringIO
+
+        from streamproto import cli
+        from streamproto.core import authcli
+        out = StringIO()
+        self.assertEqual(authcli.main(["new-token"], stdout=out), 0)
+        token, digest = out.getvalue().split()
+        self.assertEqual(digest, hash_token(token))
+        out = StringIO()
+        self.assertEqual(authcli.main(["hash-token"], stdout=out,
+                                      stdin=StringIO(token + "\n")), 0)
+        self.assertEqual(out.getvalue().strip(), digest)
+        out, err = StringIO(), StringIO()
+        self.assertEqual(authcli.main(["check", write_file(self, EXAMPLE)], stdout=out,
+                                      stderr=err), 0)
+        self.assertIn("3 rules, 1 tokens", out.getvalue())
+        bad = write_file(self, '[[allow]]\nprincipal = "*"\n')
+        self.assertEqual(authcli.main(["check", bad], stdout=out, stderr=err), 1)
+        self.assertIn("'logs' is missing", err.getvalue())
+        self.assertEqual(authcli.main(["frobnicate"], stdout=out, stderr=err), 2)
+        self.assertEqual(authcli.main(["hash-token"], stdout=out, stdin=StringIO("\n"),
+                                      stderr=err), 2)
+        self.assertIn("auth", cli.COMMANDS)
+
     def test_hash_token_command(self):
         from io import StringIO
 
