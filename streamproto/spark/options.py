@@ -6,6 +6,7 @@ that a bad option fails at C{load()} with a clear message instead of inside
 an executor.
 """
 
+import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -36,6 +37,90 @@ class OptionError(ValueError):
     """An option of the streamproto data source is missing or invalid."""
 
 
+#: every option a read takes (Spark adds C{path} for C{.load(path)})
+SOURCE_OPTIONS = (
+    "path", "url", "store", "logs", "log", "logsPattern", "valueFormat", "jsonSchema",
+    "startingOffsets", "endingOffsets", "startingPosition", "maxRecordsPerTrigger",
+    "maxOffsetsPerTrigger", "maxRecordsPerPartition", "minPartitions", "failOnDataLoss",
+    "timeout", "arrowBatchBytes", "arrowBatchRecords", "caCerts", "certificate", "privateKey",
+)
+#: every option a write takes (a streaming write also gets Spark's own
+#: C{checkpointLocation} and C{queryName})
+SINK_OPTIONS = (
+    "url", "log", "logs", "protocol", "batchRecords", "batchBytes", "timeout", "createLog",
+    "caCerts", "certificate", "privateKey", "checkpointLocation", "queryName", "path",
+)
+
+
+def check_known(options, known, what):
+    """
+    @raise OptionError: for an option that is not one of C{known}
+        (case-insensitive, as Spark's options are), naming the closest one.
+    """
+    lookup = {k.lower(): k for k in known}
+    for key in options:
+        if str(key).lower() in lookup:
+            continue
+        close = difflib.get_close_matches(str(key).lower(), list(lookup), n=1, cutoff=0.6)
+        hint = f" (did you mean {lookup[close[0]]!r}?)" if close else ""
+        raise OptionError(f"unknown {what} option {key!r}{hint}; known: "
+                          f"{', '.join(k for k in known if k != 'path')}")
+
+
+#: Kafka's special positions in startingOffsets/endingOffsets JSON
+LATEST, EARLIEST = -1, -2
+
+
+def parse_offsets(raw, option, fleet=False):
+    """
+    C{startingOffsets}/C{endingOffsets} as the Kafka source takes them:
+    C{"earliest"}, C{"latest"}, or a JSON object with a position per log
+    (C{{"events": 120, "beats": -2}}: -2 is earliest, -1 latest), also in
+    Kafka's nested form with a partition: C{{"events": {"0": 120}}} (our
+    logs have one partition, C{"0"}; reading several servers, the
+    partitions are the nodes: C{{"beats": {"styx-1:7123": 10}}}).
+
+    @return: C{"earliest"}, C{"latest"}, or a dict offset key -> position
+        (or L{EARLIEST}/L{LATEST}).
+    """
+    if raw is None or str(raw).strip() == "":
+        return None
+    text = str(raw).strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise OptionError(f"option {option!r} must be earliest, latest or a JSON object "
+                          f"{{\"log\": position}}, not {text!r}")
+    if not isinstance(document, dict) or not document:
+        raise OptionError(f"option {option!r}: a JSON object {{\"log\": position}}, "
+                          f"not {text!r}")
+    from streamproto.spark.planning import node_key
+    offsets = {}
+    for log, value in document.items():
+        entries = value.items() if isinstance(value, dict) else [(None, value)]
+        for partition, position in entries:
+            if isinstance(position, bool) or not isinstance(position, int) or position < -2:
+                raise OptionError(f"option {option!r}: log {log!r}: a position, -1 (latest) "
+                                  f"or -2 (earliest), not {position!r}")
+            if partition is None:
+                key = log
+            elif fleet:
+                key = node_key(partition, log)
+            elif partition == "0":
+                key = log
+            else:
+                raise OptionError(f"option {option!r}: log {log!r} has one partition, \"0\", "
+                                  f"not {partition!r}")
+            try:
+                validate_name(log)
+            except Exception as e:
+                raise OptionError(f"option {option!r}: invalid log name {log!r}: {e}")
+            offsets[key] = position
+    return offsets
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     """
@@ -54,12 +139,14 @@ class SourceOptions:
     urls: tuple = ()
     store: str | None = None
     logs: tuple | None = None
+    logs_pattern: str | None = None
     max_records_per_trigger: int | None = None
     max_records_per_partition: int = DEFAULT_MAX_RECORDS_PER_PARTITION
     min_partitions: int = 2
     value_format: str = "binary"
     json_schema: str | None = None
-    starting_position: str = "earliest"
+    starting_offsets: object = "earliest"
+    ending_offsets: object = None
     fail_on_data_loss: bool = True
     timeout: float = 30.0
     arrow_batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES
@@ -142,8 +229,9 @@ def parse_source_options(options):
     """
     @param options: the (case-insensitive) options dict Spark gives the data source.
     @return: a L{SourceOptions}.
-    @raise OptionError: for a missing or invalid option.
+    @raise OptionError: for a missing, invalid or unknown option.
     """
+    check_known(options, SOURCE_OPTIONS, "read")
     path = _get(options, "path")
     path = str(path) if path not in (None, "") else None
     urls = parse_urls(_get(options, "url"))
@@ -196,9 +284,37 @@ def parse_source_options(options):
     elif json_schema:
         raise OptionError("option 'jsonSchema' only applies with valueFormat=json")
 
-    starting = str(_get(options, "startingPosition") or "earliest").strip().lower()
-    if starting not in ("earliest", "latest"):
-        raise OptionError(f"option 'startingPosition' must be earliest or latest, not {starting!r}")
+    fleet = path is None and len(urls) > 1
+    starting = parse_offsets(_get(options, "startingOffsets"), "startingOffsets", fleet)
+    legacy = _get(options, "startingPosition")
+    if legacy is not None:
+        if starting is not None:
+            raise OptionError("give 'startingOffsets' or its older name 'startingPosition', "
+                              "not both")
+        starting = str(legacy).strip().lower()
+        if starting not in ("earliest", "latest"):
+            raise OptionError(f"option 'startingPosition' must be earliest or latest, "
+                              f"not {starting!r}")
+    ending = parse_offsets(_get(options, "endingOffsets"), "endingOffsets", fleet)
+
+    pattern = _get(options, "logsPattern")
+    if pattern is not None:
+        if logs is not None:
+            raise OptionError("give 'logs' (names) or 'logsPattern' (a regular expression), "
+                              "not both")
+        try:
+            re.compile(str(pattern))
+        except re.error as e:
+            raise OptionError(f"option 'logsPattern': not a regular expression: {e}")
+        pattern = str(pattern)
+
+    per_trigger = _positive_int(options, "maxRecordsPerTrigger", None)
+    alias = _positive_int(options, "maxOffsetsPerTrigger", None)
+    if alias is not None:
+        if per_trigger is not None and per_trigger != alias:
+            raise OptionError("'maxOffsetsPerTrigger' is another name of 'maxRecordsPerTrigger': "
+                              "give one")
+        per_trigger = alias
 
     timeout_raw = _get(options, "timeout")
     try:
@@ -213,13 +329,15 @@ def parse_source_options(options):
         urls=urls,
         store=store,
         logs=logs,
-        max_records_per_trigger=_positive_int(options, "maxRecordsPerTrigger", None),
+        logs_pattern=pattern,
+        max_records_per_trigger=per_trigger,
         max_records_per_partition=_positive_int(
             options, "maxRecordsPerPartition", DEFAULT_MAX_RECORDS_PER_PARTITION),
         min_partitions=_positive_int(options, "minPartitions", 2),
         value_format=value_format,
         json_schema=json_schema,
-        starting_position=starting,
+        starting_offsets=starting or "earliest",
+        ending_offsets=ending,
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         timeout=timeout,
         arrow_batch_bytes=_positive_int(options, "arrowBatchBytes", DEFAULT_ARROW_BATCH_BYTES),
@@ -272,6 +390,7 @@ class SinkOptions:
 
 
 def parse_sink_options(options):
+    check_known(options, SINK_OPTIONS, "write")
     urls = parse_urls(_get(options, "url"))
     if len(urls) != 1:
         raise OptionError("the sink needs exactly one styx-server base URL in option 'url'")

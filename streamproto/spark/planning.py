@@ -151,3 +151,70 @@ def cap_offset(available, target):
     """
     return {log: min(position, target[log]) for log, position in available.items()
             if log in target}
+
+
+def select_logs(bounds, pattern):
+    """The logs of C{bounds} whose name matches C{pattern} (whole name), all without one."""
+    if pattern is None:
+        return bounds
+    import re
+    compiled = re.compile(pattern)
+    return {key: b for key, b in bounds.items() if compiled.fullmatch(split_key(key)[1])}
+
+
+def _named(spec, bounds, option):
+    unknown = sorted(set(spec) - set(bounds))
+    if unknown:
+        raise OffsetError(f"option {option!r} names {', '.join(map(repr, unknown))}, not among "
+                          f"the logs read ({', '.join(sorted(bounds)) or 'none'})")
+
+
+def resolve_start(spec, bounds, batch):
+    """
+    Where a query starts in each log, from C{startingOffsets}.
+
+    @param spec: C{"earliest"}, C{"latest"} or C{{key: position | -2 | -1}}
+        (logs not named start at their beginning).
+    @param bounds: C{{key: (start, end)}} of the logs read.
+    @param batch: a batch query (where, as in Kafka, "latest" is refused: it
+        would read nothing).
+    """
+    if spec == "latest" or (isinstance(spec, dict) and -1 in spec.values()):
+        if batch:
+            raise OffsetError("startingOffsets: latest (or -1) is not allowed in a batch "
+                              "query: it would read nothing")
+    if spec in ("earliest", None):
+        return {key: b[0] for key, b in bounds.items()}
+    if spec == "latest":
+        return {key: b[1] for key, b in bounds.items()}
+    _named(spec, bounds, "startingOffsets")
+    start = {}
+    for key, (first, last) in bounds.items():
+        position = spec.get(key, -2)
+        if position == -2:
+            position = first
+        elif position == -1:
+            position = last
+        elif position > last:
+            raise OffsetError(f"startingOffsets: log {key!r} ends at {last}, before {position}")
+        start[key] = position
+    return start
+
+
+def resolve_end(spec, bounds):
+    """Where a batch query ends in each log, from C{endingOffsets} (exclusive)."""
+    if spec in ("latest", None):
+        return {key: b[1] for key, b in bounds.items()}
+    if spec == "earliest" or (isinstance(spec, dict) and -2 in spec.values()):
+        raise OffsetError("endingOffsets: earliest (or -2) is not allowed: it would read "
+                          "nothing")
+    _named(spec, bounds, "endingOffsets")
+    end = {}
+    for key, (_first, last) in bounds.items():
+        position = spec.get(key, -1)
+        if position == -1:
+            position = last
+        elif position > last:
+            raise OffsetError(f"endingOffsets: log {key!r} ends at {last}, before {position}")
+        end[key] = position
+    return end

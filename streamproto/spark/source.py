@@ -17,10 +17,11 @@ from pyspark.sql.datasource import (
 from streamproto.spark.arrow import ArrowConverter, coalesce
 from streamproto.spark.locations import DataLossError, Location, open_logs, read_range
 from streamproto.spark.options import (
-    FORMAT_NAME, parse_sink_options, parse_source_options, source_schema_ddl,
+    FORMAT_NAME, OptionError, parse_sink_options, parse_source_options, source_schema_ddl,
 )
 from streamproto.spark.planning import (
-    cap_offset, check_offset, limit_offset, ranges_between, split_key, split_ranges,
+    OffsetError, cap_offset, check_offset, limit_offset, ranges_between, resolve_end,
+    resolve_start, select_logs, split_key, split_ranges,
 )
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
@@ -95,8 +96,18 @@ class LogBatchReader(_RangeReading, DataSourceReader):
     def __init__(self, options, schema):
         self._setup(options, schema)
         bounds, self.where = open_logs(self.opts).bounds(self.opts.logs)
-        self.start = {log: b[0] for log, b in bounds.items()}
-        self.end = {log: b[1] for log, b in bounds.items()}
+        bounds = select_logs(bounds, self.opts.logs_pattern)
+        self.end = resolve_end(self.opts.ending_offsets, bounds)
+        self.start = resolve_start(self.opts.starting_offsets, bounds, batch=True)
+        for log, position in self.start.items():
+            if position > self.end[log]:
+                raise OffsetError(f"log {log!r}: startingOffsets {position} is after "
+                                  f"endingOffsets {self.end[log]}")
+            if position < bounds[log][0] and self.opts.fail_on_data_loss:
+                raise DataLossError(
+                    f"log {log!r}: startingOffsets {position} was removed (the log starts at "
+                    f"{bounds[log][0]}); set failOnDataLoss=false to start there")
+            self.start[log] = max(position, bounds[log][0])
 
     def partitions(self):
         return self._partitions(self.start, self.end, self.where)
@@ -113,6 +124,9 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
 
     def __init__(self, options, schema):
         self._setup(options, schema)
+        if self.opts.ending_offsets is not None:
+            raise OptionError("endingOffsets is for batch queries (spark.read), as in the "
+                              "Kafka source; a stream runs on")
         self._logs = open_logs(self.opts)
         self._where = {}
         self._target = None
@@ -121,7 +135,8 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
 
     def _available(self):
         bounds, where = self._logs.bounds(self.opts.logs, missing_ok=True)
-        self._where.update(where)
+        bounds = select_logs(bounds, self.opts.logs_pattern)
+        self._where.update((key, where[key]) for key in bounds)
         return bounds
 
     def __getstate__(self):
@@ -132,9 +147,9 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         return state
 
     def initialOffset(self):
-        bounds = self._available()
-        index = 0 if self.opts.starting_position == "earliest" else 1
-        return {log: b[index] for log, b in sorted(bounds.items())}
+        # only when the query has no checkpoint yet (Kafka's rule too)
+        start = resolve_start(self.opts.starting_offsets, self._available(), batch=False)
+        return dict(sorted(start.items()))
 
     def getDefaultReadLimit(self):
         # Only pyspark >= 4.2 asks (and has the ReadLimit classes).
@@ -216,9 +231,11 @@ class LogDataSource(DataSource):
     """
     The C{streamproto} format.
 
-    Read options: C{path} | C{url}, C{logs}, C{valueFormat}, C{jsonSchema},
-    C{maxRecordsPerTrigger}, C{maxRecordsPerPartition}, C{minPartitions},
-    C{startingPosition}, C{failOnDataLoss}, C{timeout}.
+    Read options: C{path} | C{url} | C{store}, C{logs} | C{logsPattern},
+    C{valueFormat}, C{jsonSchema}, C{startingOffsets}, C{endingOffsets},
+    C{maxRecordsPerTrigger} (C{maxOffsetsPerTrigger}),
+    C{maxRecordsPerPartition}, C{minPartitions}, C{failOnDataLoss},
+    C{timeout}; an unknown option is an error.
     Write options: C{url}, C{log}, C{protocol} (styx | http), C{batchRecords},
     C{createLog}.  See doc/spark.rst.
     """
