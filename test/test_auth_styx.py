@@ -327,3 +327,57 @@ class StyxAuthTests(unittest.TestCase):
         yield producer.close()
         the_log = yield self.store.get("events")
         self.assertEqual(the_log.end_position - 2, 100)
+
+
+class CLITokenTests(unittest.TestCase):
+    """streamproto styx takes the token from $STREAMPROTO_TOKEN, over HTTP and styx/0."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.store = MemoryLogStore()
+        yield self.store.create("events")
+        policy = POLICY + '[[allow]]\nprincipal = "token:ingest"\nlogs = ["events"]\nops = ["read"]\n'
+        port = reactor.listenTCP(0, make_site(self.store, authorizer=PolicyHolder(
+            write_policy(self, policy))), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.host = f"127.0.0.1:{port.getHost().port}"
+
+    @defer.inlineCallbacks
+    def styx(self, *argv, stdin=b""):
+        import io
+        import sys
+
+        from streamproto.styx import cli
+        from test.test_styx_cli_inprocess import Stdout
+        args = cli.parse_args(["-s", self.host] + list(argv))
+        out = Stdout()
+        self.patch(sys, "stdout", out)
+        self.patch(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        self.patch(sys, "stderr", io.StringIO())
+        try:
+            status = yield defer.ensureDeferred(cli.run(reactor, args))
+        except cli.CLIError as e:      # main() prints it and exits 1
+            return 1, str(e).encode()
+        return status, out.bytes()
+
+    @defer.inlineCallbacks
+    def test_token_from_the_environment(self):
+        self.patch(os, "environ", dict(os.environ))
+        os.environ.pop("STREAMPROTO_TOKEN", None)
+        status, out = yield self.styx("produce", "events", stdin=b"a\nb\n")
+        self.assertEqual(status, 1)
+        self.assertIn(b"unauthorized", out)
+        os.environ["STREAMPROTO_TOKEN"] = "ingest-token"
+        for transport in ((), ("--http",)):
+            status, _ = yield self.styx("produce", "events", *transport, stdin=b"a\nb\n")
+            self.assertEqual(status, 0)
+            status, out = yield self.styx("consume", "events", "-n", "2", *transport)
+            self.assertEqual((status, out), (0, b"a\nb\n"))
+        the_log = yield self.store.get("events")
+        self.assertEqual(the_log.end_position, 4)
+        status, out = yield self.styx("logs", "delete", "events")
+        self.assertEqual(status, 1)
+        self.assertIn(b"forbidden", out)
+        self.assertIn("events", self.store.names())

@@ -95,6 +95,8 @@ class StyxClient:
         self.reactor = reactor
         self.base_url = base_url.rstrip("/")
         self.tls_options = tls_options
+        #: the bearer token sent with every request (None: none)
+        self.token = token
         self._own_pool = pool is None and agent is None
         self.pool = pool if pool is not None else HTTPConnectionPool(reactor, persistent=True)
         if agent is None:
