@@ -16,6 +16,7 @@ from streamproto.core.tap import (
     ServerService,
     StoreService,
     check_data_directory,
+    check_auth_policy,
     check_endpoint,
     check_ops_options,
     listen,
@@ -58,6 +59,9 @@ class Options(ConfigurableOptions):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
+        ["auth-policy", None, None,
+         "TOML authorization policy shared by every server (doc/security.rst); "
+         "reloaded on SIGHUP.  Without it everything is allowed."],
         ["pravega-controller", None, "tcp:9090",
          "Endpoint of pravega-server's gRPC controller: tcp:PORT[:interface=HOST], "
          "ssl:PORT:privateKey=..[:certKey=..], mtls:..:caCerts=.., or 'none' for no "
@@ -88,6 +92,7 @@ class Options(ConfigurableOptions):
         check_ops_options(self)
         if check_store_options(self) is None:
             self["data"] = check_data_directory(self["data"])
+        check_auth_policy(self["auth-policy"])
         for endpoints in self["ports"].values():
             for description in endpoints:
                 check_endpoint("listen", description)
@@ -114,7 +119,7 @@ class Options(ConfigurableOptions):
 
 
 #: options every server of the umbrella shares: set once, for all of them
-SHARED = ("data", "metrics", "log-format", "shutdown-timeout")
+SHARED = ("data", "metrics", "log-format", "shutdown-timeout", "auth-policy")
 #: the log store is shared too (reliable-stream-server's --store also
 #: chooses its session store, so its table may set it)
 STORE_KEYS = ("store", "store-ca", "store-cert", "store-key")
@@ -138,6 +143,8 @@ def server_options(name, module, options):
     ports = options["ports"].get(name, [])
     args = table_arguments(sub, table, where, skip={"port"} if ports else set())
     args += ["--data", options["data"], "--shutdown-timeout", str(options["shutdown-timeout"])]
+    if options.get("auth-policy"):
+        args += ["--auth-policy", options["auth-policy"]]
     for endpoint in ports:
         args += ["--port", endpoint]
     args += server_arguments(name, options, table)

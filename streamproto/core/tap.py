@@ -21,8 +21,9 @@ from twisted.python import usage
 from streamproto.core.config import ConfigurableOptions
 from streamproto.core.stores import STORE_PARAMETERS, StoreService, check_store_options
 
-__all__ = ["ServerOptions", "ServerService", "StoreService", "check_data_directory",
-           "check_endpoint", "check_ops_options", "listen", "server_service"]
+__all__ = ["ServerOptions", "ServerService", "StoreService", "check_auth_policy",
+           "check_data_directory", "check_endpoint", "check_ops_options", "listen",
+           "server_service", "watch_policy"]
 
 
 class ServerOptions(ConfigurableOptions):
@@ -40,6 +41,9 @@ class ServerOptions(ConfigurableOptions):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
+        ["auth-policy", None, None,
+         "TOML authorization policy: who may read, write, administer which logs "
+         "(doc/security.rst); reloaded on SIGHUP.  Without it everything is allowed."],
     ] + STORE_PARAMETERS
 
     #: values of C{--store} that name a store of the server's own (not logs)
@@ -67,6 +71,22 @@ class ServerOptions(ConfigurableOptions):
             # the cluster holds everything: nothing of ours on local disk
             self["data"] = os.path.abspath(self["data"])
         check_ops_options(self)
+        self["authorizer"] = check_auth_policy(self.get("auth-policy"))
+
+
+def check_auth_policy(path):
+    """
+    The authorizer of C{--auth-policy}: a L{PolicyHolder} of the file, or
+    L{ALLOW_ALL} without one.  @raise usage.UsageError: the file cannot be
+    read or is not a valid policy (the message says which key and why).
+    """
+    from streamproto.core.auth import ALLOW_ALL, PolicyError, PolicyHolder
+    if not path:
+        return ALLOW_ALL
+    try:
+        return PolicyHolder(path)
+    except PolicyError as e:
+        raise usage.UsageError(f"--auth-policy {e}")
 
 
 def check_ops_options(options):
@@ -269,6 +289,17 @@ def listen(parent, descriptions, factory):
         listener.setServiceParent(parent)
 
 
+def watch_policy(top, options):
+    """
+    Make C{--auth-policy}'s holder reload on SIGHUP while C{top} runs (a
+    L{PolicyService} child; nothing without a policy).
+    """
+    authorizer = options.get("authorizer")
+    if getattr(authorizer, "reload", None) is not None:
+        from streamproto.core.auth import PolicyService
+        PolicyService(authorizer).setServiceParent(top)
+
+
 def server_service(options, factory_from_store, store=None, name=None):
     """
     The usual shape of a server's C{makeService}: a L{ServerService} owning
@@ -290,6 +321,7 @@ def server_service(options, factory_from_store, store=None, name=None):
         store = owner.store
         owner.setServiceParent(top)  # first in, so stopped last
     stores.append(store)
+    watch_policy(top, options)
     tracker = TrackingFactory(factory_from_store(store), name or "server")
     top.trackers.append(tracker)
     listen(top, options["port"], tracker)

@@ -63,6 +63,8 @@ SERVICE_NAME = "io.pravega.controller.stream.api.grpc.v1.ControllerService"
 #: a change is tried this many times against other controllers' changes
 MUTATION_ATTEMPTS = 5
 STATE_LOG = "pravega-controller"
+#: the C{server} label of the controller's denials in the metrics
+SERVER_LABEL = "pravega-controller"
 #: Transaction leases (milliseconds): used when a client asks for 0, and the most it may ask.
 DEFAULT_LEASE_MS = 120_000
 MAX_LEASE_MS = 24 * 3600 * 1000
@@ -1025,11 +1027,22 @@ class ControllerServicer:
 
     log = Logger()
 
-    def __init__(self, state, call, segment_store_address):
+    #: handlers that are given the caller's principals too
+    _WITH_PRINCIPALS = ("getDelegationToken", "listScopes", "listStreamsInScope")
+
+    def __init__(self, state, call, segment_store_address, authorizer=None, tokens=None):
         """
         @param segment_store_address: C{(host, port)}, or a callable
             returning it (read at each getURI).
+        @param authorizer: the L{streamproto.core.auth.IAuthorizer} (default:
+            everyone may do everything, and delegation tokens are empty).
+        @param tokens: the L{streamproto.pravega.auth.DelegationTokens}
+            shared with the segment store.
         """
+        from streamproto.core.auth import ALLOW_ALL
+        from streamproto.pravega.auth import DelegationTokens
+        self.authorizer = authorizer or ALLOW_ALL
+        self.tokens = tokens or DelegationTokens(self.authorizer)
         self.state = state
         self.call = call
         if callable(segment_store_address):
@@ -1082,8 +1095,13 @@ class ControllerServicer:
             for name, (request, fn) in methods.items()})
 
     def _guarded(self, name, fn):
+        with_principals = name in self._WITH_PRINCIPALS
+
         def handle(request, context):
             try:
+                principals = self._authorize(name, request, context)
+                if with_principals:
+                    return fn(request, principals)
                 return fn(request)
             except _RpcError as e:
                 context.abort(e.code, e.details)
@@ -1091,6 +1109,43 @@ class ControllerServicer:
                 self.log.failure("controller {method} failed", method=name)
                 context.abort(self.grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         return handle
+
+    def _authorize(self, name, request, context):
+        """
+        The caller's principals, if the policy lets them call C{name} on
+        the request's scope or stream (L{streamproto.pravega.auth
+        .METHOD_ACCESS}).
+
+        @raise _RpcError: C{UNAUTHENTICATED} for wrong credentials, or none
+            where some are needed; C{PERMISSION_DENIED} otherwise.
+        """
+        from streamproto.core.auth import ANONYMOUS, denied
+        from streamproto.pravega.auth import METHOD_ACCESS, Unauthenticated, grpc_principals
+        if not self.authorizer.enabled:
+            return (ANONYMOUS,)
+        access = METHOD_ACCESS.get(name)
+        try:
+            principals = grpc_principals(context, self.authorizer)
+        except Unauthenticated as e:
+            op, resource_of = access or ("read", lambda request: name)
+            denied(SERVER_LABEL, ("invalid-credentials",), op, resource_of(request), str(e))
+            raise _RpcError(self.grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {e}")
+        if access is not None:
+            op, resource_of = access
+            self._require(principals, op, resource_of(request))
+        return principals
+
+    def _require(self, principals, op, resource):
+        from streamproto.core.auth import denied, is_anonymous
+        if self.authorizer.allows(principals, op, resource):
+            return
+        denied(SERVER_LABEL, principals, op, resource)
+        code = (self.grpc.StatusCode.UNAUTHENTICATED if is_anonymous(principals)
+                else self.grpc.StatusCode.PERMISSION_DENIED)
+        raise _RpcError(code, f"{op} on {resource} denied")
+
+    def _readable(self, principals, resource):
+        return self.authorizer.allows(principals, "read", resource)
 
     # -- helpers ---------------------------------------------------------
     def _ranges(self, scope, stream, segments):
@@ -1129,11 +1184,14 @@ class ControllerServicer:
         return self.pb.ExistsResponse(
             exists=self.call(lambda: request.scope in self.state.scopes))
 
-    def list_scopes(self, request):
+    def list_scopes(self, request, principals):
         # everything in one page; the next call (with our token) gets the end
+        from streamproto.pravega.auth import stream_resource
         if request.continuationToken.token:
             return self.pb.ScopesResponse(continuationToken=request.continuationToken)
         scopes = self.call(lambda: sorted(self.state.scopes))
+        if self.authorizer.enabled:
+            scopes = [s for s in scopes if self._readable(principals, stream_resource(s))]
         return self.pb.ScopesResponse(scopes=scopes,
                                       continuationToken=self.pb.ContinuationToken(token="end"))
 
@@ -1173,7 +1231,8 @@ class ControllerServicer:
     def check_stream_exists(self, request):
         return self.pb.ExistsResponse(exists=self._stream(request) is not None)
 
-    def list_streams(self, request):
+    def list_streams(self, request, principals):
+        from streamproto.pravega.auth import stream_resource
         pb = self.pb
         scope = request.scope.scope
         streams = self.call(lambda: None if scope not in self.state.scopes
@@ -1182,6 +1241,9 @@ class ControllerServicer:
             return pb.StreamsInScopeResponse(status=pb.StreamsInScopeResponse.SCOPE_NOT_FOUND)
         if request.continuationToken.token:
             streams = []
+        if self.authorizer.enabled:
+            streams = [s for s in streams if self._readable(principals,
+                                                            stream_resource(scope, s))]
         return pb.StreamsInScopeResponse(
             streams=[pb.StreamInfo(scope=scope, stream=s) for s in streams],
             continuationToken=pb.ContinuationToken(token="end"))
@@ -1292,8 +1354,20 @@ class ControllerServicer:
         return self.pb.SegmentValidityResponse(
             response=request.segmentId in {i for i, _, _ in layout.active()})
 
-    def get_delegation_token(self, request):
-        return self.pb.DelegationToken(delegationToken="")
+    def get_delegation_token(self, request, principals):
+        """
+        A signed token carrying the caller's principals to the segment
+        store (see L{streamproto.pravega.auth}), for a caller that may
+        read, write or administer the stream; empty without a policy.
+        """
+        from streamproto.core.auth import OPS
+        from streamproto.pravega.auth import stream_resource
+        if not self.authorizer.enabled:
+            return self.pb.DelegationToken(delegationToken="")
+        resource = stream_resource(request.scope, request.stream)
+        if not any(self.authorizer.allows(principals, op, resource) for op in OPS):
+            self._require(principals, "read", resource)
+        return self.pb.DelegationToken(delegationToken=self.tokens.issue(principals, resource))
 
     def remove_writer(self, request):
         return self.pb.RemoveWriterResponse()
@@ -1438,10 +1512,14 @@ class ControllerService(service.Service):
 
     def __init__(self, store, segments, host, port, segment_store_address, reactor=None,
                  max_workers=8, expiry_interval=1.0, tls=None, retention_interval=60.0,
-                 store_listener=None):
+                 store_listener=None, authorizer=None, tokens=None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
+        #: who may do what (L{streamproto.core.auth.IAuthorizer}; None: everyone)
+        self.authorizer = authorizer
+        #: the delegation tokens shared with the segment store
+        self.tokens = tokens
         self.expiry_interval = expiry_interval
         self.retention_interval = retention_interval
         self.store_listener = store_listener
@@ -1491,7 +1569,8 @@ class ControllerService(service.Service):
         def call(fn, *args):
             return blockingCallFromThread(self.reactor, run, fn, args)
 
-        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address)
+        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address,
+                                      authorizer=self.authorizer, tokens=self.tokens)
         # grpcio binds with SO_REUSEPORT by default: a second server on the
         # same port would start "fine" and take half of the connections
         server = grpc.server(futures.ThreadPoolExecutor(

@@ -13,8 +13,9 @@ from twisted.application import service
 from twisted.logger import Logger
 
 from streamproto.log.interfaces import log_problems
+from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import (
-    ServerOptions, ServerService, listen, positive_float, positive_int,
+    ServerOptions, ServerService, listen, positive_float, positive_int, watch_policy,
 )
 from streamproto.reliable import codec
 from streamproto.reliable.server import DEFAULT_WINDOW, SERVER_NAME, ReliableStreamFactory
@@ -114,8 +115,10 @@ def makeService(options, store=None):
     sessions = make_store(options)
     # added first so that it stops last, after the connections are drained
     SessionStoreService(sessions).setServiceParent(top)
+    watch_policy(top, options)
     factory = ReliableStreamFactory(sessions, rate=options["rate"], max_line=options["max-line"],
-                                    window=options["window"])
+                                    window=options["window"],
+                                    authorizer=options.get("authorizer", ALLOW_ALL))
     tracker = TrackingFactory(factory, SERVER_NAME)
     top.trackers.append(tracker)
     listen(top, options["port"], tracker)

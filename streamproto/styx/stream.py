@@ -694,3 +694,40 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
     _log.debug("styx/0 {role} stream on {log} started", role=protocol.role, log=log.name)
     protocol.early_data_received(early)
     return NOT_DONE_YET
+
+
+class _Refused(Protocol):
+    """Sends one Error message and closes (what a denied stream gets)."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def connectionMade(self):
+        self.transport.write(encode_error(self.code))
+        self.transport.loseConnection()
+
+    def early_data_received(self, data):
+        pass  # a producer's records: dropped, nothing was acknowledged
+
+
+def refuse(request, error, timeout=DEFAULT_TIMEOUT):
+    """
+    Deny a styx/0 upgrade request the stream's way: 101, then an Error
+    message (C{UNAUTHORIZED} or C{FORBIDDEN} for the L{APIError} C{error}
+    of the authorization policy), then close.  Nothing touched the log.
+
+    @return: C{NOT_DONE_YET}.
+    """
+    if request.channel is None or request.channel.transport is None:
+        return _error_response(request, error)
+    code = ErrorCode.UNAUTHORIZED if error.code == "unauthorized" else ErrorCode.FORBIDDEN
+    protocol = _Refused(code)
+    _early_bytes(request)
+    transport = take_over(request, protocol)
+    transport.write(b"HTTP/1.1 101 Switching Protocols\r\n"
+                    b"Upgrade: styx/0\r\n"
+                    b"Connection: Upgrade\r\n"
+                    b"X-Styx-Timeout: %d\r\n\r\n" % max(MIN_TIMEOUT, int(timeout)))
+    transport.resumeProducing()
+    protocol.makeConnection(transport)
+    return NOT_DONE_YET
