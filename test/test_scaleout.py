@@ -193,3 +193,54 @@ class FrontEndTests(unittest.SynchronousTestCase):
         self.assertIn("log store nats://127.0.0.1:", critical[0])
         self.assertIn("cannot be reached", critical[0])
         self.assertNotIn("Traceback", out)
+
+    def test_two_pravega_front_ends_share_scopes_and_streams(self):
+        """
+        The controller's state lives in the store: a stream created through
+        one pravega-server's controller is served by the other's, and the
+        events one segment store took are read through the other.
+        """
+        servers = []
+        for _ in range(2):
+            store_port, controller_port = free_port(), free_port()
+            self.start("pravega-server", "--store", self.store,
+                       "--port", f"tcp:{store_port}:interface=127.0.0.1",
+                       "--controller", f"tcp:{controller_port}:interface=127.0.0.1",
+                       "--advertise", f"127.0.0.1:{store_port}")
+            servers.append((store_port, controller_port))
+        for store_port, controller_port in servers:
+            self.wait_port(store_port)
+            self.wait_port(controller_port)
+
+        def pravega(server, *argv, input=None):
+            store_port, controller_port = server
+            result = subprocess.run(
+                [sys.executable, "-m", "streamproto", "pravega", "-s",
+                 f"127.0.0.1:{store_port}", "-c", f"127.0.0.1:{controller_port}", *argv],
+                env=self.env, capture_output=True, input=input, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr.decode())
+            return result.stdout.decode()
+
+        a, b = servers
+        pravega(a, "scope", "create", "shared")
+        pravega(a, "stream", "create", "shared/events", "--segments", "2")
+        self.assertEqual(pravega(b, "stream", "list", "shared").split(), ["shared/events"])
+        pravega(a, "write", "shared/events/0.#epoch.0", input=b"one\ntwo\n")
+        self.assertEqual(pravega(b, "read", "shared/events/0.#epoch.0").split(),
+                         ["one", "two"])
+        # a change through b, seen through a
+        pravega(b, "stream", "create", "shared/more")
+        self.assertEqual(pravega(a, "stream", "list", "shared").split(),
+                         ["shared/events", "shared/more"])
+
+    def wait_port(self, port):
+        import socket
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.fail(f"nothing listens on {port}")
+                time.sleep(0.1)

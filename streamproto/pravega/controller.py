@@ -1552,7 +1552,7 @@ class ControllerService(service.Service):
 
         self.failure = None
         self._remove_check = add_readiness_check(self._problems)
-        self.ready = self.state.open()
+        self.ready = self._open()
         if self.segment_store_address[1] == 0 and self.store_listener is not None:
             self.ready.addCallback(lambda _: self._resolve_store_port())
         self.ready.addErrback(self._failed)
@@ -1606,6 +1606,33 @@ class ControllerService(service.Service):
                       host=self.host, port=self.port,
                       tls="plain" if self.tls is None else
                       "TLS" if self.tls.client_ca is None else "TLS, client certificates")
+
+    @defer.inlineCallbacks
+    def _open(self):
+        """
+        Read the state; while the store cannot answer (a cluster electing
+        a leader, not reachable yet), try again with a growing pause:
+        C{/ready} and every request say why meanwhile.  Damaged state is
+        not retried (L{_failed}).
+        """
+        from twisted.internet.task import deferLater
+        delay = 0.5
+        while True:
+            try:
+                yield self.state.open()
+            except ControllerStateDamaged:
+                raise
+            except Exception as e:  # noqa: BLE001 - the store's own transient errors
+                if not self.running:
+                    raise
+                self.failure = e
+                self.log.warn("pravega controller: cannot read its state yet ({error}); "
+                              "trying again in {delay:g} s", error=e, delay=delay)
+                yield deferLater(self.reactor, delay, lambda: None)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.failure = None
+            return None
 
     def _failed(self, failure):
         """
