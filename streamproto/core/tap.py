@@ -14,10 +14,11 @@ import sys
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
-from twisted.internet import defer, ssl
+from twisted.internet import defer
 from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
+from streamproto.core.compat import endpoint_tls_options, fail_at_start
 from streamproto.core.config import ConfigurableOptions
 from streamproto.core.stores import STORE_PARAMETERS, StoreService, check_store_options
 
@@ -268,14 +269,14 @@ def server_endpoint(description, reactor=None):
     accept clients offering ALPN protocols the server does not speak
     (L{streamproto.core.tls.tolerate_alpn}).
     """
-    from twisted.internet.endpoints import SSL4ServerEndpoint, serverFromString
+    from twisted.internet.endpoints import serverFromString
 
     from streamproto.core.tls import tolerate_alpn
     if reactor is None:
         from twisted.internet import reactor
     endpoint = serverFromString(reactor, description)
-    options = getattr(endpoint, "_sslContextFactory", None)
-    if isinstance(endpoint, SSL4ServerEndpoint) and isinstance(options, ssl.CertificateOptions):
+    options = endpoint_tls_options(endpoint)
+    if options is not None:
         tolerate_alpn(options)
     return endpoint
 
@@ -284,7 +285,7 @@ def listen(parent, descriptions, factory):
     """Add one listening service per endpoint description to C{parent}."""
     for description in descriptions:
         listener = StreamServerEndpointService(server_endpoint(description), factory)
-        listener._raiseSynchronously = True     # as strports.service: fail twistd at start
+        fail_at_start(listener)     # as strports.service: fail twistd at start
         listener._streamproto_listener = True
         listener.setServiceParent(parent)
 

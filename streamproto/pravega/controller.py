@@ -44,6 +44,7 @@ from twisted.application import service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
+from streamproto.core.compat import listening_port
 from streamproto.core.ops import add_readiness_check
 
 # gRPC's fork support (on by default in grpcio's core) re-creates its
@@ -1666,8 +1667,7 @@ class ControllerService(service.Service):
 
     def _resolve_store_port(self):
         """Learn the segment store's port from its listener (it was asked for port 0)."""
-        # StreamServerEndpointService keeps the Deferred of its listen()
-        waiting = getattr(self.store_listener, "_waitingForPort", None)
+        waiting = listening_port(self.store_listener)
         if waiting is None:
             self.log.warn("cannot learn the segment store's port: clients are told port 0")
             return None

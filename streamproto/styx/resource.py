@@ -33,6 +33,7 @@ from twisted.web.resource import Resource
 from twisted.web.static import NoRangeStaticProducer
 from zope.interface import implementer
 
+from streamproto.core.compat import request_gone
 from streamproto.core.auth import ALLOW_ALL
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogError, LogExists, RecordTooLarge
@@ -599,7 +600,7 @@ class RecordStreamer:
                         log=self.log.name, position=self.position)
         self._done()
         self.request.unregisterProducer()
-        if self.request._disconnected:
+        if request_gone(self.request):
             return
         if not self.request.startedWriting:
             # nothing sent yet: the client still gets a proper JSON error
@@ -805,7 +806,7 @@ class StyxResource(Resource):
 
     # responses ----------------------------------------------------------
     def _json(self, request, value, status=200):
-        if request._disconnected:
+        if request_gone(request):
             return  # the client left while we worked; finish() would raise
         body = render_json(value)
         request.setResponseCode(status)
@@ -815,7 +816,7 @@ class StyxResource(Resource):
         request.finish()
 
     def _empty(self, request, status=200):
-        if request._disconnected:
+        if request_gone(request):
             return
         request.setResponseCode(status)
         request.setHeader(b"Content-Length", b"0")
@@ -835,7 +836,7 @@ class StyxResource(Resource):
             log.debug("{method} {path}: {code} {message}", method=request.method,
                       path=request.path, code=error.code, message=error.message)
         self.metrics.error(error.code)
-        if request.finished or request._disconnected:
+        if request.finished or request_gone(request):
             return
         if request.startedWriting:
             # the status line went out already: cut the response short
@@ -867,7 +868,7 @@ class StyxResource(Resource):
             except Exception:
                 continue  # deleted meanwhile, or unavailable
         body = self.metrics.render(infos)
-        if request._disconnected:
+        if request_gone(request):
             return
         request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
         request.setHeader(b"Content-Length", str(len(body)).encode())
@@ -968,7 +969,7 @@ class StyxResource(Resource):
         directory = self._log_directory(name)
         from twisted.internet.threads import deferToThread
         archive = yield deferToThread(_tar_directory, directory)
-        if request._disconnected:
+        if request_gone(request):
             archive.close()
             return
         filename = f"{name}-{int(time.time())}.tar.gz"
@@ -1201,7 +1202,7 @@ class StyxResource(Resource):
             except defer.CancelledError:
                 return
             batch = yield the_log.read(position, max_records=1)
-        if request._disconnected:
+        if request_gone(request):
             return
         if not len(batch):
             self._empty(request)

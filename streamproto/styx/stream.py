@@ -24,6 +24,7 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from streamproto.core.compat import redirect_channel_input, take_buffered_data
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge, WriteFailed,
 )
@@ -593,11 +594,7 @@ def _early_bytes(request):
         body = content.read()
         if body:
             early.append(body)
-    channel = request.channel
-    buffered = getattr(channel, "_dataBuffer", None)
-    if buffered:
-        early.extend(buffered)
-        channel._dataBuffer = []
+    early.extend(take_buffered_data(request.channel))
     return b"".join(early)
 
 
@@ -622,8 +619,7 @@ def take_over(request, protocol):
         transport.protocol = protocol
     # if render ran from inside the channel's dataReceived, the rest of that
     # read is still in its line buffer and comes to rawDataReceived next
-    channel.rawDataReceived = protocol.early_data_received
-    channel.lineReceived = lambda line: protocol.early_data_received(line + b"\r\n")
+    redirect_channel_input(channel, protocol.early_data_received)
     return transport
 
 
