@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial import unittest
 
-from streamproto.log.errors import LogFailed
+from streamproto.log.errors import StoreUnavailable, WriteFailed
 from streamproto.log.jetstream import JetStreamLogStore
 from test.jetstream_fake import FakeJetStream, InlineBridge
 
@@ -112,7 +112,7 @@ class ChainTests(unittest.SynchronousTestCase):
         self.io.faults.append(10047)  # insufficient resources
         refused = log.append([b"refused"])
         self.run_clock(1)
-        self.failureResultOf(refused, LogFailed)
+        self.failureResultOf(refused, WriteFailed)
         self.assertEqual(self.successResultOf(log.append([b"next"])).first_position, 0)
         self.assertEqual(self.records(log), [b"next"])
 
@@ -143,7 +143,7 @@ class ChainTests(unittest.SynchronousTestCase):
 
     def test_outage_fails_appends_within_the_timeout(self):
         """
-        With the cluster unreachable, an append fails with L{LogFailed}
+        With the cluster unreachable, an append fails with L{StoreUnavailable}
         within the store's timeout (never acknowledged, never hanging), the
         store reports the problem, and appends work again once the cluster
         answers.
@@ -154,8 +154,10 @@ class ChainTests(unittest.SynchronousTestCase):
         self.io.down = True
         d = log.append([b"during"])
         self.run_clock(3.5)
-        self.failureResultOf(d, LogFailed)
-        self.failureResultOf(log.append([b"refused at once"]), LogFailed)
+        self.failureResultOf(d, StoreUnavailable)
+        self.failureResultOf(log.append([b"refused at once"]), StoreUnavailable)
+        self.assertIsNone(log.failed)     # transient: not a fail-stop
+        self.assertEqual(log.info()["status"], "unavailable")
         self.assertTrue(store.problems())
         self.io.down = False
         self.run_clock(2)

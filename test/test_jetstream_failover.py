@@ -21,7 +21,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.trial import unittest
 
-from streamproto.log.errors import LogFailed
+from streamproto.log.errors import LogFailed, StoreUnavailable
 from streamproto.log.jetstream import JetStreamLogStore
 from test.natsutil import NatsCluster
 
@@ -69,7 +69,7 @@ class Ingest:
             self.ack_times.append(time.monotonic())
 
         def failed(f):
-            f.trap(LogFailed)
+            f.trap(LogFailed, StoreUnavailable)
             self.failures.append(f.getErrorMessage())
             # a writer backs off a little and goes on (as our servers'
             # clients retry)
@@ -178,7 +178,7 @@ class FailoverTrials(unittest.TestCase):
         waited = time.monotonic() - started
         print(f"\nsync {self.sync_interval}: no quorum: the append failed after {waited:.2f} s")
         self.assertTrue(outcomes, "the append hung")
-        self.assertIsInstance(outcomes[0].value, LogFailed)
+        self.assertIsInstance(outcomes[0].value, StoreUnavailable)
         self.assertLess(waited, 3.0 + 5.0)
         self.cluster.start_node(1)
         deadline = time.monotonic() + 60
@@ -186,7 +186,7 @@ class FailoverTrials(unittest.TestCase):
             try:
                 yield log_.append([b"after"])
                 break
-            except LogFailed:
+            except StoreUnavailable:
                 if time.monotonic() > deadline:
                     raise
                 yield sleep(0.5)

@@ -216,6 +216,6 @@ def log_problems(logs):
     for log in list(logs):
         status = log.info()["status"]
         if status != "ok":
-            cause = getattr(log, "failed", None)
+            cause = getattr(log, "failed", None) or getattr(log, "unavailable", None)
             found.append(f"log {log.name}: {status}" + (f": {cause}" if cause else ""))
     return found

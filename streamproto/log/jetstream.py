@@ -48,6 +48,7 @@ Followers
 """
 
 import bisect
+import functools
 import itertools
 import json
 import time
@@ -66,7 +67,7 @@ from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge,
+    RecordTooLarge, StoreUnavailable, WriteFailed,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.msgindex import BodyCache, MessageIndex, holds
@@ -101,6 +102,23 @@ GHOST_SECONDS = 300
 INIT_MSG_ID = "streamproto-init"
 
 _log_ids = itertools.count(1)
+
+
+def _store_errors(method):
+    """
+    The cluster's own errors (no answer, no leader) out of an ILog/ILogStore
+    method as L{StoreUnavailable}, a L{LogFailed}: what every protocol
+    already reports as its "not available" error.
+    """
+    def translated(failure):
+        if failure.check(NotAvailable, JetStreamError):
+            raise StoreUnavailable(f"JetStream: {failure.getErrorMessage()}")
+        return failure
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        return method(*args, **kwargs).addErrback(translated)
+    return wrapper
 
 
 def _default_clock():
@@ -182,6 +200,9 @@ class JetStreamLog:
         self.config = config
         self.stream = stream_name(store.prefix, name)
         self.failed = None
+        #: a L{StoreUnavailable} while the cluster has not answered for
+        #: C{timeout} seconds (appends fail at once), else None
+        self.unavailable = None
         self._id = next(_log_ids)
         self._clock = store.clock
         self._closed = False
@@ -404,6 +425,8 @@ class JetStreamLog:
             return fail(LogClosed(self.name))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
+        if self.unavailable is not None:
+            return fail(StoreUnavailable(str(self.unavailable)))
         if isinstance(records, RecordBatch):
             lengths, data = records.lengths, records.data
         else:
@@ -579,7 +602,9 @@ class JetStreamLog:
                 # refused for its own sake (too large, no space...): this
                 # append fails; the chain resynchronises for the others
                 for chunk in message.chunks:
-                    self._fail_append(chunk.append, LogFailed(
+                    # nothing of it stored, the log goes on: as the file
+                    # store's rolled-back write (a full disk)
+                    self._fail_append(chunk.append, WriteFailed(
                         f"JetStream refused the append: {error}"))
         self._begin_resync(error)
 
@@ -674,8 +699,9 @@ class JetStreamLog:
         if self._closed:
             return
         self._unavailable_since = None
-        if isinstance(self.failed, LogFailed) and getattr(self.failed, "transient", False):
-            self.failed = None
+        if self.unavailable is not None:
+            log.info("log {name}: JetStream answers again", name=self.name)
+            self.unavailable = None
         # what was not stored goes again, in order, with fresh positions
         again = []
         now = self._clock.seconds()
@@ -752,16 +778,17 @@ class JetStreamLog:
         since = self._unavailable_since
         if since is None:
             since = self._clock.seconds()
-        if self._clock.seconds() - since >= self.store.timeout and self.failed is None:
-            failure = LogFailed(f"JetStream unavailable for {self.store.timeout:g}s: {error}")
-            failure.transient = True
-            self.failed = failure
-            log.error("log {name}: {error}", name=self.name, error=failure)
+        if self._clock.seconds() - since >= self.store.timeout and self.unavailable is None:
+            # transient (not C{failed}, which is for good): appends fail at
+            # once until the cluster answers again
+            self.unavailable = StoreUnavailable(
+                f"JetStream unavailable for {self.store.timeout:g}s: {error}")
+            log.error("log {name}: {error}", name=self.name, error=self.unavailable)
             for a in list(self._pending):
-                self._fail_append(a, LogFailed(str(failure)))
+                self._fail_append(a, StoreUnavailable(str(self.unavailable)))
 
     def _fail_stop(self, error):
-        if self.failed is None or getattr(self.failed, "transient", False):
+        if self.failed is None:
             self.failed = error
             log.error("log {name} stopped: {error}", name=self.name, error=error)
         for a in list(self._pending):
@@ -782,9 +809,9 @@ class JetStreamLog:
         now = self._clock.seconds()
         for a in list(self._pending):
             if a.deadline <= now:
-                why = self.failed or (self._inflight and self._inflight[0].error) \
-                    or "no acknowledgement"
-                self._fail_append(a, LogFailed(
+                why = self.failed or self.unavailable or (
+                    self._inflight and self._inflight[0].error) or "no acknowledgement"
+                self._fail_append(a, StoreUnavailable(
                     f"JetStream did not acknowledge within {self.store.timeout:g}s ({why})"))
 
     # -- reading ---------------------------------------------------------
@@ -795,6 +822,7 @@ class JetStreamLog:
             raise PositionOutOfRange(
                 f"position {position} outside [{self.start_position}, {self.end_position}]")
 
+    @_store_errors
     def read(self, position, max_records=-1, max_bytes=1048576):
         try:
             self._check(position)
@@ -920,6 +948,7 @@ class JetStreamLog:
             if self.store.cache.get((self._id, seq)) is None:
                 self._fetch_body(seq).addErrback(lambda f: None)
 
+    @_store_errors
     def read_bytes(self, offset, max_bytes=1048576):
         if self._closed:
             return fail(LogClosed(self.name))
@@ -938,6 +967,7 @@ class JetStreamLog:
             return succeed(cut(found))
         return self._load("offset", offset).addCallback(cut)
 
+    @_store_errors
     def position_of_offset(self, offset):
         if self._closed:
             return fail(LogClosed(self.name))
@@ -967,6 +997,7 @@ class JetStreamLog:
         return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
 
     # -- truncation and retention ----------------------------------------
+    @_store_errors
     def truncate(self, position=None):
         if self._closed:
             return fail(LogClosed(self.name))
@@ -982,6 +1013,7 @@ class JetStreamLog:
             return self._truncate(position, info.offset + _offsets(entry)[position - info.position])
         return self._load("position", position).addCallback(at)
 
+    @_store_errors
     def truncate_offset(self, offset):
         if self._closed:
             return fail(LogClosed(self.name))
@@ -1073,9 +1105,7 @@ class JetStreamLog:
     # -- the rest --------------------------------------------------------
     def info(self):
         if self.failed is None:
-            status = "ok"
-        elif getattr(self.failed, "transient", False):
-            status = "unavailable"
+            status = "ok" if self.unavailable is None else "unavailable"
         elif isinstance(self.failed, CorruptLog):
             status = "corrupt"
         else:
@@ -1104,6 +1134,8 @@ class JetStreamLog:
         def done(_):
             if self.failed is not None:
                 raise LogFailed(str(self.failed))
+            if self.unavailable is not None:
+                raise StoreUnavailable(str(self.unavailable))
             return self.end_position
         return defer.gatherResults(waits).addCallback(done)
 
@@ -1296,6 +1328,7 @@ class JetStreamLogStore:
     def names(self):
         return sorted(self._names)
 
+    @_store_errors
     def create(self, name, config=None):
         try:
             self._check_name(name)
@@ -1303,6 +1336,7 @@ class JetStreamLogStore:
             return fail(e)
         return self._when_ready(self._create, name, config or LogConfig(), True)
 
+    @_store_errors
     def get(self, name):
         try:
             self._check_name(name)
@@ -1310,6 +1344,7 @@ class JetStreamLogStore:
             return fail(e)
         return self._when_ready(self._get, name)
 
+    @_store_errors
     def get_or_create(self, name, config=None):
         try:
             self._check_name(name)
@@ -1416,6 +1451,7 @@ class JetStreamLogStore:
             result = yield self._create(name, config, False)
         return result
 
+    @_store_errors
     def delete(self, name):
         try:
             self._check_name(name)

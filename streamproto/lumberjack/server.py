@@ -35,6 +35,7 @@ from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.errors import log_failure
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.core.tls import peer_identity
@@ -463,8 +464,10 @@ class LumberjackServerProtocol(Protocol):
     @_machine.output()
     def _log_store_failure(self, failure):
         self._writing = False
-        self.log.failure("lumberjack: storing events from {peer} failed; closing without ack",
-                         failure, peer=self.peer)
+        # the store's own errors (full, a cluster without a quorum) are one
+        # line; the client sends the batch again
+        log_failure(self.log, failure, "lumberjack: storing events from {peer} failed, "
+                    "closing without ack", peer=self.peer)
 
     @_machine.output()
     def _disconnect(self):

@@ -23,9 +23,10 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.errors import log_failure
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL
-from streamproto.log.errors import CorruptLog, LogFailed
+from streamproto.log.errors import CorruptLog, LogError, LogFailed
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
 from streamproto.pravega.segments import (
@@ -373,9 +374,15 @@ class PravegaServerProtocol(Protocol):
         self._drain()
 
     def _internal_error(self, f, cmd):
-        self.log.failure("handling {command!r} from {peer}", f, command=cmd, peer=self.peer)
+        log_failure(self.log, f, "handling {command!r} from {peer}", command=cmd,
+                    peer=self.peer)
         if not self.closed:
-            self._abort("internal error", "internal_error")
+            if f.check(LogError):
+                # the store could not answer (a cluster electing a leader):
+                # the client reconnects and tries again
+                self._abort("storage unavailable", "storage_failure")
+            else:
+                self._abort("internal error", "internal_error")
 
     def _reply_error(self, f, cmd):
         """Answer a failed request with its error reply (see L{ERROR_REPLIES})."""
@@ -549,14 +556,14 @@ class PravegaServerProtocol(Protocol):
             # writers on this connection carry on.
             if not state.failed:
                 state.failed = True
-                self.log.failure("append to {segment} failed", f, segment=append.segment)
+                log_failure(self.log, f, "append to {segment} failed", segment=append.segment)
                 self.send(codec.ErrorMessage(append.request_id, append.segment,
                                              storage_failure_message(f.value), UNSPECIFIED))
         elif not self.closed:
             # a transient storage error (a write that failed and was rolled
             # back, the store closing): close, so that the writer reconnects
             # and resends what was not acknowledged
-            self.log.failure("append to {segment} failed", f, segment=append.segment)
+            log_failure(self.log, f, "append to {segment} failed", segment=append.segment)
             self._abort("storage failure", "storage_failure")
 
     def _append_settled(self, _, size):

@@ -24,9 +24,11 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from streamproto.core.errors import log_failure
 from streamproto.core.compat import redirect_channel_input, take_buffered_data
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge, WriteFailed,
+    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+    StoreUnavailable, WriteFailed,
 )
 from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
@@ -70,7 +72,7 @@ def error_code_for(failure_or_exception):
     exc = getattr(failure_or_exception, "value", failure_or_exception)
     if isinstance(exc, LogNotFound):
         return ErrorCode.LOG_NOT_FOUND
-    if isinstance(exc, (LogClosed, LogFailed, CorruptLog, WriteFailed)):
+    if isinstance(exc, (LogClosed, LogFailed, CorruptLog, WriteFailed, StoreUnavailable)):
         # WriteFailed: the disk is full; the append was rolled back
         return ErrorCode.LOG_NOT_AVAILABLE
     if isinstance(exc, PositionOutOfRange):
@@ -444,7 +446,7 @@ class ProducerStream(_StyxStream):
         self._appends_in_flight -= 1
         self._pending_bytes -= nbytes
         code = error_code_for(failure)
-        _log.failure("styx/0 producer on {log}: append failed", failure, log=self._log.name)
+        log_failure(_log, failure, "styx/0 producer on {log}: append failed", log=self._log.name)
         self.finish(code)
 
     def _send_ack(self):
@@ -550,8 +552,8 @@ class ConsumerStream(_StyxStream):
 
     def _failed(self, failure):
         code = error_code_for(failure)
-        _log.failure("styx/0 consumer on {log} failed at {position}", failure,
-                     log=self._log.name, position=self.position)
+        log_failure(_log, failure, "styx/0 consumer on {log} failed at {position}",
+                    log=self._log.name, position=self.position)
         self.finish(code)
 
     def _on_end(self):
