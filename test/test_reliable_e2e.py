@@ -206,3 +206,50 @@ class TapAndCLITests(TestCase):
         self.assertEqual(cli.main(["server"]), 2)
         self.assertEqual(cli.main(["client", "--count", "0"]), 2)
         self.assertEqual(cli.main(["client", "--retry-delay", "1"]), 2)
+
+
+class JetStreamSessionsTests(TestCase):
+    """Sessions in a JetStream bucket: a session resumes on another front-end."""
+
+    timeout = 120
+
+    def setUp(self):
+        self.servers = Servers(self)
+
+    @defer.inlineCallbacks
+    def test_front_end_killed_session_resumes_on_another(self):
+        """
+        The client's front-end dies mid-stream; another front-end (its own
+        store, the same cluster) takes the address, as behind a load
+        balancer: the client resumes there and gets the whole stream, each
+        message once, in order.
+        """
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        from test.natsutil import shared_cluster, unique_prefix
+        cluster = shared_cluster()
+        prefix = unique_prefix(self)
+        store_a = JetStreamSessionStore(cluster.urls, prefix=prefix)
+        self.addCleanup(store_a.close)
+        port, tracked = yield self.servers.listen(ReliableStreamFactory(store_a, rate=2000))
+        number = port.getHost().port
+        endpoint = client_endpoint(reactor, "127.0.0.1", number)
+        d = StatefulClient(endpoint, 3000, ack_every=16).run()
+        before = 0
+        for _ in range(500):
+            yield task.deferLater(reactor, 0.02, lambda: None)
+            known = list(store_a._known.values())
+            before = known[0][1].last_id if known else 0
+            if before >= 300:
+                break
+        self.assertTrue(300 <= before < 3000, before)
+        yield port.stopListening()
+        yield tracked.close_all()
+        yield store_a.close()
+        store_b = JetStreamSessionStore(cluster.urls, prefix=prefix)
+        self.addCleanup(store_b.close)
+        port2 = yield TCP4ServerEndpoint(reactor, number, interface="127.0.0.1").listen(
+            TrackingFactory(ReliableStreamFactory(store_b)))
+        self.addCleanup(port2.stopListening)
+        result = yield d
+        check_stream(self, result, 3000)
+        self.assertGreaterEqual(result.reconnects, 1)

@@ -240,3 +240,75 @@ class SQLiteSessionStoreTests(SessionStoreTestsMixin, TestCase):
         self.assertNotIn("b", store)
         yield store.close()
         self.assertEqual(self.open()._table.sessions, {})
+
+
+class JetStreamSessionStoreTests(SessionStoreTestsMixin, TestCase):
+    """The same suite on a real three-node JetStream cluster (a key-value bucket)."""
+
+    timeout = 60
+
+    def make_store(self):
+        from test.natsutil import shared_cluster, unique_prefix
+        self.cluster = shared_cluster()
+        self.prefix = unique_prefix(self)
+        return self.open()
+
+    def open(self):
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        store = JetStreamSessionStore(self.cluster.urls, clock=self.clock, expiry=EXPIRY,
+                                      prefix=self.prefix)
+        self.addCleanup(store.close)
+        return store
+
+    @defer.inlineCallbacks
+    def test_resumes_on_another_front_end(self):
+        """
+        A session written through one store (front-end A) goes on through
+        another on the same cluster (front-end B), exactly where it was.
+        """
+        yield self.store.register("s", {"n": 0, "seen": []})
+        yield self.put_n("s", 3)
+        yield self.store.ack("s", 1)
+        yield self.store.disconnect("s")
+        b = self.open()
+        self.assertEqual((yield b.after("s", 1)), Message(2, {"value": 2}))
+        self.assertEqual((yield b.put("s", counting)), Message(4, {"value": 4}))
+        yield self.assertFailure(b.after("s", 0), OutOfOrderAck)
+        yield b.disconnect("s")
+        # and back on A, which held an older image: it reads the newer one
+        self.assertEqual((yield self.store.after("s", 3)), Message(4, {"value": 4}))
+        self.assertEqual((yield self.store.put("s", counting)), Message(5, {"value": 5}))
+        yield self.store.disconnect("s")
+        self.assertEqual((yield b.after("s", 4)), Message(5, {"value": 5}))
+
+    @defer.inlineCallbacks
+    def test_racing_front_ends_do_not_overwrite(self):
+        """Puts through two front-ends at once: every id once, in order, no state lost."""
+        yield self.store.register("r", {"n": 0, "seen": []})
+        b = self.open()
+        messages = yield defer.gatherResults(
+            [self.store.put("r", counting) for _ in range(5)]
+            + [b.put("r", counting) for _ in range(5)])
+        self.assertEqual(sorted(m.id for m in messages), list(range(1, 11)))
+        self.assertEqual(sorted(m.data["value"] for m in messages), list(range(1, 11)))
+        c = self.open()
+        self.assertEqual((yield c.put("r", counting)), Message(11, {"value": 11}))
+
+    @defer.inlineCallbacks
+    def test_expired_elsewhere(self):
+        """A session left by a front-end that went away expires for the others."""
+        yield self.store.register("gone", {"n": 0, "seen": []})
+        yield self.store.disconnect("gone")
+        b = self.open()
+        self.clock.advance(EXPIRY + 1)
+        yield self.assertFailure(b.after("gone", 0), UnknownSession)
+
+    @defer.inlineCallbacks
+    def test_unreachable_cluster(self):
+        from streamproto.reliable.errors import StoreFailed
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        from test.netutil import free_port
+        store = JetStreamSessionStore([f"nats://127.0.0.1:{free_port()}"], clock=self.clock,
+                                      expiry=EXPIRY)
+        self.addCleanup(store.close)
+        yield self.assertFailure(store.register("x", {}), StoreFailed)

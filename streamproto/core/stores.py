@@ -137,20 +137,8 @@ class StoreService(service.Service):
         self.log.info("log store {where}: connected", where=self.path)
 
     def _cannot_start(self, failure):
-        error = failure.value
-        top = self.parent
-        while top is not None and getattr(top, "parent", None) is not None \
-                and hasattr(top.parent, "_cannot_start"):
-            top = top.parent
-        message = f"log store {self.path} cannot be reached: {failure.getErrorMessage()}"
-        if top is not None and hasattr(top, "_cannot_start"):
-            try:
-                top._cannot_start(RuntimeError(message))
-                return
-            except Exception:
-                pass
-        # embedded: the application decides; /ready reports the store
-        self.log.error("{message}", message=message, error=error)
+        cannot_start(self, f"log store {self.path} cannot be reached: "
+                           f"{failure.getErrorMessage()}")
 
     def stopService(self):
         from streamproto.core.metrics import forget_store
@@ -158,3 +146,24 @@ class StoreService(service.Service):
         self.log.info("closing log store {path}", path=self.path)
         forget_store(self.store)
         return self.store.close()
+
+
+def cannot_start(child, message):
+    """
+    A store C{child} (a service) needs could not be opened after start-up
+    began: the whole server stops with one critical line and exit status 1
+    when it runs under twistd (L{streamproto.core.tap.ServerService}); an
+    embedding application only gets the error line (its C{/ready} reports
+    the store).
+    """
+    top = child.parent
+    while top is not None and getattr(top, "parent", None) is not None \
+            and hasattr(top.parent, "_cannot_start"):
+        top = top.parent
+    if top is not None and hasattr(top, "_cannot_start"):
+        try:
+            top._cannot_start(RuntimeError(message))
+            return
+        except Exception:  # noqa: BLE001 - not twistd's top service: log it below
+            pass
+    Logger().error("{message}", message=message)

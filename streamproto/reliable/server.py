@@ -529,6 +529,10 @@ class ReliableStreamServerProtocol(Protocol):
                 self._schedule_flush()
         elif self.phase == "stateful":
             self._errback(failure)
+        elif failure.check(ReliableError):
+            # the session store said why (closed, unreachable): one line
+            self.log.warn("reliable-stream put failed after disconnect: {error}",
+                          error=failure.getErrorMessage())
         else:
             self.log.failure("reliable-stream put failed after disconnect", failure)
         self._check_drained()

@@ -12,6 +12,7 @@ import os
 from twisted.application import service
 from twisted.logger import Logger
 
+from streamproto.core.stores import cannot_start
 from streamproto.log.interfaces import log_problems
 from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import (
@@ -58,6 +59,13 @@ class SessionStoreService(service.Service):
     def __init__(self, store):
         self.store = store
 
+    def startService(self):
+        super().startService()
+        start = getattr(self.store, "start", None)      # a JetStream bucket connects
+        if start is not None:
+            start().addErrback(lambda f: cannot_start(
+                self, f"session store cannot be reached: {f.getErrorMessage()}"))
+
     def stopService(self):
         super().stopService()
         return self.store.close()
@@ -90,10 +98,18 @@ class SessionStoreHealth:
     def problems(self):
         if getattr(self.sessions, "closed", False):
             return ["store closed"]
-        return log_problems(self.open_logs())
+        own = getattr(self.sessions, "problems", None)      # a JetStream bucket's
+        return (own() if own is not None else []) + log_problems(self.open_logs())
 
 
 def make_store(options, clock=None):
+    url = options.get("store-url")
+    if url is not None:
+        from streamproto.core.stores import store_tls_context
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        return JetStreamSessionStore(url.servers, clock, expiry=options["expiry"],
+                                     prefix=url.prefix, replicas=url.replicas,
+                                     tls=store_tls_context(options))
     if options["store"] == "memory":
         return MemorySessionStore(clock, expiry=options["expiry"])
     os.makedirs(options["data"], exist_ok=True)
