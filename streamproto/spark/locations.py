@@ -8,6 +8,7 @@ readers and partitions pickle cleanly.
 """
 
 import functools
+import re
 from dataclasses import dataclass
 
 from twisted.logger import Logger
@@ -39,6 +40,12 @@ class Location:
     where: str
 
 
+def _selected(names, pattern):
+    """The users' logs (not the servers' internal state) among C{names}, matching C{pattern}."""
+    return [n for n in names if not is_internal(n)
+            and (pattern is None or re.fullmatch(pattern, n))]
+
+
 class LocalLogs:
     """The logs of a store directory, read with the store's synchronous reader."""
 
@@ -47,13 +54,13 @@ class LocalLogs:
         self.path = path
         self._reader = LogDirectoryReader(path)
 
-    def bounds(self, logs=None, missing_ok=False):
+    def bounds(self, logs=None, missing_ok=False, pattern=None):
         """
+        @param logs: the names, or None for every log (whose whole name
+            matches the regular expression C{pattern}, if given).
         @return: C{{log: (start_position, end_position)}} and C{{log: Location}}.
         """
-        # every log: the users' logs, not the servers' internal state
-        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
-            else logs
+        names = _selected(self._reader.names(), pattern) if logs is None else logs
         bounds = {}
         for name in names:
             try:
@@ -71,15 +78,17 @@ class RemoteLogs:
     def __init__(self, urls, timeout, tls=None):
         self.clients = [StyxHTTPClient(url, timeout, tls) for url in urls]
 
-    def bounds(self, logs=None, missing_ok=False):
+    def bounds(self, logs=None, missing_ok=False, pattern=None):
         bounds = {}
         where = {}
         wanted = None if logs is None else set(logs)
         for client in self.clients:
             if wanted is not None and len(self.clients) == 1:
                 names = list(logs)
+            elif wanted is None:
+                names = _selected(client.names(), pattern)
             else:
-                names = [n for n in client.names() if wanted is None or n in wanted]
+                names = [n for n in client.names() if n in wanted]
             for name in names:
                 try:
                     start, end = client.bounds(name)
@@ -112,8 +121,8 @@ class SyncedLocalLogs:
         self.path = path
         self._server = RemoteLogs([url], timeout, tls)
 
-    def bounds(self, logs=None, missing_ok=False):
-        bounds, _ = self._server.bounds(logs, missing_ok)
+    def bounds(self, logs=None, missing_ok=False, pattern=None):
+        bounds, _ = self._server.bounds(logs, missing_ok, pattern)
         where = Location("path", self.path)
         return bounds, {name: where for name in bounds}
 

@@ -139,3 +139,69 @@ def cap_offset(available, target):
     """
     return {log: min(position, target[log]) for log, position in available.items()
             if log in target}
+
+
+#: Kafka's position codes in C{startingOffsets} / C{endingOffsets} (also in
+#: L{streamproto.spark.options}).
+_EARLIEST, _LATEST = -2, -1
+
+
+def starting_offset(spec, bounds):
+    """
+    Where a read starts in each log.
+
+    @param spec: C{"earliest"}, C{"latest"} or C{{log: position | -2 | -1}}
+        (the C{startingOffsets} option); a log it does not name starts at its
+        earliest record.
+    @param bounds: C{{log: (start_position, end_position)}} of the logs read.
+    @raise OffsetError: for a position past the end of its log, or a log
+        named by position that does not exist.
+    """
+    if spec in ("earliest", "latest"):
+        index = 0 if spec == "earliest" else 1
+        return {log: b[index] for log, b in sorted(bounds.items())}
+    offset = {log: b[0] for log, b in sorted(bounds.items())}
+    for log, position in spec.items():
+        if log not in bounds:
+            if position > 0:
+                raise OffsetError(f"startingOffsets: log {log!r} does not exist")
+            continue
+        first, last = bounds[log]
+        if position == _EARLIEST:
+            position = first
+        elif position == _LATEST:
+            position = last
+        elif position > last:
+            raise OffsetError(f"startingOffsets: log {log!r} ends at {last}, before {position}")
+        # Below the log's start (retention): read_range reports the data loss.
+        offset[log] = position
+    return offset
+
+
+def ending_offset(spec, bounds, start):
+    """
+    Where a batch read ends (exclusive) in each log.
+
+    @param spec: C{"latest"} or C{{log: position | -1}} (the C{endingOffsets}
+        option); a log it does not name ends at its latest record.
+    @param start: the L{starting_offset} of the same read.
+    @raise OffsetError: for a position past the end of its log or before
+        the read's start in that log.
+    """
+    end = {log: b[1] for log, b in sorted(bounds.items())}
+    if spec == "latest":
+        return end
+    for log, position in spec.items():
+        if log not in bounds:
+            if position > 0:
+                raise OffsetError(f"endingOffsets: log {log!r} does not exist")
+            continue
+        if position == _LATEST:
+            continue
+        if position > end[log]:
+            raise OffsetError(f"endingOffsets: log {log!r} ends at {end[log]}, before {position}")
+        if position < start.get(log, 0):
+            raise OffsetError(f"endingOffsets: log {log!r} would end at {position}, before "
+                              f"its start {start[log]}")
+        end[log] = position
+    return end

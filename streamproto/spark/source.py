@@ -17,10 +17,12 @@ from pyspark.sql.datasource import (
 from streamproto.spark.arrow import ArrowConverter, coalesce
 from streamproto.spark.locations import DataLossError, Location, open_logs, read_range
 from streamproto.spark.options import (
-    FORMAT_NAME, parse_sink_options, parse_source_options, source_schema_ddl,
+    FORMAT_NAME, check_batch_read, check_stream_read, parse_sink_options, parse_source_options,
+    source_schema_ddl,
 )
 from streamproto.spark.planning import (
-    cap_offset, check_offset, limit_offset, ranges_between, split_ranges,
+    cap_offset, check_offset, ending_offset, limit_offset, ranges_between, split_ranges,
+    starting_offset,
 )
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
@@ -89,13 +91,19 @@ class _RangeReading:
 
 
 class LogBatchReader(_RangeReading, DataSourceReader):
-    """C{spark.read}: every record readable when the query is planned."""
+    """
+    C{spark.read}: the records readable when the query is planned, from
+    C{startingOffsets} (default: each log's earliest) to C{endingOffsets}
+    (exclusive; default: each log's latest).
+    """
 
     def __init__(self, options, schema):
         self._setup(options, schema)
-        bounds, self.where = open_logs(self.opts).bounds(self.opts.logs)
-        self.start = {log: b[0] for log, b in bounds.items()}
-        self.end = {log: b[1] for log, b in bounds.items()}
+        check_batch_read(self.opts)
+        bounds, self.where = open_logs(self.opts).bounds(self.opts.logs,
+                                                         pattern=self.opts.logs_pattern)
+        self.start = starting_offset(self.opts.starting_offsets, bounds)
+        self.end = ending_offset(self.opts.ending_offsets, bounds, self.start)
 
     def partitions(self):
         return self._partitions(self.start, self.end, self.where)
@@ -105,13 +113,16 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     """
     C{spark.readStream}: offsets are C{{log: next position}}.
 
-    New logs (when no C{logs} option restricts them) join from position 0.
+    New logs (when no C{logs} option restricts them; with C{logsPattern},
+    those whose name matches) join from position 0.  C{startingOffsets}
+    only places a new query: a restarted one goes on from its checkpoint.
     C{commit()} only records the committed offset: the log store's retention
     does not depend on readers.
     """
 
     def __init__(self, options, schema):
         self._setup(options, schema)
+        check_stream_read(self.opts)
         self._logs = open_logs(self.opts)
         self._where = {}
         self._target = None
@@ -119,7 +130,8 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         self.committed = None
 
     def _available(self):
-        bounds, where = self._logs.bounds(self.opts.logs, missing_ok=True)
+        bounds, where = self._logs.bounds(self.opts.logs, missing_ok=True,
+                                          pattern=self.opts.logs_pattern)
         self._where.update(where)
         return bounds
 
@@ -131,9 +143,8 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         return state
 
     def initialOffset(self):
-        bounds = self._available()
-        index = 0 if self.opts.starting_position == "earliest" else 1
-        return {log: b[index] for log, b in sorted(bounds.items())}
+        # Spark asks only when the checkpoint has no offset yet (a new query).
+        return starting_offset(self.opts.starting_offsets, self._available())
 
     def getDefaultReadLimit(self):
         # Only pyspark >= 4.2 asks (and has the ReadLimit classes).
@@ -188,11 +199,13 @@ class LogDataSource(DataSource):
     """
     The C{streamproto} format.
 
-    Read options: C{path} | C{url}, C{logs}, C{valueFormat}, C{jsonSchema},
-    C{maxRecordsPerTrigger}, C{maxRecordsPerPartition}, C{minPartitions},
-    C{startingPosition}, C{failOnDataLoss}, C{timeout}.
+    Read options: C{path} | C{url}, C{logs} | C{logsPattern}, C{valueFormat},
+    C{jsonSchema}, C{startingOffsets} (or C{startingPosition}),
+    C{endingOffsets} (batch), C{maxRecordsPerTrigger} (or
+    C{maxOffsetsPerTrigger}), C{maxRecordsPerPartition}, C{minPartitions},
+    C{failOnDataLoss}, C{timeout}.
     Write options: C{url}, C{log}, C{protocol} (styx | http), C{batchRecords},
-    C{createLog}.  See doc/spark.rst.
+    C{createLog}.  An unknown option is an C{OptionError}.  See doc/spark.rst.
     """
 
     @classmethod
