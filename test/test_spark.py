@@ -252,6 +252,93 @@ class StreamingTests(SynchronousTestCase):
                          + [(10 + i, b"second-%d" % i) for i in range(5)])
 
 
+class KafkaOptionsTests(SynchronousTestCase):
+    """The options Kafka users know, on a real SparkSession."""
+
+    def setUp(self):
+        self.path = new_dir(self)
+        for name, n in (("web-1", 40), ("web-2", 25), ("audit", 10)):
+            append(self.path, name, [b"%s:%d" % (name.encode(), i) for i in range(n)])
+
+    def reader(self, **options):
+        reader = spark().read.format("streamproto").option("path", self.path)
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader
+
+    def positions(self, df):
+        return sorted((r["log"], r["position"]) for r in df.select("log", "position").collect())
+
+    def test_batch_offsets_and_pattern(self):
+        df = self.reader(startingOffsets=json.dumps({"web-1": 30, "audit": -2}),
+                         endingOffsets=json.dumps({"web-1": 35, "audit": {"0": 3}})).load()
+        self.assertEqual(self.positions(df), [("audit", i) for i in range(3)]
+                         + [("web-1", i) for i in range(30, 35)]
+                         + [("web-2", i) for i in range(25)])
+        df = self.reader(logsPattern="web-.*", endingOffsets='{"web-2": 2}').load()
+        self.assertEqual(self.positions(df), [("web-1", i) for i in range(40)]
+                         + [("web-2", 0), ("web-2", 1)])
+        # The options Spark sets itself (load(path)) are accepted.
+        df = (spark().read.format("streamproto").option("logs", "audit")
+              .option("startingOffsets", '{"audit": 8}').load(self.path))
+        self.assertEqual(self.positions(df), [("audit", 8), ("audit", 9)])
+
+    def test_bad_options_fail_at_load(self):
+        cases = [
+            (dict(startingOffset="earliest"), "did you mean 'startingOffsets'?"),
+            (dict(subscribePattern="web-.*"), "'logsPattern' here"),
+            (dict(startingPosition="latest"), "cannot start at 'latest'"),
+            (dict(logs="audit", logsPattern="a.*"), "not both"),
+            (dict(endingOffsets='{"audit": 11}'), "ends at 10, before 11"),
+        ]
+        for options, message in cases:
+            with self.assertRaises(Exception) as raised:
+                self.reader(**options).load().collect()
+            self.assertIn(message, str(raised.exception))
+        with self.assertRaises(Exception) as raised:
+            spark().createDataFrame([(b"x",)], "value BINARY").write.format("streamproto") \
+                .mode("append").option("url", "http://127.0.0.1:1").option("log", "out") \
+                .option("createLogs", "false").save()
+        self.assertIn("did you mean 'createLog'?", str(raised.exception))
+        with self.assertRaises(Exception) as raised:
+            (spark().readStream.format("streamproto").option("path", self.path)
+             .option("endingOffsets", '{"audit": 5}').load()
+             .writeStream.format("memory").queryName("never").start().awaitTermination(60))
+        self.assertIn("only applies to batch reads", str(raised.exception))
+
+    def test_stream_starting_offsets_pattern_and_alias(self):
+        work = new_dir(self)
+        out, checkpoint = os.path.join(work, "out"), os.path.join(work, "cp")
+
+        def run(**options):
+            reader = spark().readStream.format("streamproto").option("path", self.path)
+            for key, value in options.items():
+                reader = reader.option(key, value)
+            query = (reader.load().writeStream.format("parquet").option("path", out)
+                     .option("checkpointLocation", checkpoint).trigger(availableNow=True)
+                     .start())
+            query.awaitTermination(120)
+            self.assertIsNone(query.exception())
+            return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+        sizes = run(logsPattern="web-[0-9]+", maxOffsetsPerTrigger="20",
+                    startingOffsets=json.dumps({"web-1": 35, "web-2": -1}))
+        self.assertEqual(sizes, [5])
+        written = self.positions(spark().read.parquet(out))
+        self.assertEqual(written, [("web-1", i) for i in range(35, 40)])
+        # A restart goes on from its checkpoint whatever startingOffsets says
+        # (Kafka's semantics); a new log matching the pattern joins from 0.
+        append(self.path, "web-2", [b"late"] * 3)
+        append(self.path, "web-3", [b"new"] * 4)
+        append(self.path, "other", [b"no"] * 2)
+        sizes = run(logsPattern="web-[0-9]+", maxOffsetsPerTrigger="20",
+                    startingOffsets="earliest")
+        self.assertEqual(sum(sizes), 7)
+        self.assertEqual(self.positions(spark().read.parquet(out)),
+                         sorted(written + [("web-2", 25), ("web-2", 26), ("web-2", 27)]
+                                + [("web-3", i) for i in range(4)]))
+
+
 class RemoteTests(SynchronousTestCase):
     def test_remote_read_from_two_servers(self):
         one, two = StyxServer(self), StyxServer(self)
