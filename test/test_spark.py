@@ -353,6 +353,10 @@ class RemoteTests(SynchronousTestCase):
               .option("maxRecordsPerPartition", "20").load())
         self.assertEqual(rows_of(df), sorted((log, i, r) for log, rs in records.items()
                                              for i, r in enumerate(rs)))
+        # logsPattern selects among every server's logs, with per-log offsets.
+        df = (spark().read.format("streamproto").option("url", f"{one.url},{two.url}")
+              .option("logsPattern", "[b-z]").option("startingOffsets", '{"b": 20}').load())
+        self.assertEqual(rows_of(df), [("b", i, records["b"][i]) for i in range(20, 23)])
         # The same log name on two servers is ambiguous.
         one.client.create("b")
         with self.assertRaises(Exception) as raised:
