@@ -1,6 +1,6 @@
 """
 C{twistd streamproto}: every server built so far on its default port, over
-one embedded log store (one C{--data} for all).
+one log store (one C{--data} for all, or one C{--store nats://...}).
 """
 
 import importlib
@@ -11,10 +11,12 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from streamproto.core.config import ConfigurableOptions, table_arguments
+from streamproto.core.stores import STORE_PARAMETERS, check_store_options
 from streamproto.core.tap import (
     ServerService,
     StoreService,
     check_data_directory,
+    check_auth_policy,
     check_endpoint,
     check_ops_options,
     listen,
@@ -57,6 +59,9 @@ class Options(ConfigurableOptions):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
+        ["auth-policy", None, None,
+         "TOML authorization policy shared by every server (doc/security.rst); "
+         "reloaded on SIGHUP.  Without it everything is allowed."],
         ["pravega-controller", None, "tcp:9090",
          "Endpoint of pravega-server's gRPC controller: tcp:PORT[:interface=HOST], "
          "ssl:PORT:privateKey=..[:certKey=..], mtls:..:caCerts=.., or 'none' for no "
@@ -65,7 +70,7 @@ class Options(ConfigurableOptions):
          "HOST:PORT of the Pravega segment store as the controller hands it to clients."],
         ["pravega-retention-interval", None, None,
          "Seconds between the Pravega controller's retention rounds (default 60; 0: never)."],
-    ]
+    ] + STORE_PARAMETERS
 
     def __init__(self):
         super().__init__()
@@ -85,7 +90,9 @@ class Options(ConfigurableOptions):
 
     def postOptions(self):
         check_ops_options(self)
-        self["data"] = check_data_directory(self["data"])
+        if check_store_options(self) is None:
+            self["data"] = check_data_directory(self["data"])
+        check_auth_policy(self["auth-policy"])
         for endpoints in self["ports"].values():
             for description in endpoints:
                 check_endpoint("listen", description)
@@ -112,7 +119,10 @@ class Options(ConfigurableOptions):
 
 
 #: options every server of the umbrella shares: set once, for all of them
-SHARED = ("data", "metrics", "log-format", "shutdown-timeout")
+SHARED = ("data", "metrics", "log-format", "shutdown-timeout", "auth-policy")
+#: the log store is shared too (reliable-stream-server's --store also
+#: chooses its session store, so its table may set it)
+STORE_KEYS = ("store", "store-ca", "store-cert", "store-key")
 
 
 def server_options(name, module, options):
@@ -126,12 +136,15 @@ def server_options(name, module, options):
     table = dict((options.config_document or {}).get(name, {}))
     where = f"--config {options.get('config')!r} [{name}]"
     for key in table:
-        if key.replace("_", "-") in SHARED:
+        shared_store = key.replace("_", "-") in STORE_KEYS and name != "reliable-stream-server"
+        if key.replace("_", "-") in SHARED or shared_store:
             raise usage.UsageError(f"{where}: {key!r} is shared by every server: set it in "
                                    "[streamproto]")
     ports = options["ports"].get(name, [])
     args = table_arguments(sub, table, where, skip={"port"} if ports else set())
     args += ["--data", options["data"], "--shutdown-timeout", str(options["shutdown-timeout"])]
+    if options.get("auth-policy"):
+        args += ["--auth-policy", options["auth-policy"]]
     for endpoint in ports:
         args += ["--port", endpoint]
     args += server_arguments(name, options, table)
@@ -146,6 +159,13 @@ def server_arguments(name, options, table=None):
     """The umbrella options that go on to server C{name}'s own options."""
     args = []
     table = table or {}
+    if options.get("store") and not (name == "reliable-stream-server" and "store" in table):
+        # every server on the umbrella's cluster (reliable keeps its sessions
+        # there too, unless its own table says otherwise)
+        args += ["--store", options["store"]]
+        for key in ("store-ca", "store-cert", "store-key"):
+            if options.get(key):
+                args += [f"--{key}", options[key]]
     if name == "pravega-server":
         # the umbrella's default controller, unless [pravega-server] sets one
         if "pravega-controller" in options.explicit or "controller" not in table:
@@ -175,7 +195,7 @@ def makeService(options):
     from streamproto.core.ops import metrics_site
 
     top = UmbrellaService(options["shutdown-timeout"], options["log-format"])
-    owner = StoreService(options["data"])
+    owner = StoreService(options)
     owner.setServiceParent(top)
     if options["metrics"] and options["metrics"] != "none":
         listen(top, [options["metrics"]], metrics_site([owner.store]))

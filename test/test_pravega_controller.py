@@ -892,3 +892,69 @@ class UmbrellaTests(unittest.TestCase):
                     ["--pravega-controller", "tcp:x"],
                     ["--pravega-controller", "tcp:1", "--pravega-advertise", "nohost"]):
             self.assertRaises(usage.UsageError, self.options, *bad)
+
+
+class SharedStateTests(ControllerStateTestBase):
+    """
+    Two controllers on one store (two front-ends on a JetStream store):
+    each sees the other's changes, and concurrent changes are never lost.
+    """
+
+    @defer.inlineCallbacks
+    def test_changes_seen_by_the_other(self):
+        a = self.state
+        b = ControllerState(self.store, self.segments, self.clock)
+        yield b.open()
+        yield a.create_scope("made-by-a")
+        yield b.refresh()
+        self.assertIn("made-by-a", b.scopes)
+        status = yield b.create_stream("made-by-a", "s", 2)
+        self.assertEqual(status, "SUCCESS")
+        yield a.refresh()
+        self.assertEqual(a.stream("made-by-a", "s")["segments"], 2)
+
+    @defer.inlineCallbacks
+    def test_concurrent_changes_not_lost(self):
+        """
+        Both controllers change the state from the same document at once:
+        the second write conflicts, re-reads the first's document and applies
+        its change on top; both scopes exist.
+        """
+        a = self.state
+        b = ControllerState(self.store, self.segments, self.clock)
+        yield b.open()
+        results = yield defer.gatherResults([a.create_scope("x%d" % i) for i in range(5)]
+                                            + [b.create_scope("y%d" % i) for i in range(5)])
+        self.assertEqual(set(results), {"SUCCESS"})
+        fresh = yield self.reopen()
+        self.assertEqual(sorted(fresh.scopes),
+                         sorted(["sc"] + ["x%d" % i for i in range(5)]
+                                + ["y%d" % i for i in range(5)]))
+
+    @defer.inlineCallbacks
+    def test_stale_writer_does_not_overwrite(self):
+        """
+        A controller whose document is stale (it has not seen the other's
+        last write yet: on JetStream the other front-end's append can land
+        between its read and its write) must not overwrite that write: its
+        conditional append conflicts, it re-reads and applies its change on
+        the newest document.
+        """
+        a = self.state
+        b = ControllerState(self.store, self.segments, self.clock)
+        yield b.open()
+        yield a.create_scope("from-a")
+        real = b._catch_up
+        calls = []
+
+        def stale_once(force=False):
+            calls.append(force)
+            if len(calls) == 1:
+                return defer.succeed(None)      # the read that missed a's write
+            return real(force)
+        b._catch_up = stale_once
+        status = yield b.create_scope("from-b")
+        self.assertEqual(status, "SUCCESS")
+        self.assertEqual(calls, [False, True])
+        fresh = yield self.reopen()
+        self.assertEqual(sorted(fresh.scopes), ["from-a", "from-b", "sc"])

@@ -252,93 +252,6 @@ class StreamingTests(SynchronousTestCase):
                          + [(10 + i, b"second-%d" % i) for i in range(5)])
 
 
-class KafkaOptionsTests(SynchronousTestCase):
-    """The options Kafka users know, on a real SparkSession."""
-
-    def setUp(self):
-        self.path = new_dir(self)
-        for name, n in (("web-1", 40), ("web-2", 25), ("audit", 10)):
-            append(self.path, name, [b"%s:%d" % (name.encode(), i) for i in range(n)])
-
-    def reader(self, **options):
-        reader = spark().read.format("streamproto").option("path", self.path)
-        for key, value in options.items():
-            reader = reader.option(key, value)
-        return reader
-
-    def positions(self, df):
-        return sorted((r["log"], r["position"]) for r in df.select("log", "position").collect())
-
-    def test_batch_offsets_and_pattern(self):
-        df = self.reader(startingOffsets=json.dumps({"web-1": 30, "audit": -2}),
-                         endingOffsets=json.dumps({"web-1": 35, "audit": {"0": 3}})).load()
-        self.assertEqual(self.positions(df), [("audit", i) for i in range(3)]
-                         + [("web-1", i) for i in range(30, 35)]
-                         + [("web-2", i) for i in range(25)])
-        df = self.reader(logsPattern="web-.*", endingOffsets='{"web-2": 2}').load()
-        self.assertEqual(self.positions(df), [("web-1", i) for i in range(40)]
-                         + [("web-2", 0), ("web-2", 1)])
-        # The options Spark sets itself (load(path)) are accepted.
-        df = (spark().read.format("streamproto").option("logs", "audit")
-              .option("startingOffsets", '{"audit": 8}').load(self.path))
-        self.assertEqual(self.positions(df), [("audit", 8), ("audit", 9)])
-
-    def test_bad_options_fail_at_load(self):
-        cases = [
-            (dict(startingOffset="earliest"), "did you mean 'startingOffsets'?"),
-            (dict(subscribePattern="web-.*"), "'logsPattern' here"),
-            (dict(startingPosition="latest"), "cannot start at 'latest'"),
-            (dict(logs="audit", logsPattern="a.*"), "not both"),
-            (dict(endingOffsets='{"audit": 11}'), "ends at 10, before 11"),
-        ]
-        for options, message in cases:
-            with self.assertRaises(Exception) as raised:
-                self.reader(**options).load().collect()
-            self.assertIn(message, str(raised.exception))
-        with self.assertRaises(Exception) as raised:
-            spark().createDataFrame([(b"x",)], "value BINARY").write.format("streamproto") \
-                .mode("append").option("url", "http://127.0.0.1:1").option("log", "out") \
-                .option("createLogs", "false").save()
-        self.assertIn("did you mean 'createLog'?", str(raised.exception))
-        with self.assertRaises(Exception) as raised:
-            (spark().readStream.format("streamproto").option("path", self.path)
-             .option("endingOffsets", '{"audit": 5}').load()
-             .writeStream.format("memory").queryName("never").start().awaitTermination(60))
-        self.assertIn("only applies to batch reads", str(raised.exception))
-
-    def test_stream_starting_offsets_pattern_and_alias(self):
-        work = new_dir(self)
-        out, checkpoint = os.path.join(work, "out"), os.path.join(work, "cp")
-
-        def run(**options):
-            reader = spark().readStream.format("streamproto").option("path", self.path)
-            for key, value in options.items():
-                reader = reader.option(key, value)
-            query = (reader.load().writeStream.format("parquet").option("path", out)
-                     .option("checkpointLocation", checkpoint).trigger(availableNow=True)
-                     .start())
-            query.awaitTermination(120)
-            self.assertIsNone(query.exception())
-            return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-
-        sizes = run(logsPattern="web-[0-9]+", maxOffsetsPerTrigger="20",
-                    startingOffsets=json.dumps({"web-1": 35, "web-2": -1}))
-        self.assertEqual(sizes, [5])
-        written = self.positions(spark().read.parquet(out))
-        self.assertEqual(written, [("web-1", i) for i in range(35, 40)])
-        # A restart goes on from its checkpoint whatever startingOffsets says
-        # (Kafka's semantics); a new log matching the pattern joins from 0.
-        append(self.path, "web-2", [b"late"] * 3)
-        append(self.path, "web-3", [b"new"] * 4)
-        append(self.path, "other", [b"no"] * 2)
-        sizes = run(logsPattern="web-[0-9]+", maxOffsetsPerTrigger="20",
-                    startingOffsets="earliest")
-        self.assertEqual(sum(sizes), 7)
-        self.assertEqual(self.positions(spark().read.parquet(out)),
-                         sorted(written + [("web-2", 25), ("web-2", 26), ("web-2", 27)]
-                                + [("web-3", i) for i in range(4)]))
-
-
 class RemoteTests(SynchronousTestCase):
     def test_remote_read_from_two_servers(self):
         one, two = StyxServer(self), StyxServer(self)
@@ -353,15 +266,70 @@ class RemoteTests(SynchronousTestCase):
               .option("maxRecordsPerPartition", "20").load())
         self.assertEqual(rows_of(df), sorted((log, i, r) for log, rs in records.items()
                                              for i, r in enumerate(rs)))
-        # logsPattern selects among every server's logs, with per-log offsets.
-        df = (spark().read.format("streamproto").option("url", f"{one.url},{two.url}")
-              .option("logsPattern", "[b-z]").option("startingOffsets", '{"b": 20}').load())
-        self.assertEqual(rows_of(df), [("b", i, records["b"][i]) for i in range(20, 23)])
-        # The same log name on two servers is ambiguous.
-        one.client.create("b")
-        with self.assertRaises(Exception) as raised:
-            spark().read.format("streamproto").option("url", f"{one.url},{two.url}").load().count()
-        self.assertIn("on both", str(raised.exception))
+        self.assertEqual(sorted({r["node"] for r in df.collect()}),
+                         sorted([one.url.split("//")[1], two.url.split("//")[1]]))
+
+    def test_fleet_one_log_on_several_nodes(self):
+        """
+        The same log name on several styx-servers (a fleet of file-store
+        nodes) is one partitioned stream: one partition per node, a C{node}
+        column, and in streaming offsets per node and log, exactly once.
+        """
+        one, two = StyxServer(self), StyxServer(self)
+        nodes = {one: one.url.split("//")[1], two: two.url.split("//")[1]}
+        for server, n in ((one, 30), (two, 7)):
+            server.client.create("beats")
+            server.client.append("beats", [b"%s-%d" % (nodes[server].encode(), i)
+                                           for i in range(n)])
+        urls = f"{one.url},{two.url}"
+        df = spark().read.format("streamproto").option("url", urls).load()
+        rows = sorted((r["node"], r["log"], r["position"], r["value"]) for r in df.collect())
+        self.assertEqual(rows, sorted(
+            [(nodes[one], "beats", i, b"%s-%d" % (nodes[one].encode(), i)) for i in range(30)]
+            + [(nodes[two], "beats", i, b"%s-%d" % (nodes[two].encode(), i))
+               for i in range(7)]))
+        # only one node's log of that name: still per node
+        self.assertEqual(spark().read.format("streamproto").option("url", urls)
+                         .option("logs", "beats").load().count(), 37)
+
+        from streamproto.spark.source import LogStreamReader
+        from streamproto.spark.options import parse_source_options, source_schema_ddl
+        from pyspark.sql.types import _parse_datatype_string
+        options = {"url": urls, "logs": "beats"}
+        schema = _parse_datatype_string(source_schema_ddl(parse_source_options(options)))
+        reader = LogStreamReader(options, schema)
+        end = reader.latestOffset({}, None)
+        self.assertEqual(end, {f"{nodes[one]}/beats": 30, f"{nodes[two]}/beats": 7})
+        two.client.append("beats", [b"more"])
+        later = reader.latestOffset(end, None)
+        self.assertEqual(later, {f"{nodes[one]}/beats": 30, f"{nodes[two]}/beats": 8})
+        parts = reader.partitions(end, later)
+        got = [(b.column(3).to_pylist(), b.column(2).to_pylist())
+               for p in parts for b in reader.read(p)]
+        self.assertEqual(got, [([nodes[two]], [b"more"])])
+
+    def test_fleet_upgrades_an_old_checkpoint(self):
+        """
+        A checkpoint written when several servers each held different logs
+        (keys: plain log names) goes on with per-node keys.
+        """
+        from streamproto.spark.source import LogStreamReader
+        from streamproto.spark.options import parse_source_options, source_schema_ddl
+        from pyspark.sql.types import _parse_datatype_string
+        one, two = StyxServer(self), StyxServer(self)
+        one.client.create("a")
+        one.client.append("a", [b"%d" % i for i in range(5)])
+        two.client.create("b")
+        two.client.append("b", [b"%d" % i for i in range(3)])
+        options = {"url": f"{one.url},{two.url}"}
+        schema = _parse_datatype_string(source_schema_ddl(parse_source_options(options)))
+        reader = LogStreamReader(options, schema)
+        old = {"a": 4, "b": 3}
+        end = reader.latestOffset(old, None)
+        node_one = one.url.split("//")[1]
+        self.assertEqual(end[f"{node_one}/a"], 5)
+        parts = reader.partitions(old, end)
+        self.assertEqual([(p.log, p.start, p.end) for p in parts], [(f"{node_one}/a", 4, 5)])
 
     def test_local_records_within_synced_bounds(self):
         from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType

@@ -20,12 +20,10 @@ from streamproto.log.file import synchronous
 from streamproto.spark.arrow import ArrowConverter, binary_array, coalesce, json_array
 from streamproto.spark.locations import DataLossError, Location, LocalLogs, read_range
 from streamproto.spark.options import (
-    EARLIEST, LATEST, OptionError, check_batch_read, check_stream_read, parse_sink_options,
-    parse_source_options, source_schema_ddl,
+    OptionError, parse_sink_options, parse_source_options, source_schema_ddl,
 )
 from streamproto.spark.planning import (
-    LogRange, OffsetError, cap_offset, ending_offset, limit_offset, ranges_between,
-    split_ranges, starting_offset,
+    LogRange, OffsetError, cap_offset, limit_offset, ranges_between, split_ranges,
 )
 from streamproto.spark.source import LogBatchReader, LogRangePartition, LogStreamReader
 from streamproto.spark.remote import (
@@ -92,94 +90,6 @@ class OptionsTests(SynchronousTestCase):
             {"path": "/d", "valueFormat": "json", "jsonSchema": as_json}))
             .endswith("value struct<n:bigint>"))
 
-    def test_kafka_offsets(self):
-        opts = parse_source_options({"path": "/d"})
-        self.assertEqual((opts.starting_offsets, opts.ending_offsets), ("earliest", "latest"))
-        opts = parse_source_options({"path": "/d", "startingOffsets": " Latest "})
-        self.assertEqual(opts.starting_offsets, "latest")
-        # The older spelling still works; both at once is ambiguous.
-        self.assertEqual(parse_source_options(
-            {"path": "/d", "startingPosition": "latest"}).starting_offsets, "latest")
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "startingPosition": "latest",
-                           "startingOffsets": "earliest"})
-        opts = parse_source_options({"path": "/d",
-                                     "startingOffsets": '{"a": 10, "b": -2, "c": {"0": -1}}',
-                                     "endingOffsets": '{"a": 20, "b": -1}'})
-        self.assertEqual(opts.starting_offsets, {"a": 10, "b": EARLIEST, "c": LATEST})
-        self.assertEqual(opts.ending_offsets, {"a": 20, "b": LATEST})
-        for key, bad in (("startingOffsets", "middle"), ("startingOffsets", "[1]"),
-                         ("startingOffsets", '{"a": -3}'), ("startingOffsets", '{"a": "5"}'),
-                         ("startingOffsets", '{"a": true}'), ("startingOffsets", '{"../x": 1}'),
-                         ("startingOffsets", '{"a": {"1": 5}}'),
-                         ("endingOffsets", "earliest"), ("endingOffsets", '{"a": -2}')):
-            with self.assertRaises(OptionError) as raised:
-                parse_source_options({"path": "/d", key: bad})
-            self.assertIn(key, str(raised.exception))
-        # A log the offsets name must be one that is read.
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "logs": "a", "startingOffsets": '{"b": 1}'})
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "logsPattern": "a.*", "endingOffsets": '{"b": 1}'})
-        # Batch reads refuse a start at latest (as Kafka does); streams refuse an end.
-        for starting in ("latest", '{"a": -1}'):
-            self.assertRaises(OptionError, check_batch_read, parse_source_options(
-                {"path": "/d", "startingOffsets": starting}))
-        self.assertRaises(OptionError, check_batch_read, parse_source_options(
-            {"path": "/d", "startingPosition": "latest"}))
-        check_batch_read(parse_source_options({"path": "/d", "startingOffsets": '{"a": 3}'}))
-        check_stream_read(parse_source_options({"path": "/d", "startingOffsets": "latest"}))
-        self.assertRaises(OptionError, check_stream_read, parse_source_options(
-            {"path": "/d", "endingOffsets": '{"a": 3}'}))
-
-    def test_max_offsets_per_trigger_alias(self):
-        self.assertEqual(parse_source_options(
-            {"path": "/d", "maxOffsetsPerTrigger": "7"}).max_records_per_trigger, 7)
-        self.assertEqual(parse_source_options(
-            {"path": "/d", "maxRecordsPerTrigger": "9"}).max_records_per_trigger, 9)
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "maxOffsetsPerTrigger": "7", "maxRecordsPerTrigger": "7"})
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "maxOffsetsPerTrigger": "0"})
-
-    def test_logs_pattern(self):
-        opts = parse_source_options({"path": "/d", "logsPattern": "web-.*"})
-        self.assertEqual((opts.logs, opts.logs_pattern), (None, "web-.*"))
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "logsPattern": "web-(", })
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "logsPattern": "web-.*", "logs": "a"})
-        self.assertRaises(OptionError, parse_source_options,
-                          {"path": "/d", "logsPattern": "web-.*", "log": "a"})
-
-    def test_unknown_options(self):
-        def error(parse, options):
-            with self.assertRaises(OptionError) as raised:
-                parse(options)
-            return str(raised.exception)
-
-        message = error(parse_source_options, {"path": "/d", "startingOffset": "earliest"})
-        self.assertIn("'startingOffset'", message)
-        self.assertIn("did you mean 'startingOffsets'?", message)
-        # Spark lower-cases the keys: the suggestion keeps the documented spelling.
-        self.assertIn("did you mean 'maxRecordsPerTrigger'?",
-                      error(parse_source_options, {"path": "/d", "maxrecordspertriger": "5"}))
-        self.assertIn("'logsPattern' here",
-                      error(parse_source_options, {"path": "/d", "subscribePattern": "a.*"}))
-        self.assertIn("no equivalent",
-                      error(parse_source_options, {"path": "/d", "includeHeaders": "true"}))
-        self.assertIn("'zzz'", error(parse_source_options, {"path": "/d", "zzz": "1"}))
-        self.assertNotIn("did you mean", error(parse_source_options, {"path": "/d", "zzz": "1"}))
-        self.assertIn("did you mean 'batchRecords'?", error(
-            parse_sink_options, {"url": "http://h:1", "log": "x", "batchRecord": "5"}))
-        # A read option is not a write option.
-        self.assertIn("'valueFormat'", error(
-            parse_sink_options, {"url": "http://h:1", "log": "x", "valueFormat": "utf8"}))
-        # What Spark adds itself is never refused (keys as Spark passes them).
-        parse_source_options({"path": "/d", "checkpointlocation": "/c", "queryname": "q"})
-        parse_sink_options({"url": "http://h:1", "log": "x", "path": "/p",
-                            "checkpointlocation": "/c", "queryname": "q"})
-
     def test_sink(self):
         opts = parse_sink_options({"url": "http://h:1", "log": "out", "protocol": "HTTP"})
         self.assertEqual((opts.url, opts.log, opts.protocol), ("http://h:1", "out", "http"))
@@ -245,26 +155,6 @@ class PlanningTests(SynchronousTestCase):
                          {"a": 2, "b": 24, "c": 24})
         # A log known only to the start stays where it was.
         self.assertEqual(limit_offset({"gone": 7}, {"a": 3}, None), {"gone": 7, "a": 3})
-
-    def test_starting_and_ending_offsets(self):
-        bounds = {"a": (5, 30), "b": (0, 8)}
-        self.assertEqual(starting_offset("earliest", bounds), {"a": 5, "b": 0})
-        self.assertEqual(starting_offset("latest", bounds), {"a": 30, "b": 8})
-        # Logs not named start at their earliest; -2 / -1 are Kafka's earliest / latest.
-        self.assertEqual(starting_offset({"a": 12}, bounds), {"a": 12, "b": 0})
-        self.assertEqual(starting_offset({"a": LATEST, "b": EARLIEST}, bounds), {"a": 30, "b": 0})
-        # Below the start is left to the read (data loss); past the end is an error.
-        self.assertEqual(starting_offset({"a": 2}, bounds)["a"], 2)
-        self.assertRaises(OffsetError, starting_offset, {"a": 31}, bounds)
-        self.assertRaises(OffsetError, starting_offset, {"zz": 3}, bounds)
-        self.assertEqual(starting_offset({"zz": EARLIEST}, bounds), {"a": 5, "b": 0})
-        start = starting_offset({"a": 12}, bounds)
-        self.assertEqual(ending_offset("latest", bounds, start), {"a": 30, "b": 8})
-        self.assertEqual(ending_offset({"a": 20}, bounds, start), {"a": 20, "b": 8})
-        self.assertEqual(ending_offset({"a": 12, "b": LATEST}, bounds, start), {"a": 12, "b": 8})
-        self.assertRaises(OffsetError, ending_offset, {"a": 11}, bounds, start)
-        self.assertRaises(OffsetError, ending_offset, {"b": 9}, bounds, start)
-        self.assertRaises(OffsetError, ending_offset, {"zz": 1}, bounds, start)
 
     def test_cap(self):
         self.assertEqual(cap_offset({"a": 10, "b": 5, "new": 3}, {"a": 7, "b": 9}),
@@ -466,51 +356,6 @@ class ReaderTests(SynchronousTestCase):
         stream = pickle.loads(pickle.dumps(LogStreamReader({"path": self.path}, spark_schema())))
         self.assertEqual(len(list(stream.read(LogRangePartition("b", 1, 4, parts[2].location)))),
                          1)
-
-    def test_batch_offsets_and_pattern(self):
-        def planned(**options):
-            reader = LogBatchReader(dict(options, path=self.path), spark_schema())
-            return [(p.log, p.start, p.end) for p in reader.partitions()]
-
-        fired(self, self.store.create("c"))
-        self.assertEqual(planned(startingOffsets='{"a": 10, "b": -2}',
-                                 endingOffsets='{"a": {"0": 14}, "b": -1}'),
-                         [("a", 10, 14), ("b", 0, 5)])
-        # startingPosition is no longer ignored in batch reads: latest is refused.
-        self.assertRaises(OptionError, LogBatchReader,
-                          {"path": self.path, "startingPosition": "latest"}, spark_schema())
-        self.assertRaises(OffsetError, LogBatchReader,
-                          {"path": self.path, "endingOffsets": '{"b": 6}'}, spark_schema())
-        self.assertEqual(planned(logsPattern="[bc]", minPartitions="1"), [("b", 0, 5)])
-        self.assertEqual(planned(logsPattern="a|b", startingOffsets='{"a": 29}',
-                                 minPartitions="1"), [("a", 29, 30), ("b", 0, 5)])
-        # The whole name must match, as with Kafka's subscribePattern.
-        fired(self, self.store.create("bb"))
-        fired(self, self.store.get("bb").addCallback(lambda log: log.append([b"x"])))
-        self.assertEqual(planned(logsPattern="b", minPartitions="1"), [("b", 0, 5)])
-        self.assertEqual(planned(logsPattern="b.*", minPartitions="1"),
-                         [("b", 0, 5), ("bb", 0, 1)])
-        self.assertEqual(planned(logsPattern="zz.*"), [])
-
-    def test_stream_starting_offsets_and_pattern(self):
-        reader = LogStreamReader({"path": self.path, "logsPattern": "a|new.*",
-                                  "startingOffsets": '{"a": 25}', "minPartitions": "1"},
-                                 spark_schema())
-        start = reader.initialOffset()
-        self.assertEqual(start, {"a": 25})
-        fired(self, self.store.create("newer"))
-        fired(self, self.store.get("newer").addCallback(lambda log: log.append([b"n"] * 2)))
-        fired(self, self.store.create("other"))
-        fired(self, self.store.get("other").addCallback(lambda log: log.append([b"o"])))
-        # A new matching log joins from 0; "b" and "other" do not match.
-        end = reader.latestOffset(start, None)
-        self.assertEqual(end, {"a": 30, "newer": 2})
-        self.assertEqual([(p.log, p.start, p.end) for p in reader.partitions(start, end)],
-                         [("a", 25, 30), ("newer", 0, 2)])
-        self.assertRaises(OptionError, LogStreamReader,
-                          {"path": self.path, "endingOffsets": '{"a": 3}'}, spark_schema())
-        self.assertRaises(OffsetError, LogStreamReader(
-            {"path": self.path, "startingOffsets": '{"b": 6}'}, spark_schema()).initialOffset)
 
     def test_schema_mismatch_fails_on_driver(self):
         from pyspark.sql.types import StructField, StructType, StringType

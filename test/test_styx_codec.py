@@ -72,7 +72,7 @@ class VectorTests(SynchronousTestCase):
             {"UNKNOWN": 0, "UNKNOWN_MESSAGE_TYPE": 1, "INVALID_RECORD_SIZE": 2,
              "RECORD_TOO_LARGE": 3, "UNEXPECTED_MESSAGE": 4, "EARLY_DATA": 5, "TIMEOUT": 6,
              "LOG_NOT_FOUND": 7, "LOG_NOT_AVAILABLE": 8, "POSITION_OUT_OF_RANGE": 9,
-             "SHUTDOWN": 10})
+             "SHUTDOWN": 10, "UNAUTHORIZED": 11, "FORBIDDEN": 12})
 
 
 class DecoderTests(SynchronousTestCase):

@@ -50,7 +50,7 @@ def _ca(cn):
     return key, cert
 
 
-def _leaf(ca_key, ca_cert, cn, server, expired=False):
+def _leaf(ca_key, ca_cert, cn, server, expired=False, san_dns=(), san_uri=()):
     key = _key()
     now = datetime.datetime.now(datetime.timezone.utc)
     if expired:
@@ -69,6 +69,10 @@ def _leaf(ca_key, ca_cert, cn, server, expired=False):
     else:
         builder = builder.add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        if san_dns or san_uri:
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName(n) for n in san_dns]
+                + [x509.UniformResourceIdentifier(u) for u in san_uri]), critical=False)
     return key, builder.sign(ca_key, hashes.SHA256())
 
 
@@ -78,6 +82,8 @@ class Certs:
     def __init__(self, directory):
         self.dir = directory
         ca_key, ca_cert = _ca("streamproto test CA")
+        self._ca_key, self._ca_cert = ca_key, ca_cert
+        self._clients = {}
         other_key, other_cert = _ca("some other CA")
         self.ca = self._write("ca.pem", _pem_cert(ca_cert))
         self.other_ca = self._write("other-ca.pem", _pem_cert(other_cert))
@@ -93,6 +99,23 @@ class Certs:
         k, c = _leaf(ca_key, ca_cert, "expired-client", server=False, expired=True)
         self.expired_client_key = self._write("expired.key", _pem_key(k))
         self.expired_client_cert = self._write("expired.pem", _pem_cert(c))
+
+    def client(self, cn, san_dns=(), san_uri=()):
+        """(key path, certificate path) of a client certificate for C{cn} from our CA."""
+        spec = (cn, tuple(san_dns), tuple(san_uri))
+        if spec not in self._clients:
+            k, c = _leaf(self._ca_key, self._ca_cert, cn, server=False, san_dns=san_dns,
+                         san_uri=san_uri)
+            n = len(self._clients)
+            self._clients[spec] = (self._write(f"client-{n}.key", _pem_key(k)),
+                                   self._write(f"client-{n}.pem", _pem_cert(c)))
+        return self._clients[spec]
+
+    def client_options_for(self, cn, hostname="localhost"):
+        """Client TLS options presenting a certificate for C{cn} (from our CA)."""
+        from streamproto.core.tls import client_tls_options
+        key, cert = self.client(cn)
+        return client_tls_options(hostname, ca_certs=self.ca, cert=cert, private_key=key)
 
     def _write(self, name, data):
         path = os.path.join(self.dir, name)
@@ -125,3 +148,8 @@ def certs():
     if "certs" not in _CACHE:
         _CACHE["certs"] = Certs(tempfile.mkdtemp(prefix="streamproto-certs-"))
     return _CACHE["certs"]
+
+
+def make_client_cert(cn, san_dns=(), san_uri=()):
+    """(key path, certificate path) of a client certificate from the test CA."""
+    return certs().client(cn, san_dns, san_uri)

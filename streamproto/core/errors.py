@@ -42,3 +42,16 @@ def _openssl_text(error):
             isinstance(t, tuple) and len(t) == 3 for t in args[0]):
         return "TLS error: " + ", ".join(str(t[2]) for t in args[0] if t[2])
     return None
+
+
+def log_failure(logger, failure, format, **kwargs):
+    """
+    Put C{failure} in the server's log: the log store's own errors (it says
+    why: full, unavailable, fail-stopped) as one error line, anything else
+    (a bug) with its traceback.
+    """
+    from streamproto.log.errors import LogError
+    if failure.check(LogError):
+        logger.error(format + " ({error})", error=failure.getErrorMessage(), **kwargs)
+    else:
+        logger.failure(format, failure, **kwargs)

@@ -34,6 +34,9 @@ FSYNC_SECONDS = Histogram(
 GROUP_COMMIT_APPENDS = Histogram(
     "streamproto_group_commit_appends", "Appends acknowledged by one fsync.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024))
+AUTH_DENIED = Counter(
+    "streamproto_auth_denied", "Requests denied by the authorization policy (doc/security.rst).",
+    ["server", "op"])
 RETENTION_DELETIONS = Counter(
     "streamproto_retention_deleted_segments", "Segments deleted by retention or truncation.")
 

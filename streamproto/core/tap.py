@@ -1,6 +1,7 @@
 """
 What every server plugin shares: the core options (C{--port}, repeatable,
-and C{--data}) and building listening services from endpoint strings.
+C{--data} or C{--store}) and building listening services from endpoint
+strings.
 
 A protocol's C{tap.py} subclasses L{ServerOptions} and defines
 C{makeService(options, store=None)}; with a store given (the umbrella
@@ -13,11 +14,17 @@ import sys
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
-from twisted.internet import defer, ssl
+from twisted.internet import defer
 from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
+from streamproto.core.compat import endpoint_tls_options, fail_at_start
 from streamproto.core.config import ConfigurableOptions
+from streamproto.core.stores import STORE_PARAMETERS, StoreService, check_store_options
+
+__all__ = ["ServerOptions", "ServerService", "StoreService", "check_auth_policy",
+           "check_data_directory", "check_endpoint", "check_ops_options", "listen",
+           "server_service", "watch_policy"]
 
 
 class ServerOptions(ConfigurableOptions):
@@ -35,7 +42,13 @@ class ServerOptions(ConfigurableOptions):
         ["shutdown-timeout", None, 3.0,
          "Seconds to let connections finish their in-flight work on shutdown.", float],
         ["log-format", None, "text", "Log format: text or json (one JSON object a line)."],
-    ]
+        ["auth-policy", None, None,
+         "TOML authorization policy: who may read, write, administer which logs "
+         "(doc/security.rst); reloaded on SIGHUP.  Without it everything is allowed."],
+    ] + STORE_PARAMETERS
+
+    #: values of C{--store} that name a store of the server's own (not logs)
+    localStores = ()
 
     def __init__(self):
         super().__init__()
@@ -53,8 +66,28 @@ class ServerOptions(ConfigurableOptions):
             self["port"] = [self.defaultPort]
         for description in self["port"]:
             check_endpoint("port", description)
-        self["data"] = check_data_directory(self["data"])
+        if check_store_options(self, self.localStores) is None:
+            self["data"] = check_data_directory(self["data"])
+        else:
+            # the cluster holds everything: nothing of ours on local disk
+            self["data"] = os.path.abspath(self["data"])
         check_ops_options(self)
+        self["authorizer"] = check_auth_policy(self.get("auth-policy"))
+
+
+def check_auth_policy(path):
+    """
+    The authorizer of C{--auth-policy}: a L{PolicyHolder} of the file, or
+    L{ALLOW_ALL} without one.  @raise usage.UsageError: the file cannot be
+    read or is not a valid policy (the message says which key and why).
+    """
+    from streamproto.core.auth import ALLOW_ALL, PolicyError, PolicyHolder
+    if not path:
+        return ALLOW_ALL
+    try:
+        return PolicyHolder(path)
+    except PolicyError as e:
+        raise usage.UsageError(f"--auth-policy {e}")
 
 
 def check_ops_options(options):
@@ -128,29 +161,6 @@ def positive_float(name):
 def non_negative_float(name):
     return _number(name, float, lambda v: v >= 0, "not be negative",
                    "Seconds; 0 turns it off.")
-
-
-class StoreService(service.Service):
-    """
-    Owns a file-backed log store: opened at construction (so factories can be
-    built with it), fsynced and closed when the service stops.
-    """
-
-    log = Logger()
-
-    def __init__(self, path, **kwargs):
-        from streamproto.core.metrics import observe_store
-        from streamproto.log import open_store
-        self.path = path
-        self.store = open_store(path, **kwargs)
-        observe_store(self.store)
-
-    def stopService(self):
-        from streamproto.core.metrics import forget_store
-        super().stopService()
-        self.log.info("closing log store {path}", path=self.path)
-        forget_store(self.store)
-        return self.store.close()
 
 
 class ServerService(service.MultiService):
@@ -259,14 +269,14 @@ def server_endpoint(description, reactor=None):
     accept clients offering ALPN protocols the server does not speak
     (L{streamproto.core.tls.tolerate_alpn}).
     """
-    from twisted.internet.endpoints import SSL4ServerEndpoint, serverFromString
+    from twisted.internet.endpoints import serverFromString
 
     from streamproto.core.tls import tolerate_alpn
     if reactor is None:
         from twisted.internet import reactor
     endpoint = serverFromString(reactor, description)
-    options = getattr(endpoint, "_sslContextFactory", None)
-    if isinstance(endpoint, SSL4ServerEndpoint) and isinstance(options, ssl.CertificateOptions):
+    options = endpoint_tls_options(endpoint)
+    if options is not None:
         tolerate_alpn(options)
     return endpoint
 
@@ -275,9 +285,20 @@ def listen(parent, descriptions, factory):
     """Add one listening service per endpoint description to C{parent}."""
     for description in descriptions:
         listener = StreamServerEndpointService(server_endpoint(description), factory)
-        listener._raiseSynchronously = True     # as strports.service: fail twistd at start
+        fail_at_start(listener)     # as strports.service: fail twistd at start
         listener._streamproto_listener = True
         listener.setServiceParent(parent)
+
+
+def watch_policy(top, options):
+    """
+    Make C{--auth-policy}'s holder reload on SIGHUP while C{top} runs (a
+    L{PolicyService} child; nothing without a policy).
+    """
+    authorizer = options.get("authorizer")
+    if getattr(authorizer, "reload", None) is not None:
+        from streamproto.core.auth import PolicyService
+        PolicyService(authorizer).setServiceParent(top)
 
 
 def server_service(options, factory_from_store, store=None, name=None):
@@ -297,10 +318,11 @@ def server_service(options, factory_from_store, store=None, name=None):
         top.setName(name)
     stores = []
     if store is None:
-        owner = StoreService(options["data"])
+        owner = StoreService(options)
         store = owner.store
         owner.setServiceParent(top)  # first in, so stopped last
     stores.append(store)
+    watch_policy(top, options)
     tracker = TrackingFactory(factory_from_store(store), name or "server")
     top.trackers.append(tracker)
     listen(top, options["port"], tracker)

@@ -61,3 +61,25 @@ class WriteFailed(LogError):
     """
 
     code = "log_not_available"
+
+
+class AppendConflict(LogError):
+    """
+    A conditional append (C{expected_position}) found the log ending
+    elsewhere: another writer (on this or another front-end) appended
+    first.  Nothing of it was written.
+    """
+
+    code = "conflict"
+
+
+class StoreUnavailable(LogError):
+    """
+    The store's backend (a JetStream cluster) did not answer in time: no
+    quorum, no leader, not reachable.  Transient, unlike L{LogFailed}: the
+    log takes appends again once the cluster answers.  An append that fails
+    with it may still be stored (its outcome is unknown, as after any
+    timeout); a read or an admin call did nothing.
+    """
+
+    code = "log_not_available"

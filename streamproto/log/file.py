@@ -37,8 +37,8 @@ from streamproto.core import metrics
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge, WriteFailed,
+    AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
+    PositionOutOfRange, RecordTooLarge, WriteFailed,
 )
 from streamproto.log.format import (
     MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
@@ -307,11 +307,14 @@ class FileLog:
             start = stop
         return chunks
 
-    def append(self, records, attributes=None):
+    def append(self, records, attributes=None, expected_position=None):
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
             return fail(LogFailed(f"log {self.name} fail-stopped: {self.failed}"))
+        if expected_position is not None and expected_position != self._w_pos:
+            return fail(AppendConflict(f"log {self.name} ends at {self._w_pos}, "
+                                       f"not {expected_position}"))
         if isinstance(records, RecordBatch):
             # already lengths + one buffer (a decoder's output): no per-record work
             lengths, data = records.lengths, records.data

@@ -101,7 +101,7 @@ class ILog(Interface):
         "write error): no append is accepted after it."
     )
 
-    def append(records, attributes=None):
+    def append(records, attributes=None, expected_position=None):
         """
         Append records at the end of the log.
 
@@ -117,9 +117,14 @@ class ILog(Interface):
             these records (e.g. a Pravega writer's last event number): after
             a crash either both the records and the attributes are there, or
             neither.
+        @param expected_position: append only if the first record would
+            get this position (compare-and-append: a read-modify-write that
+            several front-ends of one store may race on); otherwise fail
+            with L{AppendConflict} and write nothing.  A conditional append
+            must fit in one batch of the store.
         @return: Deferred firing, after the fsync that covers these records,
             with an L{AppendResult}; fails with L{RecordTooLarge},
-            L{LogFailed}, L{LogClosed}.
+            L{LogFailed}, L{LogClosed}, L{AppendConflict}.
         """
 
     def read(position, max_records=-1, max_bytes=1048576):
@@ -211,6 +216,6 @@ def log_problems(logs):
     for log in list(logs):
         status = log.info()["status"]
         if status != "ok":
-            cause = getattr(log, "failed", None)
+            cause = getattr(log, "failed", None) or getattr(log, "unavailable", None)
             found.append(f"log {log.name}: {status}" + (f": {cause}" if cause else ""))
     return found

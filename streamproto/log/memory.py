@@ -12,7 +12,8 @@ from zope.interface import implementer
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
-    LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+    AppendConflict, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
+    RecordTooLarge,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
@@ -56,11 +57,14 @@ class MemoryLog:
         return dict(self._attributes)
 
     # -- writing ---------------------------------------------------------
-    def append(self, records, attributes=None):
+    def append(self, records, attributes=None, expected_position=None):
         if self._closed:
             return fail(LogClosed(self.name))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
+        if expected_position is not None and expected_position != self.end_position:
+            return fail(AppendConflict(f"log {self.name} ends at {self.end_position}, "
+                                       f"not {expected_position}"))
         if isinstance(records, RecordBatch):
             records = records.records()
         records = [bytes(r) for r in records]

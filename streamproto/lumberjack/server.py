@@ -35,7 +35,9 @@ from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.errors import log_failure
 from streamproto.core import metrics
+from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.core.tls import peer_identity
 from streamproto.lumberjack.codec import (
     DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_FRAME, DEFAULT_MAX_WINDOW, VERSION_2, Ack, Events,
@@ -83,6 +85,7 @@ class LumberjackServerProtocol(Protocol):
         self.decoder = FrameDecoder(factory.max_frame, factory.max_decompressed,
                                     factory.max_window)
         self.connection = None
+        self._principals = None
         self.peer = "?"
         self._backlog = deque()     # decoded frames past the end of the current batch
         self._window = None         # None between batches
@@ -197,6 +200,8 @@ class LumberjackServerProtocol(Protocol):
             if kind is Events:
                 self._events(frame)
             elif kind is Window:
+                if not self._authorized():
+                    return
                 if self._received:
                     raise UnexpectedFrame(f"window frame after {self._received} of "
                                           f"{self._window} events of a batch")
@@ -208,6 +213,26 @@ class LumberjackServerProtocol(Protocol):
                     self._window_opened(frame)
             elif kind is Ack:
                 raise UnexpectedFrame("ack frame from a writer")
+
+    def _authorized(self):
+        """
+        Whether the policy lets this connection write to the sink's log,
+        asked at every window (a reloaded policy applies from the next
+        batch).  If not, the connection is closed before anything of the
+        batch is stored or acked.
+        """
+        authorizer = self.factory.authorizer
+        if not authorizer.enabled:
+            return True
+        if self._principals is None:
+            self._principals = connection_principals(self.transport)
+        resource = getattr(self.factory.sink, "log_name", "lumberjack")
+        if authorizer.allows(self._principals, "write", resource):
+            return True
+        denied(self.factory.server_name, self._principals, "write", resource,
+               f"closing {self.peer}")
+        self._lose()
+        return False
 
     def _events(self, run):
         if self._window is None:
@@ -439,8 +464,10 @@ class LumberjackServerProtocol(Protocol):
     @_machine.output()
     def _log_store_failure(self, failure):
         self._writing = False
-        self.log.failure("lumberjack: storing events from {peer} failed; closing without ack",
-                         failure, peer=self.peer)
+        # the store's own errors (full, a cluster without a quorum) are one
+        # line; the client sends the batch again
+        log_failure(self.log, failure, "lumberjack: storing events from {peer} failed, "
+                    "closing without ack", peer=self.peer)
 
     @_machine.output()
     def _disconnect(self):
@@ -523,6 +550,8 @@ class LumberjackServerFactory(Factory):
         events received and not yet stored.  Past it, a connection that
         opens a new batch waits (not reading) until others have stored.
     @param server_name: the C{server} label of the Prometheus metrics.
+    @param authorizer: the L{streamproto.core.auth.IAuthorizer} deciding
+        who may write to the sink's log (its C{log_name}); default: everyone.
     """
 
     protocol = LumberjackServerProtocol
@@ -531,10 +560,11 @@ class LumberjackServerFactory(Factory):
                  max_frame=DEFAULT_MAX_FRAME, max_decompressed=DEFAULT_MAX_DECOMPRESSED,
                  idle_timeout=DEFAULT_IDLE_TIMEOUT, keepalive_interval=DEFAULT_KEEPALIVE_INTERVAL,
                  flush_bytes=DEFAULT_FLUSH_BYTES, max_buffered=DEFAULT_MAX_BUFFERED,
-                 server_name="lumberjack-server"):
+                 server_name="lumberjack-server", authorizer=ALLOW_ALL):
         if clock is None:
             from twisted.internet import reactor as clock
         self.sink = sink
+        self.authorizer = authorizer
         self.clock = clock
         self.max_window = max_window
         self.max_frame = max_frame

@@ -8,6 +8,7 @@ events to a log of the embedded log store.
 
 from twisted.python import usage
 
+from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import ServerOptions, non_negative_float, positive_int, server_service
 from streamproto.log import LogConfig, validate_name
 from streamproto.log.public import check_public_name
@@ -75,6 +76,7 @@ def factory_for_store(options, store):
         keepalive_interval=options["keepalive"],
         flush_bytes=options["flush-bytes"],
         max_buffered=options["max-buffered"],
+        authorizer=options.get("authorizer", ALLOW_ALL),
     )
 
 

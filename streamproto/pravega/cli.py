@@ -8,20 +8,29 @@ C{streamproto pravega COMMAND}: segment admin, writing and reading.
     streamproto pravega delete SEGMENT
     streamproto pravega write SEGMENT < lines        # one event per line
     streamproto pravega read SEGMENT [--offset N] [--follow]
+    streamproto pravega scope create|delete SCOPE | scope list
+    streamproto pravega stream create SCOPE/STREAM [--segments N]
+    streamproto pravega stream info|seal|delete SCOPE/STREAM | stream list SCOPE
+
+Scopes and streams go through the gRPC controller (C{-c/--controller},
+default the segment store's host, port 9090); segments straight to the
+segment store (C{-s/--server}).
 
 The common options (C{-s/--server}, TLS, C{-f}, C{-v}/C{-q}, C{-t}), before
 or after the command, are those of every streamproto command:
 L{streamproto.core.cli}, doc/cli.rst.
 """
 
+import argparse
 import contextlib
 import json
 import sys
 
-from twisted.internet import defer
+from twisted.internet import defer, threads
 
 from streamproto.core import cli as common
 from streamproto.pravega import client
+from streamproto.pravega.controller_client import ControllerError
 
 PROG = "streamproto pravega"
 CONVENTION = common.Convention(PROG, "127.0.0.1:12345", timeout=30.0,
@@ -45,7 +54,65 @@ def parser():
     r.add_argument("segment")
     r.add_argument("--offset", type=int, default=0)
     r.add_argument("--follow", action="store_true", help="wait for new events at the tail")
+
+    sc = sub.add_parser("scope", help="create, list or delete scopes (controller)")
+    scopes = sc.add_subparsers(dest="action", required=True)
+    for name, help_ in [("create", "create a scope"), ("delete", "delete an empty scope")]:
+        scopes.add_parser(name, help=help_).add_argument("scope")
+    scopes.add_parser("list", help="list the scopes")
+    st = sub.add_parser("stream", help="create, list, show, seal or delete streams (controller)")
+    streams = st.add_subparsers(dest="action", required=True)
+    c = streams.add_parser("create", help="create a stream")
+    c.add_argument("stream", metavar="SCOPE/STREAM")
+    c.add_argument("--segments", type=common.positive_int, default=1,
+                   help="fixed number of segments (default 1)")
+    streams.add_parser("list", help="list the streams of a scope").add_argument("scope")
+    for name, help_ in [("info", "a stream's configuration and current segments, with "
+                                 "their lengths on the segment store"),
+                        ("seal", "seal a stream (no more writes)"),
+                        ("delete", "delete a sealed stream")]:
+        streams.add_parser(name, help=help_).add_argument("stream", metavar="SCOPE/STREAM")
+    for parser_ in (p, sc, st, *scopes.choices.values(), *streams.choices.values()):
+        parser_.add_argument(
+            "-c", "--controller", metavar="ADDRESS",
+            default=argparse.SUPPRESS if parser_ is not p else None,
+            help="[tls://]HOST[:PORT] of the gRPC controller (default: the server's host, "
+                 f"port {CONTROLLER_PORT}; TLS with the same --ca/--cert/--key)")
     return CONVENTION.share(p)
+
+
+CONTROLLER_PORT = 9090
+
+
+def controller_client(args):
+    """A L{ControllerClient} for C{-c/--controller} (TLS as the convention's options say)."""
+    from streamproto.pravega.controller_client import ControllerClient
+    server = args.server
+    scheme, host, port = None, server.host, CONTROLLER_PORT
+    if args.controller:
+        try:
+            scheme, host, port, _ = common.parse_address(args.controller)
+        except ValueError as e:
+            raise common.CommandError(f"bad controller address {args.controller!r}: {e}")
+        host = host or server.host
+        port = port or CONTROLLER_PORT
+    tls = scheme in common.TLS_SCHEMES or (scheme is None and server.tls)
+    files = None
+    if tls:
+        files = tuple(open(path, "rb").read() if path else None
+                      for path in (args.ca, args.cert, args.key or args.cert))
+        if files[1] is None:
+            files = (files[0], None, None)
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return ControllerClient(target, tls=files, server_name=args.server_name,
+                            timeout=args.timeout or None)
+
+
+def split_stream(text):
+    scope, sep, stream = text.partition("/")
+    if not sep or not scope or not stream or "/" in stream:
+        raise common.CommandError(f"{text!r}: a stream is SCOPE/STREAM")
+    return scope, stream
 
 
 def endpoint(reactor, args):
@@ -66,12 +133,20 @@ def run(reactor, argv, stdin=None, stdout=None, stderr=None):
     ep = endpoint(reactor, args)
     stop = CONVENTION.log_to(args, stderr)
     try:
-        if args.command == "write":
+        if args.command in ("scope", "stream"):
+            status = yield _controller(ep, args, stdout)
+        elif args.command == "write":
             status = yield _write(ep, args, stdin, stdout)
         elif args.command == "read":
             status = yield _read(ep, args, stdout)
         else:
             status = yield _admin(ep, args, stdout)
+    except common.CommandError as e:
+        return CONVENTION.report(common.CommandError(f"{args.command} {args.action}: {e}")
+                                 if getattr(args, "action", None) else e, stderr)
+    except ControllerError as e:
+        return CONVENTION.report(common.CommandError(f"{args.command} {args.action}: {e}"),
+                                 stderr)
     except client.PravegaError as e:
         return CONVENTION.report(common.CommandError(
             f"{args.command}: {type(e.reply).__name__}: {getattr(e.reply, 'segment', '')}"),
@@ -112,6 +187,99 @@ def _admin(ep, args, stdout):
         proto.transport.loseConnection()
         yield proto.closed
     return 0
+
+
+@defer.inlineCallbacks
+def _controller(ep, args, stdout):
+    """The scope and stream commands: the controller in a thread (grpcio blocks)."""
+    controller = controller_client(args)
+    try:
+        call = threads.deferToThread
+        if args.command == "scope":
+            if args.action == "list":
+                scopes = yield call(controller.list_scopes)
+                _emit(args, stdout, "".join(f"{s}\n" for s in scopes), scopes)
+            else:
+                method = {"create": controller.create_scope,
+                          "delete": controller.delete_scope}[args.action]
+                yield call(method, args.scope)
+                _emit(args, stdout, f"{args.action}d scope {args.scope}\n",
+                            {"scope": args.scope, "status": f"{args.action}d"})
+        elif args.action == "list":
+            streams = yield call(controller.list_streams, args.scope)
+            _emit(args, stdout, "".join(f"{args.scope}/{s}\n" for s in streams),
+                        [f"{args.scope}/{s}" for s in streams])
+        elif args.action == "info":
+            scope, stream = split_stream(args.stream)
+            description = yield call(controller.describe_stream, scope, stream)
+            segments = yield _segment_details(ep, description.segments)
+            _show_stream(args, stdout, description, segments)
+        else:
+            scope, stream = split_stream(args.stream)
+            if args.action == "create":
+                yield call(controller.create_stream, scope, stream, args.segments)
+                done = "created"
+            elif args.action == "seal":
+                yield call(controller.seal_stream, scope, stream)
+                done = "sealed"
+            else:
+                yield call(controller.delete_stream, scope, stream)
+                done = "deleted"
+            _emit(args, stdout, f"{done} stream {scope}/{stream}\n",
+                        {"stream": f"{scope}/{stream}", "status": done})
+    finally:
+        controller.close()
+    return 0
+
+
+@defer.inlineCallbacks
+def _segment_details(ep, segments):
+    """Each current segment's state on the segment store (one connection)."""
+    if not segments:
+        return []
+    proto = yield client.connect(ep)
+    try:
+        details = []
+        for segment in segments:
+            info = yield proto.segment_info(segment.name)
+            details.append(info)
+    finally:
+        proto.transport.loseConnection()
+        yield proto.closed
+    return details
+
+
+def _emit(args, stdout, text, data):
+    """A result on the byte stream C{stdout}: C{text}, or C{data} as JSON with C{-f json}."""
+    if args.format == "json":
+        stdout.write(json.dumps(data, sort_keys=True).encode() + b"\n")
+    elif text:
+        stdout.write(text.encode())
+
+
+def _show_stream(args, stdout, description, details):
+    rows = []
+    for segment, info in zip(description.segments, details):
+        rows.append({"segment": segment.name, "number": segment.number, "epoch": segment.epoch,
+                     "key_range": [segment.min_key, segment.max_key],
+                     "start_offset": info.start_offset, "write_offset": info.write_offset,
+                     "sealed": bool(info.is_sealed)})
+    data = {"stream": f"{description.scope}/{description.stream}",
+            "scaling": description.scaling, "min_segments": description.min_segments,
+            "retention": description.retention, "tags": description.tags, "segments": rows}
+    lines = [f"stream:       {data['stream']}",
+             f"scaling:      {description.scaling}, at least {description.min_segments} "
+             "segment(s)",
+             f"retention:    {description.retention}"]
+    if description.tags:
+        lines.append(f"tags:         {', '.join(description.tags)}")
+    lines.append(f"segments:     {len(rows)} current" + ("" if rows else " (sealed stream)"))
+    for row in rows:
+        lo, hi = row["key_range"]
+        lines.append(f"  {row['segment']}  keys [{lo:.4f}, {hi:.4f})  bytes "
+                     f"{row['start_offset']}..{row['write_offset']}"
+                     + ("  sealed" if row["sealed"] else ""))
+    _emit(args, stdout, "\n".join(lines) + "\n", data)
 
 
 @defer.inlineCallbacks

@@ -44,6 +44,7 @@ from twisted.application import service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
+from streamproto.core.compat import listening_port
 from streamproto.core.ops import add_readiness_check
 
 # gRPC's fork support (on by default in grpcio's core) re-creates its
@@ -53,12 +54,18 @@ from streamproto.core.ops import add_readiness_check
 # Read when grpc is first imported (lazily, below); an explicit setting wins.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
+from streamproto.log.errors import AppendConflict  # noqa: E402
 from streamproto.pravega.segments import (  # noqa: E402
     BadOffset, SegmentExists, SegmentNotFound, SegmentSealed,
 )
 
 SERVICE_NAME = "io.pravega.controller.stream.api.grpc.v1.ControllerService"
+
+#: a change is tried this many times against other controllers' changes
+MUTATION_ATTEMPTS = 5
 STATE_LOG = "pravega-controller"
+#: the C{server} label of the controller's denials in the metrics
+SERVER_LABEL = "pravega-controller"
 #: Transaction leases (milliseconds): used when a client asks for 0, and the most it may ask.
 DEFAULT_LEASE_MS = 120_000
 MAX_LEASE_MS = 24 * 3600 * 1000
@@ -389,6 +396,8 @@ class ControllerState:
         # oldest first: [{"t": ms, "epoch": e, "cut": {"id": offset}}]
         self.retention = {}
         self._log = None
+        #: the state log's end when the document in memory was read or written
+        self._position = None
         self._lock = defer.DeferredLock()
 
     @defer.inlineCallbacks
@@ -398,27 +407,8 @@ class ControllerState:
         does not parse: the controller must not carry on with an empty
         state (it would lose every scope and stream it knew).
         """
-        self._log = log = yield self.store.get_or_create(STATE_LOG)
-        if log.end_position > log.start_position:
-            position = log.end_position - 1
-            batch = yield log.read(position, 1)
-            try:
-                state = json.loads(bytes(batch.records()[0]))
-                scopes = state["scopes"]
-                if not isinstance(scopes, dict):
-                    raise TypeError("scopes is not an object")
-            except (ValueError, KeyError, TypeError) as e:
-                raise ControllerStateDamaged(
-                    f"controller state log {STATE_LOG!r}, record {position}: "
-                    f"{type(e).__name__}: {e}")
-            self.scopes = scopes
-            self.txns = state.get("txns", {})
-            self.layouts = state.get("layouts", {})
-            self.retention = state.get("retention", {})
-        # documents written before streams could scale have no layouts
-        for scope, streams in self.scopes.items():
-            for stream, info in streams.items():
-                self.layouts.setdefault(f"{scope}/{stream}", Layout.new(info["segments"]).doc)
+        self._log = yield self.store.get_or_create(STATE_LOG)
+        yield self._load()
         self.log.info("controller state: {n} scopes, {t} transactions", n=len(self.scopes),
                       t=len(self.txns))
         # finish what a crash interrupted (every step is idempotent)
@@ -434,15 +424,88 @@ class ControllerState:
             elif txn["state"] == "ABORTING":
                 yield self.abort_txn(txn["scope"], txn["stream"], txn_id)
 
+    @defer.inlineCallbacks
+    def _load(self):
+        """Read the newest document of the state log into memory."""
+        log = self._log
+        end = log.end_position
+        scopes, txns, layouts, retention = {}, {}, {}, {}
+        if end > log.start_position:
+            position = end - 1
+            batch = yield log.read(position, 1)
+            try:
+                state = json.loads(bytes(batch.records()[0]))
+                scopes = state["scopes"]
+                if not isinstance(scopes, dict):
+                    raise TypeError("scopes is not an object")
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                raise ControllerStateDamaged(
+                    f"controller state log {STATE_LOG!r}, record {position}: "
+                    f"{type(e).__name__}: {e}")
+            txns = state.get("txns", {})
+            layouts = state.get("layouts", {})
+            retention = state.get("retention", {})
+        # documents written before streams could scale have no layouts
+        for scope, streams in scopes.items():
+            for stream, info in streams.items():
+                layouts.setdefault(f"{scope}/{stream}", Layout.new(info["segments"]).doc)
+        self.scopes, self.txns, self.layouts, self.retention = scopes, txns, layouts, retention
+        self._position = end
+
+    @defer.inlineCallbacks
+    def _catch_up(self, force=False):
+        """
+        Take the document another controller on the same store (a second
+        front-end on a JetStream store) wrote since ours: C{get} of an open
+        log brings its tail up to date with the store's.
+        """
+        log = yield self.store.get(STATE_LOG)
+        if log is not self._log:
+            self._log = log
+            force = True
+        if force or log.end_position != self._position:
+            yield self._load()
+
+    def refresh(self):
+        """
+        Bring the state in memory up to date (between mutations, never
+        during one).  @return: Deferred.
+        """
+        return self._lock.run(self._catch_up)
+
     def _save(self):
         record = json.dumps({"scopes": self.scopes, "txns": self.txns, "layouts": self.layouts,
                              "retention": self.retention}, sort_keys=True).encode()
-        d = self._log.append([record])
-        # keep only the newest document
-        return d.addCallback(lambda r: self._log.truncate(r.first_position))
+        # written only right after the document it was derived from: two
+        # controllers on one store never overwrite each other's change
+        d = self._log.append([record], expected_position=self._position)
+
+        def saved(r):
+            self._position = r.end_position
+            # keep only the newest document
+            return self._log.truncate(r.first_position)
+        return d.addCallback(saved)
 
     def _mutate(self, fn, *args):
-        return self._lock.run(fn, *args)
+        return self._lock.run(self._attempt, fn, *args)
+
+    @defer.inlineCallbacks
+    def _attempt(self, fn, *args):
+        """
+        Run a change on the newest document; when another controller wrote
+        first (L{AppendConflict}), read its document and run the change again.
+        """
+        for attempt in range(MUTATION_ATTEMPTS):
+            yield self._catch_up(force=attempt > 0)
+            try:
+                result = yield fn(*args)
+            except AppendConflict:
+                self.log.info("controller state changed by another controller: retrying")
+                continue
+            return result
+        yield self._catch_up(force=True)
+        raise AppendConflict(f"controller state: {MUTATION_ATTEMPTS} conflicting writers in "
+                             "a row")
 
     def stream(self, scope, stream):
         return self.scopes.get(scope, {}).get(stream)
@@ -965,11 +1028,22 @@ class ControllerServicer:
 
     log = Logger()
 
-    def __init__(self, state, call, segment_store_address):
+    #: handlers that are given the caller's principals too
+    _WITH_PRINCIPALS = ("getDelegationToken", "listScopes", "listStreamsInScope")
+
+    def __init__(self, state, call, segment_store_address, authorizer=None, tokens=None):
         """
         @param segment_store_address: C{(host, port)}, or a callable
             returning it (read at each getURI).
+        @param authorizer: the L{streamproto.core.auth.IAuthorizer} (default:
+            everyone may do everything, and delegation tokens are empty).
+        @param tokens: the L{streamproto.pravega.auth.DelegationTokens}
+            shared with the segment store.
         """
+        from streamproto.core.auth import ALLOW_ALL
+        from streamproto.pravega.auth import DelegationTokens
+        self.authorizer = authorizer or ALLOW_ALL
+        self.tokens = tokens or DelegationTokens(self.authorizer)
         self.state = state
         self.call = call
         if callable(segment_store_address):
@@ -1022,8 +1096,13 @@ class ControllerServicer:
             for name, (request, fn) in methods.items()})
 
     def _guarded(self, name, fn):
+        with_principals = name in self._WITH_PRINCIPALS
+
         def handle(request, context):
             try:
+                principals = self._authorize(name, request, context)
+                if with_principals:
+                    return fn(request, principals)
                 return fn(request)
             except _RpcError as e:
                 context.abort(e.code, e.details)
@@ -1031,6 +1110,43 @@ class ControllerServicer:
                 self.log.failure("controller {method} failed", method=name)
                 context.abort(self.grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         return handle
+
+    def _authorize(self, name, request, context):
+        """
+        The caller's principals, if the policy lets them call C{name} on
+        the request's scope or stream (L{streamproto.pravega.auth
+        .METHOD_ACCESS}).
+
+        @raise _RpcError: C{UNAUTHENTICATED} for wrong credentials, or none
+            where some are needed; C{PERMISSION_DENIED} otherwise.
+        """
+        from streamproto.core.auth import ANONYMOUS, denied
+        from streamproto.pravega.auth import METHOD_ACCESS, Unauthenticated, grpc_principals
+        if not self.authorizer.enabled:
+            return (ANONYMOUS,)
+        access = METHOD_ACCESS.get(name)
+        try:
+            principals = grpc_principals(context, self.authorizer)
+        except Unauthenticated as e:
+            op, resource_of = access or ("read", lambda request: name)
+            denied(SERVER_LABEL, ("invalid-credentials",), op, resource_of(request), str(e))
+            raise _RpcError(self.grpc.StatusCode.UNAUTHENTICATED, f"authentication failed: {e}")
+        if access is not None:
+            op, resource_of = access
+            self._require(principals, op, resource_of(request))
+        return principals
+
+    def _require(self, principals, op, resource):
+        from streamproto.core.auth import denied, is_anonymous
+        if self.authorizer.allows(principals, op, resource):
+            return
+        denied(SERVER_LABEL, principals, op, resource)
+        code = (self.grpc.StatusCode.UNAUTHENTICATED if is_anonymous(principals)
+                else self.grpc.StatusCode.PERMISSION_DENIED)
+        raise _RpcError(code, f"{op} on {resource} denied")
+
+    def _readable(self, principals, resource):
+        return self.authorizer.allows(principals, "read", resource)
 
     # -- helpers ---------------------------------------------------------
     def _ranges(self, scope, stream, segments):
@@ -1069,11 +1185,14 @@ class ControllerServicer:
         return self.pb.ExistsResponse(
             exists=self.call(lambda: request.scope in self.state.scopes))
 
-    def list_scopes(self, request):
+    def list_scopes(self, request, principals):
         # everything in one page; the next call (with our token) gets the end
+        from streamproto.pravega.auth import stream_resource
         if request.continuationToken.token:
             return self.pb.ScopesResponse(continuationToken=request.continuationToken)
         scopes = self.call(lambda: sorted(self.state.scopes))
+        if self.authorizer.enabled:
+            scopes = [s for s in scopes if self._readable(principals, stream_resource(s))]
         return self.pb.ScopesResponse(scopes=scopes,
                                       continuationToken=self.pb.ContinuationToken(token="end"))
 
@@ -1113,7 +1232,8 @@ class ControllerServicer:
     def check_stream_exists(self, request):
         return self.pb.ExistsResponse(exists=self._stream(request) is not None)
 
-    def list_streams(self, request):
+    def list_streams(self, request, principals):
+        from streamproto.pravega.auth import stream_resource
         pb = self.pb
         scope = request.scope.scope
         streams = self.call(lambda: None if scope not in self.state.scopes
@@ -1122,6 +1242,9 @@ class ControllerServicer:
             return pb.StreamsInScopeResponse(status=pb.StreamsInScopeResponse.SCOPE_NOT_FOUND)
         if request.continuationToken.token:
             streams = []
+        if self.authorizer.enabled:
+            streams = [s for s in streams if self._readable(principals,
+                                                            stream_resource(scope, s))]
         return pb.StreamsInScopeResponse(
             streams=[pb.StreamInfo(scope=scope, stream=s) for s in streams],
             continuationToken=pb.ContinuationToken(token="end"))
@@ -1232,8 +1355,20 @@ class ControllerServicer:
         return self.pb.SegmentValidityResponse(
             response=request.segmentId in {i for i, _, _ in layout.active()})
 
-    def get_delegation_token(self, request):
-        return self.pb.DelegationToken(delegationToken="")
+    def get_delegation_token(self, request, principals):
+        """
+        A signed token carrying the caller's principals to the segment
+        store (see L{streamproto.pravega.auth}), for a caller that may
+        read, write or administer the stream; empty without a policy.
+        """
+        from streamproto.core.auth import OPS
+        from streamproto.pravega.auth import stream_resource
+        if not self.authorizer.enabled:
+            return self.pb.DelegationToken(delegationToken="")
+        resource = stream_resource(request.scope, request.stream)
+        if not any(self.authorizer.allows(principals, op, resource) for op in OPS):
+            self._require(principals, "read", resource)
+        return self.pb.DelegationToken(delegationToken=self.tokens.issue(principals, resource))
 
     def remove_writer(self, request):
         return self.pb.RemoveWriterResponse()
@@ -1378,10 +1513,14 @@ class ControllerService(service.Service):
 
     def __init__(self, store, segments, host, port, segment_store_address, reactor=None,
                  max_workers=8, expiry_interval=1.0, tls=None, retention_interval=60.0,
-                 store_listener=None):
+                 store_listener=None, authorizer=None, tokens=None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
+        #: who may do what (L{streamproto.core.auth.IAuthorizer}; None: everyone)
+        self.authorizer = authorizer
+        #: the delegation tokens shared with the segment store
+        self.tokens = tokens
         self.expiry_interval = expiry_interval
         self.retention_interval = retention_interval
         self.store_listener = store_listener
@@ -1414,7 +1553,7 @@ class ControllerService(service.Service):
 
         self.failure = None
         self._remove_check = add_readiness_check(self._problems)
-        self.ready = self.state.open()
+        self.ready = self._open()
         if self.segment_store_address[1] == 0 and self.store_listener is not None:
             self.ready.addCallback(lambda _: self._resolve_store_port())
         self.ready.addErrback(self._failed)
@@ -1431,7 +1570,8 @@ class ControllerService(service.Service):
         def call(fn, *args):
             return blockingCallFromThread(self.reactor, run, fn, args)
 
-        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address)
+        servicer = ControllerServicer(self.state, call, lambda: self.segment_store_address,
+                                      authorizer=self.authorizer, tokens=self.tokens)
         # grpcio binds with SO_REUSEPORT by default: a second server on the
         # same port would start "fine" and take half of the connections
         server = grpc.server(futures.ThreadPoolExecutor(
@@ -1468,6 +1608,33 @@ class ControllerService(service.Service):
                       tls="plain" if self.tls is None else
                       "TLS" if self.tls.client_ca is None else "TLS, client certificates")
 
+    @defer.inlineCallbacks
+    def _open(self):
+        """
+        Read the state; while the store cannot answer (a cluster electing
+        a leader, not reachable yet), try again with a growing pause:
+        C{/ready} and every request say why meanwhile.  Damaged state is
+        not retried (L{_failed}).
+        """
+        from twisted.internet.task import deferLater
+        delay = 0.5
+        while True:
+            try:
+                yield self.state.open()
+            except ControllerStateDamaged:
+                raise
+            except Exception as e:  # noqa: BLE001 - the store's own transient errors
+                if not self.running:
+                    raise
+                self.failure = e
+                self.log.warn("pravega controller: cannot read its state yet ({error}); "
+                              "trying again in {delay:g} s", error=e, delay=delay)
+                yield deferLater(self.reactor, delay, lambda: None)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.failure = None
+            return None
+
     def _failed(self, failure):
         """
         The state could not be read: fail-stop.  Every request answers
@@ -1490,7 +1657,8 @@ class ControllerService(service.Service):
             import grpc
             return defer.fail(_RpcError(grpc.StatusCode.UNAVAILABLE,
                                         f"controller state unavailable: {self.failure}"))
-        return defer.maybeDeferred(fn, *args)
+        # what another controller on the same store changed is seen at once
+        return self.state.refresh().addCallback(lambda _: fn(*args))
 
     def _problems(self):
         if self.failure is None:
@@ -1499,8 +1667,7 @@ class ControllerService(service.Service):
 
     def _resolve_store_port(self):
         """Learn the segment store's port from its listener (it was asked for port 0)."""
-        # StreamServerEndpointService keeps the Deferred of its listen()
-        waiting = getattr(self.store_listener, "_waitingForPort", None)
+        waiting = listening_port(self.store_listener)
         if waiting is None:
             self.log.warn("cannot learn the segment store's port: clients are told port 0")
             return None

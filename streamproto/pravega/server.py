@@ -23,8 +23,10 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.errors import log_failure
 from streamproto.core import metrics
-from streamproto.log.errors import CorruptLog, LogFailed
+from streamproto.core.auth import ALLOW_ALL
+from streamproto.log.errors import CorruptLog, LogError, LogFailed
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
 from streamproto.pravega.segments import (
@@ -45,6 +47,8 @@ MAX_TABLE_READ_ENTRIES = 1000
 #: IllegalArgumentException.
 UNSPECIFIED = -1
 ILLEGAL_ARGUMENT = 0
+#: AuthTokenCheckFailed's code for "not allowed" (1 is "token expired")
+TOKEN_CHECK_FAILED = 0
 #: Log errors after which a log takes no more appends until the server is
 #: restarted (recovery runs on open): a fail-stopped log (fsync or write
 #: error) or a corrupt one.  Writers get an ErrorMessage and stop, rather
@@ -189,6 +193,7 @@ class PravegaServerProtocol(Protocol):
         self._send_waiters = []         # reads waiting for room in the send buffer
         self._read_counters = {}        # segment -> codec.EventCounter of a reader
         self.transients = set()         # transient segments made on this connection
+        self._principals = None         # the client certificate's, once asked
         self._producing = False         # registered as the transport's producer
         self.closed = False
 
@@ -369,9 +374,15 @@ class PravegaServerProtocol(Protocol):
         self._drain()
 
     def _internal_error(self, f, cmd):
-        self.log.failure("handling {command!r} from {peer}", f, command=cmd, peer=self.peer)
+        log_failure(self.log, f, "handling {command!r} from {peer}", command=cmd,
+                    peer=self.peer)
         if not self.closed:
-            self._abort("internal error", "internal_error")
+            if f.check(LogError):
+                # the store could not answer (a cluster electing a leader):
+                # the client reconnects and tries again
+                self._abort("storage unavailable", "storage_failure")
+            else:
+                self._abort("internal error", "internal_error")
 
     def _reply_error(self, f, cmd):
         """Answer a failed request with its error reply (see L{ERROR_REPLIES})."""
@@ -388,6 +399,8 @@ class PravegaServerProtocol(Protocol):
         """Handle one command; a returned Deferred holds the queue until it fires."""
         if type(cmd) is codec.Append:
             return self.append(cmd)
+        if self.factory.authorizer.enabled and not self._authorized(cmd):
+            return None
         handler = self._handlers.get(type(cmd))
         if handler is None:
             if isinstance(cmd, codec.UnsupportedCommand):
@@ -397,6 +410,47 @@ class PravegaServerProtocol(Protocol):
                         command=type(cmd).__name__)
             return None
         return handler(self, cmd)
+
+    # -- authorization ---------------------------------------------------
+    def _authorized(self, cmd):
+        """
+        Whether the policy lets this command's principals (its delegation
+        token's, and the connection's client certificate's) do its
+        operation on its segments' streams (L{streamproto.pravega.auth}).
+        If not, the client gets C{AuthTokenCheckFailed} and nothing is
+        touched.
+        """
+        from streamproto.core.auth import ANONYMOUS, connection_principals, denied
+        from streamproto.pravega.auth import TokenError, command_access
+        access = command_access(cmd)
+        if access is None:
+            return True
+        op, resources = access
+        if self._principals is None:
+            own = connection_principals(self.transport)
+            self._principals = () if own == (ANONYMOUS,) else own
+        principals = self._principals
+        token = getattr(cmd, "delegation_token", "")
+        why, code = "", TOKEN_CHECK_FAILED
+        if token:
+            try:
+                principals = principals + self.factory.tokens.verify(token)
+            except TokenError as e:
+                why, code = str(e), e.code
+        principals = principals or (ANONYMOUS,)
+        if not why:
+            refused = [r for r in resources
+                       if not self.factory.authorizer.allows(principals, op, r)]
+            if not refused:
+                return True
+            resources = refused
+        denied(self.factory.server_name, principals, op, resources[0], why)
+        if type(cmd) is codec.SetupAppend:
+            self.assembler.forget(cmd.writer_id)
+        self.factory.metric_error("AuthTokenCheckFailed")
+        self.send(codec.AuthTokenCheckFailed(
+            cmd.request_id, why or f"{op} on {resources[0]} denied", code))
+        return False
 
     # -- session ---------------------------------------------------------
     def hello(self, cmd):
@@ -502,14 +556,14 @@ class PravegaServerProtocol(Protocol):
             # writers on this connection carry on.
             if not state.failed:
                 state.failed = True
-                self.log.failure("append to {segment} failed", f, segment=append.segment)
+                log_failure(self.log, f, "append to {segment} failed", segment=append.segment)
                 self.send(codec.ErrorMessage(append.request_id, append.segment,
                                              storage_failure_message(f.value), UNSPECIFIED))
         elif not self.closed:
             # a transient storage error (a write that failed and was rolled
             # back, the store closing): close, so that the writer reconnects
             # and resends what was not acknowledged
-            self.log.failure("append to {segment} failed", f, segment=append.segment)
+            log_failure(self.log, f, "append to {segment} failed", segment=append.segment)
             self._abort("storage failure", "storage_failure")
 
     def _append_settled(self, _, size):
@@ -739,6 +793,10 @@ class PravegaServerFactory(Factory):
         which a connection is closed; 0 disables.  Java clients send a
         KeepAlive every 10 s.
     @param server_name: the C{server} label of the Prometheus metrics.
+    @param authorizer: the L{streamproto.core.auth.IAuthorizer} (default:
+        everyone may do everything).
+    @param tokens: the L{streamproto.pravega.auth.DelegationTokens} whose
+        tokens the commands carry (shared with the controller).
     """
 
     log = Logger()
@@ -747,9 +805,13 @@ class PravegaServerFactory(Factory):
 
     def __init__(self, store, clock=None, read_wait=60.0, max_frame_size=codec.MAX_FRAME_SIZE,
                  max_outstanding_bytes=32 * 1024 * 1024, max_queued_commands=4096,
-                 max_pending_reads=64, idle_timeout=300.0, server_name="pravega-server"):
+                 max_pending_reads=64, idle_timeout=300.0, server_name="pravega-server",
+                 authorizer=ALLOW_ALL, tokens=None):
         if clock is None:
             from twisted.internet import reactor as clock
+        from streamproto.pravega.auth import DelegationTokens
+        self.authorizer = authorizer
+        self.tokens = tokens or DelegationTokens(authorizer)
         self.clock = clock
         self.store = store
         self.segments = SegmentStore(store)

@@ -112,13 +112,19 @@ def _advertised_port_index(ports):
 
 
 def makeService(options, store=None):
+    from streamproto.core.auth import ALLOW_ALL
+    from streamproto.pravega.auth import DelegationTokens
     built = []
+    authorizer = options.get("authorizer") or ALLOW_ALL
+    # one secret (unless the policy file sets one) for the controller's
+    # tokens and the segment store that checks them
+    tokens = DelegationTokens(authorizer)
 
     def factory(store):
         f = PravegaServerFactory(
             store, read_wait=options["read-wait"], max_frame_size=options["max-frame-size"],
             max_outstanding_bytes=options["max-outstanding"],
-            idle_timeout=options["idle-timeout"])
+            idle_timeout=options["idle-timeout"], authorizer=authorizer, tokens=tokens)
         built.append(f)
         return f
     top = server_service(options, factory, store, name="pravega-server")
@@ -140,5 +146,6 @@ def makeService(options, store=None):
                           options["advertise-address"],
                           tls=options.get("controller-tls"),
                           retention_interval=options.get("retention-interval", 60.0),
-                          store_listener=listener).setServiceParent(top)
+                          store_listener=listener, authorizer=authorizer,
+                          tokens=tokens).setServiceParent(top)
     return top

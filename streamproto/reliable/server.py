@@ -24,6 +24,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core import metrics
+from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.reliable import codec
 from streamproto.reliable.errors import ProtocolError, ReliableError
 from streamproto.reliable.sequence import (
@@ -197,6 +198,8 @@ class ReliableStreamServerProtocol(Protocol):
             if self._initial_timer is not None:
                 self._initial_timer.cancel()
                 self._initial_timer = None
+            if not self._authorized(message):
+                return
             if isinstance(message, codec.StatelessStart):
                 self._start_stateless(self.factory.sequence.start())
             elif isinstance(message, codec.StatelessResume):
@@ -216,6 +219,25 @@ class ReliableStreamServerProtocol(Protocol):
             self._ack(message)
         else:
             self._fail(f"unexpected message in {self.phase} mode")
+
+    def _authorized(self, message):
+        """
+        Whether the policy lets this connection read the stream its first
+        message asks for: C{reliable:stateless}, or C{reliable:session:UUID}
+        for a stateful session.  If not, it gets the protocol's error line
+        (C{forbidden: ...}) and is closed; no session is touched.
+        """
+        authorizer = self.factory.authorizer
+        if not authorizer.enabled:
+            return True
+        uuid = getattr(message, "uuid", None)
+        resource = "reliable:stateless" if uuid is None else f"reliable:session:{uuid}"
+        principals = connection_principals(self.transport)
+        if authorizer.allows(principals, "read", resource):
+            return True
+        denied(self.factory.server_name, principals, "read", resource)
+        self._fail(f"forbidden: read on {resource}")
+        return False
 
     def connectionLost(self, reason):
         was = self.phase
@@ -567,6 +589,8 @@ class ReliableStreamFactory(Factory):
         socket buffer full) before the connection is cut; None: forever.
     @param clock: IReactorTime (default: the reactor).
     @param server_name: the C{server} label of the Prometheus metrics.
+    @param authorizer: the L{streamproto.core.auth.IAuthorizer} deciding who
+        may read which stream (default: everyone).
     """
 
     protocol = ReliableStreamServerProtocol
@@ -575,12 +599,13 @@ class ReliableStreamFactory(Factory):
     def __init__(self, store, sequence=None, rate=None, max_line=codec.DEFAULT_MAX_LINE,
                  window=DEFAULT_WINDOW, turn_batch=DEFAULT_TURN_BATCH,
                  initial_timeout=DEFAULT_INITIAL_TIMEOUT, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 clock=None, rng=None, server_name=SERVER_NAME):
+                 clock=None, rng=None, server_name=SERVER_NAME, authorizer=ALLOW_ALL):
         if clock is None:
             from twisted.internet import reactor as clock
         if rate is not None and rate <= 0:
             raise ValueError("rate must be positive")
         self.store = store
+        self.authorizer = authorizer
         self.sequence = sequence or DoublingSequence(rng or random)
         self.rate = rate
         self.max_line = max_line
@@ -630,6 +655,8 @@ def _error_code(text):
     """A short, bounded label for an error line (the metrics' C{code})."""
     if text.startswith("line longer than"):
         return "line_too_long"
+    if text.startswith("forbidden:"):
+        return "forbidden"
     known = {"Unknown client": "unknown_client", "Unknown message ID": "unknown_message_id",
              "Out-of-order ACK": "out_of_order_ack", "internal error": "internal_error",
              "no initial message in time": "initial_timeout",

@@ -11,11 +11,11 @@ import os
 
 from twisted.application import service
 from twisted.logger import Logger
-from twisted.python import usage
 
 from streamproto.log.interfaces import log_problems
+from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import (
-    ServerOptions, ServerService, listen, positive_float, positive_int,
+    ServerOptions, ServerService, listen, positive_float, positive_int, watch_policy,
 )
 from streamproto.reliable import codec
 from streamproto.reliable.server import DEFAULT_WINDOW, SERVER_NAME, ReliableStreamFactory
@@ -28,8 +28,8 @@ SQLITE_FILE = "reliable-sessions.sqlite"
 class Options(ServerOptions):
     configTable = "reliable-stream-server"
     defaultPort = DEFAULT_PORT
+    localStores = ("sqlite", "memory")
     optParameters = [
-        ["store", None, "sqlite", "Session store: sqlite (durable, under --data) or memory."],
         ["expiry", None, DEFAULT_EXPIRY, "Seconds a disconnected session is kept.",
          positive_float("expiry")],
         ["rate", None, None, "Messages per second per connection (default: unlimited)",
@@ -40,10 +40,14 @@ class Options(ServerOptions):
          positive_int("window")],
     ]
 
-    def postOptions(self):
-        super().postOptions()
-        if self["store"] not in ("sqlite", "memory"):
-            raise usage.UsageError("--store is sqlite or memory")
+    def __init__(self):
+        super().__init__()
+        # the core --store, with this server's own session stores
+        self["store"] = self.defaults["store"] = "sqlite"
+        self.docs["store"] = (
+            "Session store: sqlite (durable, under --data), memory, or "
+            "nats://HOST:PORT[,...][?replicas=N&prefix=P] (tls://...): sessions in a "
+            "JetStream key-value bucket, resumable on any front-end (doc/scale-out.rst).")
 
 
 class SessionStoreService(service.Service):
@@ -111,8 +115,10 @@ def makeService(options, store=None):
     sessions = make_store(options)
     # added first so that it stops last, after the connections are drained
     SessionStoreService(sessions).setServiceParent(top)
+    watch_policy(top, options)
     factory = ReliableStreamFactory(sessions, rate=options["rate"], max_line=options["max-line"],
-                                    window=options["window"])
+                                    window=options["window"],
+                                    authorizer=options.get("authorizer", ALLOW_ALL))
     tracker = TrackingFactory(factory, SERVER_NAME)
     top.trackers.append(tracker)
     listen(top, options["port"], tracker)

@@ -242,9 +242,14 @@ class ListenerFactory(Factory):
     Serves the named endpoints: C{endpoint.listen(ListenerFactory([...]))}.
     """
 
-    def __init__(self, endpoints, config=None, clock=None, server_name=SERVER_NAME):
+    def __init__(self, endpoints, config=None, clock=None, server_name=SERVER_NAME,
+                 authorizer=None):
         if clock is None:
             from twisted.internet import reactor as clock
+        from streamproto.core.auth import ALLOW_ALL
+        #: the L{streamproto.core.auth.IAuthorizer}: who may link to which
+        #: endpoint (resource C{relink:NAME}, operation write)
+        self.authorizer = authorizer or ALLOW_ALL
         self.clock = clock
         self.config = config or LinkConfig()
         self.endpoints = {e.name: e for e in endpoints}

@@ -10,12 +10,13 @@ The endpoints the relink server hosts.
   C{append} (atomic) and is acknowledged committed once durable.
 """
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core import metrics
+from streamproto.core.auth import ALLOW_ALL, ANONYMOUS, AuthorizationDenied, denied
 from streamproto.relink.api import SERVER_NAME, ChannelHandler, IChannelHandler, RelinkEndpoint
 from streamproto.relink.link import LinkConfig, LinkError
 from streamproto.log.public import PublicLogStore
@@ -109,8 +110,12 @@ class LogBridgeHandler(ChannelHandler):
 
     log = Logger()
 
-    def __init__(self, store, template=DEFAULT_LOG_TEMPLATE, server_name=SERVER_NAME):
+    def __init__(self, store, template=DEFAULT_LOG_TEMPLATE, server_name=SERVER_NAME,
+                 authorizer=ALLOW_ALL):
         self.store = store
+        self.server_name = server_name
+        #: who may append to which log (the link's principals, write)
+        self.authorizer = authorizer
         self._records_in = metrics.RECORDS_IN.labels(server_name)
         self.template = template
         self._logs = {}
@@ -158,13 +163,48 @@ class LogBridgeHandler(ChannelHandler):
         return self._log(channel_id).addCallback(
             lambda log: log.append(records)).addCallbacks(stored, forget)
 
+    def _denied(self, link, channel_id):
+        """
+        None if the link's principals may write channel C{channel_id}'s
+        log, else a failed Deferred: the link is discarded, nothing of it
+        stored or acknowledged.
+        """
+        if not self.authorizer.enabled:
+            return None
+        name = self.template.format(channel=channel_id)
+        principals = getattr(link, "principals", None) or (ANONYMOUS,)
+        if self.authorizer.allows(principals, "write", name):
+            return None
+        denied(self.server_name, principals, "write", name, f"link {link.link_id} discarded")
+        return fail(AuthorizationDenied(f"write to log {name!r} denied"))
+
+    def link_denied(self, principals):
+        """
+        Why a link of C{principals} may not be made, when that is known at
+        the handshake: every channel goes to one log (a template without
+        C{{channel}}) that they may not write.  None otherwise.
+        """
+        if not self.authorizer.enabled or "{channel}" in self.template:
+            return None
+        name = self.template.format(channel=0)
+        if self.authorizer.allows(principals, "write", name):
+            return None
+        denied(self.server_name, principals, "write", name, "handshake ended")
+        return f"write to log {name!r}"
+
     def messages_received(self, link, channel_id, messages):
+        refused = self._denied(link, channel_id)
+        if refused is not None:
+            return refused
         records = [m[0] if len(m) == 1 else b"".join(m) for m in messages]
         return self._append(channel_id, records)
 
     def commit_received(self, link, channel_id, messages):
         if not messages:
             return True
+        refused = self._denied(link, channel_id)
+        if refused is not None:
+            return refused
         records = [m[0] if len(m) == 1 else b"".join(m) for m in messages]
 
         def failed(f):
@@ -191,7 +231,7 @@ def server_config(**kwargs):
 
 
 def server_endpoints(store, template=DEFAULT_LOG_TEMPLATE, id_size=4, config=None,
-                     clock=None):
+                     clock=None, authorizer=ALLOW_ALL):
     """
     The server's endpoints: C{echo}, C{log} and C{log-tx} (connector
     transactions), each with C{id_size}-byte channel ids both ways.
@@ -201,7 +241,7 @@ def server_endpoints(store, template=DEFAULT_LOG_TEMPLATE, id_size=4, config=Non
     if config is None:
         config = server_config()
     # the users' logs only: never a write into the servers' internal state
-    bridge = LogBridgeHandler(PublicLogStore(store), template)
+    bridge = LogBridgeHandler(PublicLogStore(store), template, authorizer=authorizer)
     common = dict(connector_id_size=id_size, listener_id_size=id_size, config=config,
                   clock=clock)
     return [

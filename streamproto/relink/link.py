@@ -1339,6 +1339,11 @@ class Link:
     def _handler_failed(self, failure):
         if self.lost is not None:
             return  # the link is gone already: its handler's work fails with it
+        from streamproto.core.auth import AuthorizationDenied
+        if failure.check(AuthorizationDenied):
+            # the policy's refusal, logged where it was decided: no traceback
+            self.discard(LinkLost(f"forbidden: {failure.getErrorMessage()}"))
+            return
         self.log.failure("channel handler failed; discarding the link", failure)
         self.discard(LinkLost(f"handler failed: {failure.getErrorMessage()}"))
 

@@ -332,12 +332,42 @@ class ListenerProtocol(_LinkedConnection):
         endpoint = self.factory.endpoints.get(handshake.endpoint)
         if endpoint is None:
             raise ProtocolError(f"unknown endpoint {handshake.endpoint!r}")
+        principals = self._authorize(endpoint.name)
         link, resumed = endpoint.accept(handshake, self)
+        if link is not None:
+            # what the handler may do with it (the log bridge's logs) is
+            # decided for this connection's principals, resumed or not
+            link.principals = principals
         if link is None:
             self._stage = "closed"
             self.link_gone(endpoint.epoch)
             return None
         return link, resumed, rest
+
+    def _authorize(self, name):
+        """
+        The connection's principals, if the policy lets them link to
+        endpoint C{name} (the resource C{relink:NAME}, operation write).
+        @raise ProtocolError: ends the handshake (the connection is closed
+            before any link exists or is resumed).
+        """
+        from streamproto.core.auth import connection_principals, denied
+        authorizer = getattr(self.factory, "authorizer", None)
+        principals = connection_principals(self.transport)
+        if authorizer is None or not authorizer.enabled:
+            return principals
+        resource = f"relink:{name}"
+        if not authorizer.allows(principals, "write", resource):
+            denied(self.factory.server_name, principals, "write", resource,
+                   f"handshake from {self._peer()} ended")
+            raise ProtocolError(f"forbidden: endpoint {name!r}")
+        # a handler that knows already what the link may not do (the log
+        # bridge writing every channel to one log) says so now
+        link_denied = getattr(self.factory.endpoints[name].handler, "link_denied", None)
+        why = link_denied(principals) if link_denied is not None else None
+        if why:
+            raise ProtocolError(f"forbidden: {why}")
+        return principals
 
     def _announce_link(self, link):
         self.transport.write(codec.encode_listener_reply(link.epoch, link.link_id))

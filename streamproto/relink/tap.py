@@ -6,6 +6,7 @@ Default port: C{tcp:7350} (not assigned by IANA; chosen for this project).
 
 from twisted.python import usage
 
+from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import ServerOptions, positive_int, server_service
 from streamproto.log.config import validate_name
 from streamproto.log.public import check_public_name
@@ -82,7 +83,9 @@ def makeService(options, store=None):
                         max_buffered_bytes=options["max-buffered-bytes"])
 
     def factory(store):
+        authorizer = options.get("authorizer")
         return ListenerFactory(server_endpoints(store, options["log"], options["id-size"],
-                                                config), config=config)
+                                                config, authorizer=authorizer or ALLOW_ALL),
+                               config=config, authorizer=authorizer)
 
     return server_service(options, factory, store=store, name="relink-server")

@@ -109,7 +109,8 @@ def _read_json_lines(text, schema):
 class ArrowConverter:
     """
     Turns (log name, L{RecordBatch}) into Arrow record batches of a Spark
-    schema C{log STRING, position BIGINT, value BINARY|STRING|STRUCT<...>}.
+    schema C{log STRING, position BIGINT, value BINARY|STRING|STRUCT<...>}
+    (and C{node STRING} when several servers are read).
 
     The value conversion follows the value column's type, so a schema given
     with C{.schema(...)} works as well as the one from the options.
@@ -117,8 +118,9 @@ class ArrowConverter:
 
     def __init__(self, arrow_schema):
         names = arrow_schema.names
-        if names != ["log", "position", "value"]:
-            raise ValueError(f"the schema must be (log, position, value), not {names}")
+        if names not in (["log", "position", "value"], ["log", "position", "value", "node"]):
+            raise ValueError(f"the schema must be (log, position, value[, node]), not {names}")
+        self.with_node = len(names) == 4
         if not pa.types.is_string(arrow_schema.field("log").type) \
                 or not pa.types.is_int64(arrow_schema.field("position").type):
             raise ValueError("the schema must have log STRING and position BIGINT")
@@ -133,14 +135,20 @@ class ArrowConverter:
             raise ValueError(f"the value column must be BINARY, STRING or a STRUCT, not {value_type}")
         self.schema = arrow_schema
 
-    def convert(self, log, batch):
+    def convert(self, log, batch, node=None):
         n = len(batch)
         columns = [
-            pa.repeat(pa.scalar(log, pa.string()), n) if n else pa.array([], pa.string()),
+            _repeat(log, n),
             positions_array(batch.position, n),
             self._value(batch.lengths, batch.data),
         ]
+        if self.with_node:
+            columns.append(_repeat(node or "", n))
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _repeat(text, n):
+    return pa.repeat(pa.scalar(text, pa.string()), n) if n else pa.array([], pa.string())
 
 
 def coalesce(batches, max_records, max_bytes):

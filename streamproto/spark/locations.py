@@ -8,13 +8,14 @@ readers and partitions pickle cleanly.
 """
 
 import functools
-import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from twisted.logger import Logger
 
 from streamproto.log.errors import LogNotFound, PositionOutOfRange
 from streamproto.log.public import is_internal
+from streamproto.spark.planning import node_key
 from streamproto.spark.remote import StyxHTTPClient, StyxHTTPError
 
 
@@ -34,16 +35,13 @@ class AmbiguousLogError(Exception):
 
 @dataclass(frozen=True)
 class Location:
-    """C{kind} is C{"path"} (a store directory) or C{"url"} (a styx-server)."""
+    """
+    C{kind} is C{"path"} (a store directory), C{"url"} (a styx-server) or
+    C{"nats"} (a JetStream store URL).
+    """
 
     kind: str
     where: str
-
-
-def _selected(names, pattern):
-    """The users' logs (not the servers' internal state) among C{names}, matching C{pattern}."""
-    return [n for n in names if not is_internal(n)
-            and (pattern is None or re.fullmatch(pattern, n))]
 
 
 class LocalLogs:
@@ -54,13 +52,13 @@ class LocalLogs:
         self.path = path
         self._reader = LogDirectoryReader(path)
 
-    def bounds(self, logs=None, missing_ok=False, pattern=None):
+    def bounds(self, logs=None, missing_ok=False):
         """
-        @param logs: the names, or None for every log (whose whole name
-            matches the regular expression C{pattern}, if given).
         @return: C{{log: (start_position, end_position)}} and C{{log: Location}}.
         """
-        names = _selected(self._reader.names(), pattern) if logs is None else logs
+        # every log: the users' logs, not the servers' internal state
+        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
+            else logs
         bounds = {}
         for name in names:
             try:
@@ -73,22 +71,27 @@ class LocalLogs:
 
 
 class RemoteLogs:
-    """The logs of one or several styx-servers; each log name must be on one server only."""
+    """
+    The logs of one or several styx-servers.  With C{fleet}, the same log
+    name on several servers is one stream per node: the keys of the bounds
+    are C{"host:port/log"} (L{node_key}); without, a log name must be on one
+    server only.
+    """
 
-    def __init__(self, urls, timeout, tls=None):
+    def __init__(self, urls, timeout, tls=None, fleet=False):
         self.clients = [StyxHTTPClient(url, timeout, tls) for url in urls]
+        self.fleet = fleet
 
-    def bounds(self, logs=None, missing_ok=False, pattern=None):
+    def bounds(self, logs=None, missing_ok=False):
         bounds = {}
         where = {}
+        found = set()
         wanted = None if logs is None else set(logs)
         for client in self.clients:
             if wanted is not None and len(self.clients) == 1:
                 names = list(logs)
-            elif wanted is None:
-                names = _selected(client.names(), pattern)
             else:
-                names = [n for n in client.names() if n in wanted]
+                names = [n for n in client.names() if wanted is None or n in wanted]
             for name in names:
                 try:
                     start, end = client.bounds(name)
@@ -96,14 +99,16 @@ class RemoteLogs:
                     if e.status == 404 or e.code == "log_not_found":
                         continue
                     raise
-                if name in where:
+                found.add(name)
+                key = node_key(urlsplit(client.base_url).netloc, name) if self.fleet else name
+                if key in where:
                     raise AmbiguousLogError(
-                        f"log {name!r} is on both {where[name].where} and {client.base_url}: "
+                        f"log {name!r} is on both {where[key].where} and {client.base_url}: "
                         "name the logs to read with the option 'logs'")
-                bounds[name] = (start, end)
-                where[name] = Location("url", client.base_url)
+                bounds[key] = (start, end)
+                where[key] = Location("url", client.base_url)
         if not missing_ok and wanted is not None:
-            missing = sorted(wanted - set(bounds))
+            missing = sorted(wanted - found)
             if missing:
                 raise LogNotFound(f"log(s) {', '.join(missing)} not found on "
                                   f"{', '.join(c.base_url for c in self.clients)}")
@@ -121,19 +126,50 @@ class SyncedLocalLogs:
         self.path = path
         self._server = RemoteLogs([url], timeout, tls)
 
-    def bounds(self, logs=None, missing_ok=False, pattern=None):
-        bounds, _ = self._server.bounds(logs, missing_ok, pattern)
+    def bounds(self, logs=None, missing_ok=False):
+        bounds, _ = self._server.bounds(logs, missing_ok)
         where = Location("path", self.path)
         return bounds, {name: where for name in bounds}
 
 
+class JetStreamLogs:
+    """The logs of a JetStream store, read straight from the cluster."""
+
+    def __init__(self, store, timeout, tls=None):
+        self.store = store
+        self._reader = _jetstream_reader(store, timeout, tls)
+
+    def bounds(self, logs=None, missing_ok=False):
+        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
+            else logs
+        bounds = {}
+        for name in names:
+            try:
+                bounds[name] = self._reader.bounds(name)
+            except LogNotFound:
+                if not missing_ok:
+                    raise
+        where = Location("nats", self.store)
+        return bounds, {name: where for name in bounds}
+
+
+def _jetstream_reader(store, timeout, tls):
+    from streamproto.log.natsreader import JetStreamReader
+    from streamproto.log.storeurl import parse_store_url
+    url = parse_store_url(store)
+    context = tls.context() if (tls is not None and url.tls) else None
+    return JetStreamReader(url.servers, prefix=url.prefix, tls=context, timeout=timeout)
+
+
 def open_logs(opts):
     """Where the logs of these L{SourceOptions} are, and how to find their bounds."""
+    if opts.store is not None:
+        return JetStreamLogs(opts.store, opts.timeout, opts.tls)
     if opts.path is not None and opts.urls:
         return SyncedLocalLogs(opts.path, opts.urls[0], opts.timeout, opts.tls)
     if opts.path is not None:
         return LocalLogs(opts.path)
-    return RemoteLogs(opts.urls, opts.timeout, opts.tls)
+    return RemoteLogs(opts.urls, opts.timeout, opts.tls, fleet=opts.fleet)
 
 
 def read_range(location, log, start, end, fail_on_data_loss=True, timeout=30.0,
@@ -150,6 +186,9 @@ def read_range(location, log, start, end, fail_on_data_loss=True, timeout=30.0,
     if location.kind == "path":
         from streamproto.log.reader import LogDirectoryReader
         source = LogDirectoryReader(location.where)
+        read = functools.partial(source.read, max_bytes=max_bytes)
+    elif location.kind == "nats":
+        source = _jetstream_reader(location.where, timeout, tls)
         read = functools.partial(source.read, max_bytes=max_bytes)
     else:
         source = StyxHTTPClient(location.where, timeout, tls)

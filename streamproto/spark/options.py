@@ -37,72 +37,88 @@ class OptionError(ValueError):
     """An option of the streamproto data source is missing or invalid."""
 
 
-#: Kafka's position codes in C{startingOffsets} / C{endingOffsets} JSON.
-EARLIEST = -2
-LATEST = -1
-
-#: Every read option, spelled as documented (Spark lower-cases the keys).
+#: every option a read takes (Spark adds C{path} for C{.load(path)})
 SOURCE_OPTIONS = (
-    "path", "url", "logs", "log", "logsPattern", "valueFormat", "jsonSchema",
-    "startingPosition", "startingOffsets", "endingOffsets",
-    "maxRecordsPerTrigger", "maxOffsetsPerTrigger", "maxRecordsPerPartition", "minPartitions",
-    "failOnDataLoss", "timeout", "arrowBatchBytes", "arrowBatchRecords",
-    "caCerts", "certificate", "privateKey",
+    "path", "url", "store", "logs", "log", "logsPattern", "valueFormat", "jsonSchema",
+    "startingOffsets", "endingOffsets", "startingPosition", "maxRecordsPerTrigger",
+    "maxOffsetsPerTrigger", "maxRecordsPerPartition", "minPartitions", "failOnDataLoss",
+    "timeout", "arrowBatchBytes", "arrowBatchRecords", "caCerts", "certificate", "privateKey",
 )
-
-#: Every write option.
+#: every option a write takes (a streaming write also gets Spark's own
+#: C{checkpointLocation} and C{queryName})
 SINK_OPTIONS = (
     "url", "log", "logs", "protocol", "batchRecords", "batchBytes", "timeout", "createLog",
-    "caCerts", "certificate", "privateKey",
+    "caCerts", "certificate", "privateKey", "checkpointLocation", "queryName", "path",
 )
 
-#: Keys that Spark itself puts in a Python data source's options, found with
-#: a probe source on pyspark 4.3: C{load(p)}, C{save(p)} and C{start(p)} add
-#: C{path}; a stream writer also gets C{checkpointLocation} and, after
-#: C{queryName(...)}, C{queryName}.  They must never be refused.
-SPARK_OPTIONS = ("path", "checkpointLocation", "queryName")
 
-#: Kafka source options with another name here, for the error message.
-KAFKA_HINTS = {
-    "subscribe": "logs",
-    "assign": "logs (with startingOffsets/endingOffsets per log)",
-    "subscribePattern": "logsPattern",
-    "kafka.bootstrap.servers": "url or path",
-    "minOffsetsPerTrigger": None,
-    "maxTriggerDelay": None,
-    "includeHeaders": None,
-    "startingTimestamp": None,
-    "startingOffsetsByTimestamp": None,
-    "endingTimestamp": None,
-    "endingOffsetsByTimestamp": None,
-    "groupIdPrefix": None,
-    "kafkaConsumer.pollTimeoutMs": "timeout",
-    "fetchOffset.numRetries": None,
-    "fetchOffset.retryIntervalMs": None,
-}
-
-
-def check_known(options, known, what="read"):
+def check_known(options, known, what):
     """
-    @raise OptionError: for an option that is not in C{known} (nor one that
-        Spark sets itself), naming it and the closest known spelling.
+    @raise OptionError: for an option that is not one of C{known}
+        (case-insensitive, as Spark's options are), naming the closest one.
     """
-    canonical = {k.lower(): k for k in tuple(known) + SPARK_OPTIONS}
-    hints = {k.lower(): (k, v) for k, v in KAFKA_HINTS.items()}
+    lookup = {k.lower(): k for k in known}
     for key in options:
-        lowered = str(key).lower()
-        if lowered in canonical:
+        if str(key).lower() in lookup:
             continue
-        message = f"unknown {what} option {key!r}"
-        if lowered in hints:
-            kafka, ours = hints[lowered]
-            message += (f": Kafka's {kafka!r} is {ours!r} here" if ours else
-                        f": Kafka's {kafka!r} has no equivalent here (see doc/spark.rst)")
-        else:
-            close = difflib.get_close_matches(lowered, list(canonical), n=1, cutoff=0.6)
-            if close:
-                message += f" (did you mean {canonical[close[0]]!r}?)"
-        raise OptionError(message + f"; {what} options: {', '.join(sorted(known, key=str.lower))}")
+        close = difflib.get_close_matches(str(key).lower(), list(lookup), n=1, cutoff=0.6)
+        hint = f" (did you mean {lookup[close[0]]!r}?)" if close else ""
+        raise OptionError(f"unknown {what} option {key!r}{hint}; known: "
+                          f"{', '.join(k for k in known if k != 'path')}")
+
+
+#: Kafka's special positions in startingOffsets/endingOffsets JSON
+LATEST, EARLIEST = -1, -2
+
+
+def parse_offsets(raw, option, fleet=False):
+    """
+    C{startingOffsets}/C{endingOffsets} as the Kafka source takes them:
+    C{"earliest"}, C{"latest"}, or a JSON object with a position per log
+    (C{{"events": 120, "beats": -2}}: -2 is earliest, -1 latest), also in
+    Kafka's nested form with a partition: C{{"events": {"0": 120}}} (our
+    logs have one partition, C{"0"}; reading several servers, the
+    partitions are the nodes: C{{"beats": {"styx-1:7123": 10}}}).
+
+    @return: C{"earliest"}, C{"latest"}, or a dict offset key -> position
+        (or L{EARLIEST}/L{LATEST}).
+    """
+    if raw is None or str(raw).strip() == "":
+        return None
+    text = str(raw).strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    try:
+        document = json.loads(text)
+    except ValueError:
+        raise OptionError(f"option {option!r} must be earliest, latest or a JSON object "
+                          f"{{\"log\": position}}, not {text!r}")
+    if not isinstance(document, dict) or not document:
+        raise OptionError(f"option {option!r}: a JSON object {{\"log\": position}}, "
+                          f"not {text!r}")
+    from streamproto.spark.planning import node_key
+    offsets = {}
+    for log, value in document.items():
+        entries = value.items() if isinstance(value, dict) else [(None, value)]
+        for partition, position in entries:
+            if isinstance(position, bool) or not isinstance(position, int) or position < -2:
+                raise OptionError(f"option {option!r}: log {log!r}: a position, -1 (latest) "
+                                  f"or -2 (earliest), not {position!r}")
+            if partition is None:
+                key = log
+            elif fleet:
+                key = node_key(partition, log)
+            elif partition == "0":
+                key = log
+            else:
+                raise OptionError(f"option {option!r}: log {log!r} has one partition, \"0\", "
+                                  f"not {partition!r}")
+            try:
+                validate_name(log)
+            except Exception as e:
+                raise OptionError(f"option {option!r}: invalid log name {log!r}: {e}")
+            offsets[key] = position
+    return offsets
 
 
 @dataclass(frozen=True)
@@ -114,19 +130,14 @@ class SourceOptions:
     @ivar urls: a tuple of styx-server base URLs (without trailing slash), or ().
         With a C{path}, one URL: the server that owns that directory, asked
         for the logs' synced ends while the records are read from the files.
-    @ivar logs: a tuple of log names, or None for every log (or every log
-        whose name matches C{logs_pattern}).
-    @ivar logs_pattern: a regular expression (a string) the whole log name
-        must match, or None.
-    @ivar starting_offsets: C{"earliest"}, C{"latest"} or C{{log: position}}
-        (a position, or L{EARLIEST} / L{LATEST}); logs not named start at
-        their earliest record.
-    @ivar ending_offsets: C{"latest"} or C{{log: position or LATEST}} (batch
-        reads only: an exclusive end); logs not named end at their latest.
+    @ivar store: a JetStream store URL (C{nats://...}): executors read the
+        logs straight from the cluster; or None.
+    @ivar logs: a tuple of log names, or None for every log.
     """
 
     path: str | None = None
     urls: tuple = ()
+    store: str | None = None
     logs: tuple | None = None
     logs_pattern: str | None = None
     max_records_per_trigger: int | None = None
@@ -135,12 +146,21 @@ class SourceOptions:
     value_format: str = "binary"
     json_schema: str | None = None
     starting_offsets: object = "earliest"
-    ending_offsets: object = "latest"
+    ending_offsets: object = None
     fail_on_data_loss: bool = True
     timeout: float = 30.0
     arrow_batch_bytes: int = DEFAULT_ARROW_BATCH_BYTES
     arrow_batch_records: int = DEFAULT_ARROW_BATCH_RECORDS
     tls: TLSFiles | None = None
+
+    @property
+    def fleet(self):
+        """
+        Several styx-servers (and no directory): a log name found on several
+        of them is one partitioned stream, read per node, with a C{node}
+        column and offsets per node and log.
+        """
+        return self.path is None and len(self.urls) > 1
 
 
 def _get(options, key):
@@ -205,62 +225,32 @@ def parse_tls(options):
     return TLSFiles(ca_certs, certificate, private_key)
 
 
-def parse_offsets(key, raw, ending=False):
-    """
-    C{startingOffsets} / C{endingOffsets}: C{earliest}, C{latest}, or a JSON
-    object C{{"log": position}} where a position is a record position (>= 0),
-    C{-2} (earliest) or C{-1} (latest), as Kafka spells them; Kafka's
-    per-partition form C{{"log": {"0": position}}} is taken too (our logs
-    have one partition, C{"0"}).
-
-    @return: C{"earliest"}, C{"latest"} or a dict log -> int.
-    """
-    text = str(raw).strip()
-    if text.lower() in ("earliest", "latest"):
-        if ending and text.lower() == "earliest":
-            raise OptionError(f"option {key!r} cannot be earliest (an end before every record)")
-        return text.lower()
-    try:
-        parsed = json.loads(text)
-    except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise OptionError(f"option {key!r} must be earliest, latest or a JSON object "
-                          f"{{\"log\": position}}, not {text!r}")
-    offsets = {}
-    for log, position in parsed.items():
-        try:
-            validate_name(log)
-        except Exception as e:
-            raise OptionError(f"option {key!r}: invalid log name {log!r}: {e}")
-        if isinstance(position, dict):
-            if set(position) != {"0"}:
-                raise OptionError(f"option {key!r}: log {log!r} has one partition, \"0\", "
-                                  f"not {sorted(position)}")
-            position = position["0"]
-        if isinstance(position, bool) or not isinstance(position, int) or position < EARLIEST:
-            raise OptionError(f"option {key!r}: the position of log {log!r} must be an integer "
-                              f">= 0, or -2 (earliest) or -1 (latest), not {position!r}")
-        if ending and position == EARLIEST:
-            raise OptionError(f"option {key!r}: log {log!r} cannot end at -2 (earliest)")
-        offsets[log] = position
-    return offsets
-
-
 def parse_source_options(options):
     """
     @param options: the (case-insensitive) options dict Spark gives the data source.
     @return: a L{SourceOptions}.
-    @raise OptionError: for a missing, unknown or invalid option.
+    @raise OptionError: for a missing, invalid or unknown option.
     """
     check_known(options, SOURCE_OPTIONS, "read")
     path = _get(options, "path")
     path = str(path) if path not in (None, "") else None
     urls = parse_urls(_get(options, "url"))
-    if path is None and not urls:
+    store = _get(options, "store")
+    store = str(store).strip() if store not in (None, "") else None
+    if store is not None:
+        from streamproto.log.storeurl import StoreURLError, parse_store_url
+        try:
+            store = str(parse_store_url(store))
+        except StoreURLError as e:
+            raise OptionError(f"option 'store': {e}")
+        if path is not None or urls:
+            raise OptionError("option 'store' (a JetStream cluster) goes alone: not with "
+                              "'path' or 'url'")
+    elif path is None and not urls:
         raise OptionError("give the option 'path' (a local log store directory) or 'url' "
                           "(styx-server base URLs, comma-separated), or both (the ends of the "
-                          "logs from the server, the records from its directory)")
+                          "logs from the server, the records from its directory), or 'store' "
+                          "(nats://HOST:PORT,...: a JetStream store)")
     if path is not None and len(urls) > 1:
         raise OptionError("with 'path', give at most one 'url': the server that owns that "
                           "store directory")
@@ -278,16 +268,6 @@ def parse_source_options(options):
             except Exception as e:
                 raise OptionError(f"option 'logs': invalid log name {name!r}: {e}")
         logs = tuple(dict.fromkeys(logs))
-    pattern = _get(options, "logsPattern")
-    if pattern is not None:
-        if logs is not None:
-            raise OptionError("give 'logs' (names) or 'logsPattern' (a regular expression), "
-                              "not both")
-        pattern = str(pattern)
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise OptionError(f"option 'logsPattern' is not a regular expression: {e}")
 
     value_format = str(_get(options, "valueFormat") or "binary").strip().lower()
     if value_format == "utf-8":
@@ -304,39 +284,37 @@ def parse_source_options(options):
     elif json_schema:
         raise OptionError("option 'jsonSchema' only applies with valueFormat=json")
 
-    starting = _get(options, "startingOffsets")
-    position = _get(options, "startingPosition")
-    if starting is not None and position is not None:
-        raise OptionError("give 'startingOffsets' or 'startingPosition' (the older spelling), "
-                          "not both")
-    if position is not None:
-        starting = str(position).strip().lower()
+    fleet = path is None and len(urls) > 1
+    starting = parse_offsets(_get(options, "startingOffsets"), "startingOffsets", fleet)
+    legacy = _get(options, "startingPosition")
+    if legacy is not None:
+        if starting is not None:
+            raise OptionError("give 'startingOffsets' or its older name 'startingPosition', "
+                              "not both")
+        starting = str(legacy).strip().lower()
         if starting not in ("earliest", "latest"):
             raise OptionError(f"option 'startingPosition' must be earliest or latest, "
                               f"not {starting!r}")
-    elif starting is not None:
-        starting = parse_offsets("startingOffsets", starting)
-    else:
-        starting = "earliest"
-    ending = _get(options, "endingOffsets")
-    ending = "latest" if ending is None else parse_offsets("endingOffsets", ending, ending=True)
-    for key, offsets in (("startingOffsets", starting), ("endingOffsets", ending)):
-        if isinstance(offsets, dict):
-            for log in offsets:
-                if logs is not None and log not in logs:
-                    raise OptionError(f"option {key!r} names the log {log!r}, which is not "
-                                      "in 'logs'")
-                if pattern is not None and not re.fullmatch(pattern, log):
-                    raise OptionError(f"option {key!r} names the log {log!r}, which does "
-                                      "not match 'logsPattern'")
+    ending = parse_offsets(_get(options, "endingOffsets"), "endingOffsets", fleet)
+
+    pattern = _get(options, "logsPattern")
+    if pattern is not None:
+        if logs is not None:
+            raise OptionError("give 'logs' (names) or 'logsPattern' (a regular expression), "
+                              "not both")
+        try:
+            re.compile(str(pattern))
+        except re.error as e:
+            raise OptionError(f"option 'logsPattern': not a regular expression: {e}")
+        pattern = str(pattern)
 
     per_trigger = _positive_int(options, "maxRecordsPerTrigger", None)
-    kafka_per_trigger = _positive_int(options, "maxOffsetsPerTrigger", None)
-    if per_trigger is not None and kafka_per_trigger is not None:
-        raise OptionError("give 'maxRecordsPerTrigger' or 'maxOffsetsPerTrigger' (Kafka's "
-                          "name for it), not both")
-    if per_trigger is None:
-        per_trigger = kafka_per_trigger
+    alias = _positive_int(options, "maxOffsetsPerTrigger", None)
+    if alias is not None:
+        if per_trigger is not None and per_trigger != alias:
+            raise OptionError("'maxOffsetsPerTrigger' is another name of 'maxRecordsPerTrigger': "
+                              "give one")
+        per_trigger = alias
 
     timeout_raw = _get(options, "timeout")
     try:
@@ -349,6 +327,7 @@ def parse_source_options(options):
     return SourceOptions(
         path=path,
         urls=urls,
+        store=store,
         logs=logs,
         logs_pattern=pattern,
         max_records_per_trigger=per_trigger,
@@ -357,7 +336,7 @@ def parse_source_options(options):
         min_partitions=_positive_int(options, "minPartitions", 2),
         value_format=value_format,
         json_schema=json_schema,
-        starting_offsets=starting,
+        starting_offsets=starting or "earliest",
         ending_offsets=ending,
         fail_on_data_loss=_bool(options, "failOnDataLoss", True),
         timeout=timeout,
@@ -389,9 +368,13 @@ def value_type_ddl(opts):
 def source_schema_ddl(opts):
     """
     The source's schema.  C{log} and C{position} are never null; C{value} is
-    null only for a JSON record that does not parse.
+    null only for a JSON record that does not parse.  Reading several
+    styx-servers adds C{node} (the server's C{host:port}).
     """
-    return f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
+    ddl = f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
+    if opts.fleet:
+        ddl += ", node STRING NOT NULL"
+    return ddl
 
 
 @dataclass(frozen=True)
@@ -404,34 +387,6 @@ class SinkOptions:
     timeout: float = 30.0
     create_log: bool = True
     tls: TLSFiles | None = None
-
-
-def check_batch_read(opts):
-    """
-    What a batch read refuses (as Kafka's source does): a start at the
-    latest record, which would read nothing.
-
-    @raise OptionError: if C{opts} cannot be a batch read.
-    """
-    starting = opts.starting_offsets
-    if starting == "latest":
-        raise OptionError("a batch read cannot start at 'latest' (it would read nothing): "
-                          "use earliest or positions in 'startingOffsets'")
-    if isinstance(starting, dict):
-        for log, position in starting.items():
-            if position == LATEST:
-                raise OptionError(f"option 'startingOffsets': a batch read cannot start log "
-                                  f"{log!r} at -1 (latest)")
-
-
-def check_stream_read(opts):
-    """
-    @raise OptionError: if C{opts} cannot be a streaming read: a stream has
-        no end (C{endingOffsets} is for batch reads, as with Kafka).
-    """
-    if opts.ending_offsets != "latest":
-        raise OptionError("option 'endingOffsets' only applies to batch reads (spark.read); "
-                          "a stream has no end")
 
 
 def parse_sink_options(options):

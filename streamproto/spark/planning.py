@@ -2,13 +2,25 @@
 Offsets and partition planning, as pure functions.
 
 An offset is a JSON object C{{log name: position}}: the position of the next
-record to read in each log.  A micro-batch is the half-open range
+record to read in each log (reading several styx-servers, the keys are
+C{"host:port/log"}: one log name on several servers is one stream per node).  A micro-batch is the half-open range
 C{[start[log], end[log])} of every log.  Everything here depends only on its
 arguments, so a restarted query that replays a batch from the offset log
 plans exactly the same partitions and reads exactly the same records.
 """
 
 from dataclasses import dataclass
+
+
+def node_key(node, log):
+    """The offset key of log C{log} on node C{node} (several styx-servers)."""
+    return f"{node}/{log}"
+
+
+def split_key(key):
+    """C{(node, log)} of an offset key; node None for a plain log name."""
+    node, _, log = key.rpartition("/")
+    return (node or None), log
 
 
 class OffsetError(ValueError):
@@ -141,67 +153,68 @@ def cap_offset(available, target):
             if log in target}
 
 
-#: Kafka's position codes in C{startingOffsets} / C{endingOffsets} (also in
-#: L{streamproto.spark.options}).
-_EARLIEST, _LATEST = -2, -1
+def select_logs(bounds, pattern):
+    """The logs of C{bounds} whose name matches C{pattern} (whole name), all without one."""
+    if pattern is None:
+        return bounds
+    import re
+    compiled = re.compile(pattern)
+    return {key: b for key, b in bounds.items() if compiled.fullmatch(split_key(key)[1])}
 
 
-def starting_offset(spec, bounds):
+def _named(spec, bounds, option):
+    unknown = sorted(set(spec) - set(bounds))
+    if unknown:
+        raise OffsetError(f"option {option!r} names {', '.join(map(repr, unknown))}, not among "
+                          f"the logs read ({', '.join(sorted(bounds)) or 'none'})")
+
+
+def resolve_start(spec, bounds, batch):
     """
-    Where a read starts in each log.
+    Where a query starts in each log, from C{startingOffsets}.
 
-    @param spec: C{"earliest"}, C{"latest"} or C{{log: position | -2 | -1}}
-        (the C{startingOffsets} option); a log it does not name starts at its
-        earliest record.
-    @param bounds: C{{log: (start_position, end_position)}} of the logs read.
-    @raise OffsetError: for a position past the end of its log, or a log
-        named by position that does not exist.
+    @param spec: C{"earliest"}, C{"latest"} or C{{key: position | -2 | -1}}
+        (logs not named start at their beginning).
+    @param bounds: C{{key: (start, end)}} of the logs read.
+    @param batch: a batch query (where, as in Kafka, "latest" is refused: it
+        would read nothing).
     """
-    if spec in ("earliest", "latest"):
-        index = 0 if spec == "earliest" else 1
-        return {log: b[index] for log, b in sorted(bounds.items())}
-    offset = {log: b[0] for log, b in sorted(bounds.items())}
-    for log, position in spec.items():
-        if log not in bounds:
-            if position > 0:
-                raise OffsetError(f"startingOffsets: log {log!r} does not exist")
-            continue
-        first, last = bounds[log]
-        if position == _EARLIEST:
+    if spec == "latest" or (isinstance(spec, dict) and -1 in spec.values()):
+        if batch:
+            raise OffsetError("startingOffsets: latest (or -1) is not allowed in a batch "
+                              "query: it would read nothing")
+    if spec in ("earliest", None):
+        return {key: b[0] for key, b in bounds.items()}
+    if spec == "latest":
+        return {key: b[1] for key, b in bounds.items()}
+    _named(spec, bounds, "startingOffsets")
+    start = {}
+    for key, (first, last) in bounds.items():
+        position = spec.get(key, -2)
+        if position == -2:
             position = first
-        elif position == _LATEST:
+        elif position == -1:
             position = last
         elif position > last:
-            raise OffsetError(f"startingOffsets: log {log!r} ends at {last}, before {position}")
-        # Below the log's start (retention): read_range reports the data loss.
-        offset[log] = position
-    return offset
+            raise OffsetError(f"startingOffsets: log {key!r} ends at {last}, before {position}")
+        start[key] = position
+    return start
 
 
-def ending_offset(spec, bounds, start):
-    """
-    Where a batch read ends (exclusive) in each log.
-
-    @param spec: C{"latest"} or C{{log: position | -1}} (the C{endingOffsets}
-        option); a log it does not name ends at its latest record.
-    @param start: the L{starting_offset} of the same read.
-    @raise OffsetError: for a position past the end of its log or before
-        the read's start in that log.
-    """
-    end = {log: b[1] for log, b in sorted(bounds.items())}
-    if spec == "latest":
-        return end
-    for log, position in spec.items():
-        if log not in bounds:
-            if position > 0:
-                raise OffsetError(f"endingOffsets: log {log!r} does not exist")
-            continue
-        if position == _LATEST:
-            continue
-        if position > end[log]:
-            raise OffsetError(f"endingOffsets: log {log!r} ends at {end[log]}, before {position}")
-        if position < start.get(log, 0):
-            raise OffsetError(f"endingOffsets: log {log!r} would end at {position}, before "
-                              f"its start {start[log]}")
-        end[log] = position
+def resolve_end(spec, bounds):
+    """Where a batch query ends in each log, from C{endingOffsets} (exclusive)."""
+    if spec in ("latest", None):
+        return {key: b[1] for key, b in bounds.items()}
+    if spec == "earliest" or (isinstance(spec, dict) and -2 in spec.values()):
+        raise OffsetError("endingOffsets: earliest (or -2) is not allowed: it would read "
+                          "nothing")
+    _named(spec, bounds, "endingOffsets")
+    end = {}
+    for key, (_first, last) in bounds.items():
+        position = spec.get(key, -1)
+        if position == -1:
+            position = last
+        elif position > last:
+            raise OffsetError(f"endingOffsets: log {key!r} ends at {last}, before {position}")
+        end[key] = position
     return end

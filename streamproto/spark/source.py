@@ -17,12 +17,11 @@ from pyspark.sql.datasource import (
 from streamproto.spark.arrow import ArrowConverter, coalesce
 from streamproto.spark.locations import DataLossError, Location, open_logs, read_range
 from streamproto.spark.options import (
-    FORMAT_NAME, check_batch_read, check_stream_read, parse_sink_options, parse_source_options,
-    source_schema_ddl,
+    FORMAT_NAME, OptionError, parse_sink_options, parse_source_options, source_schema_ddl,
 )
 from streamproto.spark.planning import (
-    cap_offset, check_offset, ending_offset, limit_offset, ranges_between, split_ranges,
-    starting_offset,
+    OffsetError, cap_offset, check_offset, limit_offset, ranges_between, resolve_end,
+    resolve_start, select_logs, split_key, split_ranges,
 )
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow
@@ -83,27 +82,32 @@ class _RangeReading:
             return
         converter = ArrowConverter(_arrow_schema(self.schema))
         opts = self.opts
-        batches = read_range(partition.location, partition.log, partition.start, partition.end,
+        node, log = split_key(partition.log) if opts.fleet else (None, partition.log)
+        batches = read_range(partition.location, log, partition.start, partition.end,
                              fail_on_data_loss=opts.fail_on_data_loss, timeout=opts.timeout,
                              max_bytes=opts.arrow_batch_bytes, tls=opts.tls)
         for batch in coalesce(batches, opts.arrow_batch_records, opts.arrow_batch_bytes):
-            yield converter.convert(partition.log, batch)
+            yield converter.convert(log, batch, node)
 
 
 class LogBatchReader(_RangeReading, DataSourceReader):
-    """
-    C{spark.read}: the records readable when the query is planned, from
-    C{startingOffsets} (default: each log's earliest) to C{endingOffsets}
-    (exclusive; default: each log's latest).
-    """
+    """C{spark.read}: every record readable when the query is planned."""
 
     def __init__(self, options, schema):
         self._setup(options, schema)
-        check_batch_read(self.opts)
-        bounds, self.where = open_logs(self.opts).bounds(self.opts.logs,
-                                                         pattern=self.opts.logs_pattern)
-        self.start = starting_offset(self.opts.starting_offsets, bounds)
-        self.end = ending_offset(self.opts.ending_offsets, bounds, self.start)
+        bounds, self.where = open_logs(self.opts).bounds(self.opts.logs)
+        bounds = select_logs(bounds, self.opts.logs_pattern)
+        self.end = resolve_end(self.opts.ending_offsets, bounds)
+        self.start = resolve_start(self.opts.starting_offsets, bounds, batch=True)
+        for log, position in self.start.items():
+            if position > self.end[log]:
+                raise OffsetError(f"log {log!r}: startingOffsets {position} is after "
+                                  f"endingOffsets {self.end[log]}")
+            if position < bounds[log][0] and self.opts.fail_on_data_loss:
+                raise DataLossError(
+                    f"log {log!r}: startingOffsets {position} was removed (the log starts at "
+                    f"{bounds[log][0]}); set failOnDataLoss=false to start there")
+            self.start[log] = max(position, bounds[log][0])
 
     def partitions(self):
         return self._partitions(self.start, self.end, self.where)
@@ -113,16 +117,16 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     """
     C{spark.readStream}: offsets are C{{log: next position}}.
 
-    New logs (when no C{logs} option restricts them; with C{logsPattern},
-    those whose name matches) join from position 0.  C{startingOffsets}
-    only places a new query: a restarted one goes on from its checkpoint.
+    New logs (when no C{logs} option restricts them) join from position 0.
     C{commit()} only records the committed offset: the log store's retention
     does not depend on readers.
     """
 
     def __init__(self, options, schema):
         self._setup(options, schema)
-        check_stream_read(self.opts)
+        if self.opts.ending_offsets is not None:
+            raise OptionError("endingOffsets is for batch queries (spark.read), as in the "
+                              "Kafka source; a stream runs on")
         self._logs = open_logs(self.opts)
         self._where = {}
         self._target = None
@@ -130,9 +134,9 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         self.committed = None
 
     def _available(self):
-        bounds, where = self._logs.bounds(self.opts.logs, missing_ok=True,
-                                          pattern=self.opts.logs_pattern)
-        self._where.update(where)
+        bounds, where = self._logs.bounds(self.opts.logs, missing_ok=True)
+        bounds = select_logs(bounds, self.opts.logs_pattern)
+        self._where.update((key, where[key]) for key in bounds)
         return bounds
 
     def __getstate__(self):
@@ -143,8 +147,9 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         return state
 
     def initialOffset(self):
-        # Spark asks only when the checkpoint has no offset yet (a new query).
-        return starting_offset(self.opts.starting_offsets, self._available())
+        # only when the query has no checkpoint yet (Kafka's rule too)
+        start = resolve_start(self.opts.starting_offsets, self._available(), batch=False)
+        return dict(sorted(start.items()))
 
     def getDefaultReadLimit(self):
         # Only pyspark >= 4.2 asks (and has the ReadLimit classes).
@@ -155,6 +160,32 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
     def prepareForTriggerAvailableNow(self):
         self._target = {log: b[1] for log, b in self._available().items()}
 
+    def _upgrade(self, offset):
+        """
+        An offset of a checkpoint written before logs were read per node
+        (its keys plain log names), in this query's keys: a name held by
+        exactly one node moves to that node's key.
+        """
+        if not self.opts.fleet or all("/" in key for key in offset):
+            return offset
+        by_log = {}
+        for key in self._where:
+            by_log.setdefault(split_key(key)[1], []).append(key)
+        upgraded = {}
+        for key, position in offset.items():
+            if "/" in key:
+                upgraded[key] = position
+            elif len(by_log.get(key, ())) == 1:
+                upgraded.setdefault(by_log[key][0], position)
+            elif not by_log.get(key):
+                continue                        # the log is gone from every node
+            else:
+                raise DataLossError(
+                    f"the checkpoint's offset for log {key!r} cannot be placed on one node "
+                    f"(it is on {len(by_log.get(key, ()))}): start the query with a new "
+                    "checkpoint location")
+        return upgraded
+
     def latestOffset(self, start=None, limit=None):
         available = {log: b[1] for log, b in self._available().items()}
         self._latest = dict(sorted(available.items()))
@@ -162,7 +193,7 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
             available = cap_offset(available, self._target)
         if start is None:  # pyspark < 4.2 calls latestOffset() without a start
             return dict(sorted(available.items()))
-        start = check_offset(start)
+        start = self._upgrade(check_offset(start))
         for log, position in start.items():
             if available.get(log, position) < position and self.opts.fail_on_data_loss:
                 raise DataLossError(
@@ -181,10 +212,11 @@ class LogStreamReader(_RangeReading, DataSourceStreamReader, SupportsTriggerAvai
         return self._latest
 
     def partitions(self, start, end):
-        missing = [log for log in end if log not in self._where]
+        missing = [log for log in list(start) + list(end) if log not in self._where]
         if missing:
             # A batch replayed after a restart, for logs not looked up yet.
             self._available()
+        start, end = self._upgrade(check_offset(start)), self._upgrade(check_offset(end))
         where = {log: self._where.get(log) for log in end}
         for r in ranges_between(start, end):
             if where[r.log] is None:
@@ -199,13 +231,13 @@ class LogDataSource(DataSource):
     """
     The C{streamproto} format.
 
-    Read options: C{path} | C{url}, C{logs} | C{logsPattern}, C{valueFormat},
-    C{jsonSchema}, C{startingOffsets} (or C{startingPosition}),
-    C{endingOffsets} (batch), C{maxRecordsPerTrigger} (or
-    C{maxOffsetsPerTrigger}), C{maxRecordsPerPartition}, C{minPartitions},
-    C{failOnDataLoss}, C{timeout}.
+    Read options: C{path} | C{url} | C{store}, C{logs} | C{logsPattern},
+    C{valueFormat}, C{jsonSchema}, C{startingOffsets}, C{endingOffsets},
+    C{maxRecordsPerTrigger} (C{maxOffsetsPerTrigger}),
+    C{maxRecordsPerPartition}, C{minPartitions}, C{failOnDataLoss},
+    C{timeout}; an unknown option is an error.
     Write options: C{url}, C{log}, C{protocol} (styx | http), C{batchRecords},
-    C{createLog}.  An unknown option is an C{OptionError}.  See doc/spark.rst.
+    C{createLog}.  See doc/spark.rst.
     """
 
     @classmethod

@@ -18,7 +18,8 @@ import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.iweb import IPolicyForHTTPS
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent, IPolicyForHTTPS
 from zope.interface import implementer
 
 from streamproto.styx import formats
@@ -53,6 +54,20 @@ class _FixedTLSPolicy:
         return self.options
 
 
+@implementer(IAgent)
+class _BearerAgent:
+    """Adds C{Authorization: Bearer TOKEN} to every request of an agent."""
+
+    def __init__(self, agent, token):
+        self._agent = agent
+        self._value = f"Bearer {token}".encode("latin-1")
+
+    def request(self, method, uri, headers=None, bodyProducer=None):
+        headers = headers.copy() if headers is not None else Headers()
+        headers.setRawHeaders(b"authorization", [self._value])
+        return self._agent.request(method, uri, headers, bodyProducer)
+
+
 def base_url(host):
     """C{localhost:7123} -> C{http://localhost:7123} (the CLI's -H)."""
     if "://" not in host:
@@ -69,15 +84,19 @@ class StyxClient:
     @param tls_options: client TLS options for https URLs (see
         L{streamproto.core.tls.client_tls_options}: server verification with
         service_identity, optional client certificate).
+    @param token: a bearer token sent with every request (a server's
+        C{--auth-policy}, doc/security.rst), or None.
     """
 
     def __init__(self, base_url=DEFAULT_URL, reactor=None, pool=None, tls_options=None,
-                 agent=None):
+                 agent=None, token=None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
         self.base_url = base_url.rstrip("/")
         self.tls_options = tls_options
+        #: the bearer token sent with every request (None: none)
+        self.token = token
         self._own_pool = pool is None and agent is None
         self.pool = pool if pool is not None else HTTPConnectionPool(reactor, persistent=True)
         if agent is None:
@@ -85,6 +104,8 @@ class StyxClient:
             if tls_options is not None:
                 kwargs["contextFactory"] = _FixedTLSPolicy(tls_options)
             agent = Agent(reactor, **kwargs)
+        if token:
+            agent = _BearerAgent(agent, token)
         self.http = HTTPClient(agent)
 
     def close(self):

@@ -15,6 +15,7 @@ C{-v}/C{-q}; the reference's C{-H/--host} is a hidden alias.
 
 import importlib
 import json
+import os
 import random
 import sys
 
@@ -23,6 +24,8 @@ from streamproto.log.config import LogConfig
 from streamproto.styx import formats
 
 DEFAULT_HOST = "http://localhost:7123"
+#: the environment variable holding a bearer token (doc/security.rst)
+TOKEN_ENV = "STREAMPROTO_TOKEN"
 PROG = "streamproto styx"
 CONVENTION = common.Convention(
     PROG, DEFAULT_HOST, timeout=60.0,
@@ -165,7 +168,10 @@ def build_parser():
 
 def _client(args, reactor):
     from streamproto.styx.api_client import StyxClient
-    return StyxClient(args.server.url(), reactor, tls_options=args.tls_options)
+    # a server's --auth-policy: the bearer token comes from the environment,
+    # never the command line (where ps and shell histories show it)
+    return StyxClient(args.server.url(), reactor, tls_options=args.tls_options,
+                      token=os.environ.get(TOKEN_ENV) or None)
 
 
 # -- commands ----------------------------------------------------------------
@@ -273,7 +279,7 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     producer = None
     if stream is not None:
         producer = await _stream_errors(stream.StyxProducer.connect_url(
-            reactor, client.base_url, args.name, tls=client.tls_options))
+            reactor, client.base_url, args.name, tls=client.tls_options, token=client.token))
     fmt = formats.BINARY if args.binary else formats.lines(args.line_ending)
     decoder = fmt.decoder(0x7FFFFFFF)
     unbuffered = args.unbuffered or _is_tty(stdin)
@@ -373,7 +379,7 @@ async def consume(reactor, args, client, stdout=None, err=None, jitter=random.ra
     async def styx0():
         consumer = await _stream_errors(stream.StyxConsumer.connect_url(
             reactor, client.base_url, args.name, write, tls=client.tls_options,
-            whence="origin", position=state["position"], count=remaining(),
+            token=client.token, whence="origin", position=state["position"], count=remaining(),
             follow=args.follow))
         connected["now"] = True
         await _stream_errors(consumer.done)

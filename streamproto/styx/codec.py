@@ -93,6 +93,12 @@ class ErrorCode(IntEnum):
     #: The server is shutting down: what was acked before it is durable;
     #: the client reconnects later (to this or another server).
     SHUTDOWN = 10
+    #: The authorization policy denies the stream and the client showed no
+    #: credentials (or an unknown bearer token): HTTP's 401.
+    UNAUTHORIZED = 11
+    #: The authorization policy denies the stream to the client's
+    #: principals: HTTP's 403.
+    FORBIDDEN = 12
 
 
 class StyxProtocolError(Exception):

@@ -14,8 +14,9 @@ from streamproto.log.errors import LogError
 
 # code -> (HTTP status, default message).  The first nine, their statuses
 # and messages are the reference's (styx 0.1.4 answers log_exist and
-# log_not_available with 400 too).  The last three are ours: the reference
-# answers an oversized record or body with unknown_error.
+# log_not_available with 400 too).  The others are ours: the reference
+# answers an oversized record or body with unknown_error, and has no
+# authorization.
 CODES = {
     "unknown_error": (500, "api: unknown error"),
     "method_not_allowed": (405, "api: method not allowed"),
@@ -29,6 +30,9 @@ CODES = {
     "record_too_large": (400, "api: record too large"),
     "request_too_large": (413, "api: request body too large"),
     "not_supported": (501, "api: not supported"),
+    # the authorization policy (doc/security.rst)
+    "unauthorized": (401, "api: unauthorized"),
+    "forbidden": (403, "api: forbidden"),
 }
 
 

@@ -33,10 +33,12 @@ from twisted.web.resource import Resource
 from twisted.web.static import NoRangeStaticProducer
 from zope.interface import implementer
 
+from streamproto.core.compat import request_gone
+from streamproto.core.auth import ALLOW_ALL
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogError, LogExists, RecordTooLarge
 from streamproto.log.public import PublicLogStore, check_public_name
-from streamproto.styx import formats
+from streamproto.styx import access, formats
 from streamproto.styx.errors import APIError, from_exception, render_error, render_json
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
@@ -151,7 +153,41 @@ class StyxRequest(server.Request):
             return None
         return StreamedProduce(self, resource, segments[1], fmt)
 
+    def _early_access(self):
+        """
+        The policy's answer to a request whose body is handled before
+        rendering (a streamed produce, a restore): None if allowed, else
+        the L{APIError} to answer at once, before the body is read.
+        """
+        site = self.channel.site
+        resource = getattr(site, "resource", None)
+        authorizer = getattr(resource, "authorizer", ALLOW_ALL)
+        if not authorizer.enabled:
+            return None
+        command, path = self._request_line()
+        segments = path_segments(path)
+        if (command != b"POST" or segments[:1] != ["logs"]
+                or upgrade_protocol(self) is not None):
+            return None
+        if not (segments[1:] == ["restore"] or segments[2:] == ["records"]):
+            return None
+        query = path.split(b"?", 1)[1] if b"?" in path else b""
+        args = urllib.parse.parse_qs(query, keep_blank_values=True)
+        needed = access.route_access(command, segments, args)
+        if needed is None:
+            return None
+        try:
+            access.check(self, authorizer, *needed)
+        except APIError as e:
+            return e
+        return None
+
     def gotLength(self, length):
+        refused = self._early_access()
+        if refused is not None:
+            self.requestHeaders.removeHeader(b"expect")
+            self._refuse_with(refused)
+            return
         self.body_sink = self._streamed_produce()
         if self.body_sink is not None:
             self.content = io.BytesIO()  # stays empty: the sink has the body
@@ -188,23 +224,31 @@ class StyxRequest(server.Request):
         super().connectionLost(reason)
 
     def _refuse(self, size):
-        self._refused = True
         limit = self._max_body_size()
         log.warn("refusing a request body of {size} bytes (limit {limit}) from {peer}",
                  size=size, limit=limit, peer=self.getClientAddress())
+        self._refuse_with(APIError("request_too_large",
+                                   f"api: request body exceeds {limit} bytes"))
+
+    def _refuse_with(self, error):
+        """Answer C{error} at once, without reading the body, and close."""
+        self._refused = True
         site = self.channel.site
         metrics = getattr(site, "metrics", None)
         if metrics is not None:
-            metrics.error("request_too_large")
-        body = render_error("request_too_large",
-                            f"api: request body exceeds {limit} bytes")
+            metrics.error(error.code)
+        body = render_error(error.code, error.message)
         # written raw (the body is not read), with the CORS headers any
         # answer gets, so that a browser can read the error
         origin = self.requestHeaders.getRawHeaders(b"origin", [None])[0]
         cors = getattr(site.resource, "cors_headers", lambda origin: [])(
             origin.decode("latin-1") if origin is not None else None)
-        response = (b"HTTP/1.1 413 Request Entity Too Large\r\n"
-                    b"Content-Type: application/json\r\n"
+        if error.code == "unauthorized":
+            cors = list(cors) + [(b"WWW-Authenticate", access.CHALLENGE)]
+        reason = {401: b"Unauthorized", 403: b"Forbidden",
+                  413: b"Request Entity Too Large"}.get(error.status, b"Error")
+        response = (b"HTTP/1.1 %d %s\r\n" % (error.status, reason)
+                    + b"Content-Type: application/json\r\n"
                     + b"".join(name + b": " + value + b"\r\n" for name, value in cors)
                     + b"Connection: close\r\n"
                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -392,9 +436,12 @@ class StyxSite(server.Site):
 def make_site(store, timeout=DEFAULT_TIMEOUT, default_config=None,
               max_body_size=DEFAULT_MAX_BODY_SIZE, metrics=None, clock=None, upgrade=None,
               cors_origins=("*",), max_restore_size=DEFAULT_MAX_RESTORE_SIZE,
-              http_idle_timeout=DEFAULT_HTTP_IDLE_TIMEOUT):
+              http_idle_timeout=DEFAULT_HTTP_IDLE_TIMEOUT, authorizer=ALLOW_ALL):
     """
     The Site serving the Styx API over C{store} (an L{ILogStore}).
+
+    @param authorizer: the L{streamproto.core.auth.IAuthorizer} deciding
+        who may do what (default: everyone everything).
 
     @param http_idle_timeout: seconds an HTTP connection may stay silent
         (keep-alive or a slow request) before it is closed; upgraded styx/0
@@ -402,7 +449,7 @@ def make_site(store, timeout=DEFAULT_TIMEOUT, default_config=None,
     """
     root = StyxResource(store, timeout=timeout, default_config=default_config,
                         metrics=metrics, clock=clock, upgrade=upgrade,
-                        cors_origins=cors_origins)
+                        cors_origins=cors_origins, authorizer=authorizer)
     site = StyxSite(root, max_body_size=max_body_size, metrics=root.metrics,
                     max_restore_size=max_restore_size, timeout=http_idle_timeout)
     site.displayTracebacks = False
@@ -553,7 +600,7 @@ class RecordStreamer:
                         log=self.log.name, position=self.position)
         self._done()
         self.request.unregisterProducer()
-        if self.request._disconnected:
+        if request_gone(self.request):
             return
         if not self.request.startedWriting:
             # nothing sent yet: the client still gets a proper JSON error
@@ -602,8 +649,9 @@ class StyxResource(Resource):
     isLeaf = True
 
     def __init__(self, store, timeout=DEFAULT_TIMEOUT, default_config=None, metrics=None,
-                 clock=None, upgrade=None, cors_origins=("*",)):
+                 clock=None, upgrade=None, cors_origins=("*",), authorizer=ALLOW_ALL):
         super().__init__()
+        self.authorizer = authorizer
         # origins allowed to call the API from browsers ("*" wildcards, as
         # in the reference's cors_allowed_origins; empty: no CORS headers)
         self.cors_origins = tuple(cors_origins)
@@ -691,9 +739,45 @@ class StyxResource(Resource):
         segments = [seg.decode("utf-8", "replace") for seg in request.postpath]
         method = request.method
         handler = self._route(segments, method)
+        try:
+            self._authorize(request, segments, handler)
+        except APIError as e:
+            if upgrade_protocol(request) == b"styx/0" and e.code in ("unauthorized",
+                                                                      "forbidden"):
+                # styx/0 says no its own way: an Error message after the 101
+                from streamproto.styx.stream import refuse
+                self.metrics.error(e.code)
+                refuse(request, e, self.timeout)
+            else:
+                self._error(Failure(e), request)
+            return server.NOT_DONE_YET
         d = defer.maybeDeferred(handler, request, *segments[1:2])
         d.addErrback(self._error, request)
         return server.NOT_DONE_YET
+
+    def _authorize(self, request, segments, handler):
+        """
+        Check the policy for a routed request, before anything touches the
+        store (listing and creation check theirs in their handlers).
+        @raise APIError: 401 or 403.
+        """
+        if not self.authorizer.enabled or handler in (self.not_found, self.not_allowed):
+            return
+        needed = access.route_access(request.method, segments, request.args)
+        if needed is None:
+            return
+        op, name = needed
+        if (op == "read" and upgrade_protocol(request) == b"websocket"
+                and (header(request, b"x-http-method-override") or b"").upper() == b"POST"):
+            op = "write"  # a browser's WebSocket produce (see consume)
+        access.check(request, self.authorizer, op, name)
+
+    def _readable(self, request, names):
+        """The names of C{names} the request may read (all without a policy)."""
+        if not self.authorizer.enabled:
+            return list(names)
+        principals = access.request_principals(request, self.authorizer)
+        return [n for n in names if self.authorizer.allows(principals, "read", n)]
 
     def _route(self, segments, method):
         if segments == ["metrics"]:
@@ -722,7 +806,7 @@ class StyxResource(Resource):
 
     # responses ----------------------------------------------------------
     def _json(self, request, value, status=200):
-        if request._disconnected:
+        if request_gone(request):
             return  # the client left while we worked; finish() would raise
         body = render_json(value)
         request.setResponseCode(status)
@@ -732,7 +816,7 @@ class StyxResource(Resource):
         request.finish()
 
     def _empty(self, request, status=200):
-        if request._disconnected:
+        if request_gone(request):
             return
         request.setResponseCode(status)
         request.setHeader(b"Content-Length", b"0")
@@ -752,13 +836,15 @@ class StyxResource(Resource):
             log.debug("{method} {path}: {code} {message}", method=request.method,
                       path=request.path, code=error.code, message=error.message)
         self.metrics.error(error.code)
-        if request.finished or request._disconnected:
+        if request.finished or request_gone(request):
             return
         if request.startedWriting:
             # the status line went out already: cut the response short
             request.channel.transport.abortConnection()
             return
         body = error.to_json()
+        if error.code == "unauthorized":
+            request.setHeader(b"WWW-Authenticate", access.CHALLENGE)
         request.setResponseCode(error.status)
         request.setHeader(b"Content-Type", b"application/json")
         request.setHeader(b"Content-Length", str(len(body)).encode())
@@ -775,14 +861,14 @@ class StyxResource(Resource):
     @defer.inlineCallbacks
     def render_metrics(self, request, *args):
         infos = []
-        for name in self.store.names():
+        for name in self._readable(request, self.store.names()):
             try:
                 the_log = yield self.store.get(name)
                 infos.append(the_log.info())
             except Exception:
                 continue  # deleted meanwhile, or unavailable
         body = self.metrics.render(infos)
-        if request._disconnected:
+        if request_gone(request):
             return
         request.setHeader(b"Content-Type", METRICS_CONTENT_TYPE.encode())
         request.setHeader(b"Content-Length", str(len(body)).encode())
@@ -793,7 +879,7 @@ class StyxResource(Resource):
     @defer.inlineCallbacks
     def list_logs(self, request):
         entries = []
-        for name in self.store.names():
+        for name in self._readable(request, self.store.names()):
             try:
                 the_log = yield self.store.get(name)
             except Exception:
@@ -831,6 +917,7 @@ class StyxResource(Resource):
             config = LogConfig(**values)
         except ValueError as e:
             raise APIError("invalid_params", f"api: params: {e}")
+        access.check(request, self.authorizer, "admin", name)
         the_log = yield self.store.create(name, config)
         log.info("created log {name}", name=name)
         self._json(request, log_info(the_log))
@@ -882,7 +969,7 @@ class StyxResource(Resource):
         directory = self._log_directory(name)
         from twisted.internet.threads import deferToThread
         archive = yield deferToThread(_tar_directory, directory)
-        if request._disconnected:
+        if request_gone(request):
             archive.close()
             return
         filename = f"{name}-{int(time.time())}.tar.gz"
@@ -1115,7 +1202,7 @@ class StyxResource(Resource):
             except defer.CancelledError:
                 return
             batch = yield the_log.read(position, max_records=1)
-        if request._disconnected:
+        if request_gone(request):
             return
         if not len(batch):
             self._empty(request)

@@ -24,8 +24,11 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from streamproto.core.errors import log_failure
+from streamproto.core.compat import redirect_channel_input, take_buffered_data
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge, WriteFailed,
+    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+    StoreUnavailable, WriteFailed,
 )
 from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
@@ -69,7 +72,7 @@ def error_code_for(failure_or_exception):
     exc = getattr(failure_or_exception, "value", failure_or_exception)
     if isinstance(exc, LogNotFound):
         return ErrorCode.LOG_NOT_FOUND
-    if isinstance(exc, (LogClosed, LogFailed, CorruptLog, WriteFailed)):
+    if isinstance(exc, (LogClosed, LogFailed, CorruptLog, WriteFailed, StoreUnavailable)):
         # WriteFailed: the disk is full; the append was rolled back
         return ErrorCode.LOG_NOT_AVAILABLE
     if isinstance(exc, PositionOutOfRange):
@@ -443,7 +446,7 @@ class ProducerStream(_StyxStream):
         self._appends_in_flight -= 1
         self._pending_bytes -= nbytes
         code = error_code_for(failure)
-        _log.failure("styx/0 producer on {log}: append failed", failure, log=self._log.name)
+        log_failure(_log, failure, "styx/0 producer on {log}: append failed", log=self._log.name)
         self.finish(code)
 
     def _send_ack(self):
@@ -549,8 +552,8 @@ class ConsumerStream(_StyxStream):
 
     def _failed(self, failure):
         code = error_code_for(failure)
-        _log.failure("styx/0 consumer on {log} failed at {position}", failure,
-                     log=self._log.name, position=self.position)
+        log_failure(_log, failure, "styx/0 consumer on {log} failed at {position}",
+                    log=self._log.name, position=self.position)
         self.finish(code)
 
     def _on_end(self):
@@ -593,11 +596,7 @@ def _early_bytes(request):
         body = content.read()
         if body:
             early.append(body)
-    channel = request.channel
-    buffered = getattr(channel, "_dataBuffer", None)
-    if buffered:
-        early.extend(buffered)
-        channel._dataBuffer = []
+    early.extend(take_buffered_data(request.channel))
     return b"".join(early)
 
 
@@ -622,8 +621,7 @@ def take_over(request, protocol):
         transport.protocol = protocol
     # if render ran from inside the channel's dataReceived, the rest of that
     # read is still in its line buffer and comes to rawDataReceived next
-    channel.rawDataReceived = protocol.early_data_received
-    channel.lineReceived = lambda line: protocol.early_data_received(line + b"\r\n")
+    redirect_channel_input(channel, protocol.early_data_received)
     return transport
 
 
@@ -693,4 +691,41 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
     protocol.makeConnection(transport)
     _log.debug("styx/0 {role} stream on {log} started", role=protocol.role, log=log.name)
     protocol.early_data_received(early)
+    return NOT_DONE_YET
+
+
+class _Refused(Protocol):
+    """Sends one Error message and closes (what a denied stream gets)."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def connectionMade(self):
+        self.transport.write(encode_error(self.code))
+        self.transport.loseConnection()
+
+    def early_data_received(self, data):
+        pass  # a producer's records: dropped, nothing was acknowledged
+
+
+def refuse(request, error, timeout=DEFAULT_TIMEOUT):
+    """
+    Deny a styx/0 upgrade request the stream's way: 101, then an Error
+    message (C{UNAUTHORIZED} or C{FORBIDDEN} for the L{APIError} C{error}
+    of the authorization policy), then close.  Nothing touched the log.
+
+    @return: C{NOT_DONE_YET}.
+    """
+    if request.channel is None or request.channel.transport is None:
+        return _error_response(request, error)
+    code = ErrorCode.UNAUTHORIZED if error.code == "unauthorized" else ErrorCode.FORBIDDEN
+    protocol = _Refused(code)
+    _early_bytes(request)
+    transport = take_over(request, protocol)
+    transport.write(b"HTTP/1.1 101 Switching Protocols\r\n"
+                    b"Upgrade: styx/0\r\n"
+                    b"Connection: Upgrade\r\n"
+                    b"X-Styx-Timeout: %d\r\n\r\n" % max(MIN_TIMEOUT, int(timeout)))
+    transport.resumeProducing()
+    protocol.makeConnection(transport)
     return NOT_DONE_YET

@@ -66,7 +66,7 @@ class StyxConnectionLost(Exception):
     """The connection closed before the stream completed."""
 
 
-def _request_head(method, host, name, query, timeout):
+def _request_head(method, host, name, query, timeout, token=None):
     path = "/logs/" + quote(name, safe="") + "/records"
     if query:
         path += "?" + urlencode(query)
@@ -78,6 +78,9 @@ def _request_head(method, host, name, query, timeout):
         f"X-Styx-Timeout: {int(timeout)}",
         "User-Agent: streamproto-styx",
     ]
+    if token:
+        # a server's --auth-policy (doc/security.rst); a token is one line
+        lines.append("Authorization: Bearer " + "".join(token.split()))
     if method == "POST":
         lines.append("Content-Length: 0")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
@@ -356,15 +359,16 @@ class StyxProducer:
 
     @classmethod
     def connect(cls, reactor, host, port, name, tls=None, timeout=DEFAULT_TIMEOUT,
-                window_bytes=DEFAULT_WINDOW_BYTES):
+                window_bytes=DEFAULT_WINDOW_BYTES, token=None):
         """
         @param tls: client TLS options (L{streamproto.core.tls.client_tls_options})
             or None for plain TCP.
+        @param token: a bearer token for a server's C{--auth-policy}, or None.
         @return: Deferred firing with a connected L{StyxProducer}; fails with
             L{APIError} if the server refuses the upgrade.
         """
         self = cls(name, timeout, window_bytes, reactor)
-        head = _request_head("POST", f"{host}:{port}", name, None, timeout)
+        head = _request_head("POST", f"{host}:{port}", name, None, timeout, token)
         self._protocol = _StyxClientProtocol(self, head, (ACK, HEARTBEAT_TYPE, ERROR),
                                              timeout, reactor)
         d = _connect(reactor, host, port, tls, self._protocol)
@@ -565,19 +569,21 @@ class StyxConsumer:
 
     @classmethod
     def connect(cls, reactor, host, port, name, on_records, whence="origin", position=0,
-                count=-1, follow=False, tls=None, timeout=DEFAULT_TIMEOUT, batches=False):
+                count=-1, follow=False, tls=None, timeout=DEFAULT_TIMEOUT, batches=False,
+                token=None):
         """
         @param batches: hand C{on_records} a L{RecordBatch} (an
             C{array('I')} of sizes plus the concatenated payloads, see
             L{streamproto.log.batch}) rather than a list of bytes: no Python
             code runs per record (with the C accelerator).  Its C{position}
             counts records from the start of this stream.
+        @param token: a bearer token for a server's C{--auth-policy}, or None.
         @return: Deferred firing with a connected L{StyxConsumer}.
         """
         self = cls(name, on_records, reactor, batches)
         query = {"whence": whence, "position": str(position), "count": str(count),
                  "follow": "true" if follow else "false"}
-        head = _request_head("GET", f"{host}:{port}", name, query, timeout)
+        head = _request_head("GET", f"{host}:{port}", name, query, timeout, token)
         self._protocol = _StyxClientProtocol(self, head, (RECORD, HEARTBEAT_TYPE, ERROR),
                                              timeout, reactor)
         self._protocol.batch_mode = batches

@@ -94,6 +94,7 @@ def makeService(options, store=None):
                          max_body_size=options["max-body-size"],
                          max_restore_size=options["max-restore-size"],
                          cors_origins=options["cors_origins"],
-                         http_idle_timeout=options["http-idle-timeout"])
+                         http_idle_timeout=options["http-idle-timeout"],
+                         authorizer=options["authorizer"])
 
     return server_service(options, factory, store=store, name="styx-server")

@@ -1,0 +1,71 @@
+"""
+The private Twisted attributes streamproto relies on, in one place.
+
+Twisted has no public way to do these few things; each is used here and
+only here, and C{test/test_compat.py} checks each against the installed
+Twisted, so a release that renames one fails that test loudly instead of
+breaking a server at run time.
+
+- L{request_gone}: whether a C{twisted.web} request lost its connection
+  (C{Request._disconnected}; C{notifyFinish} tells it once, asynchronously,
+  but a streaming renderer needs to ask at any moment).
+- L{take_buffered_data}: the bytes an C{HTTPChannel} read past a request's
+  headers and holds for the next request (C{HTTPChannel._dataBuffer}), for
+  a connection upgraded to another protocol (styx/0).
+- L{redirect_channel_input}: what the channel still receives from the read
+  it is in goes to the new protocol (C{rawDataReceived}/C{lineReceived} of
+  C{LineReceiver}, on the instance).
+- L{endpoint_tls_options}: the C{CertificateOptions} of an C{ssl:} server
+  endpoint (C{SSL4ServerEndpoint._sslContextFactory}), to accept clients
+  that offer ALPN protocols we do not speak.
+- L{fail_at_start}: a listening service that raises from
+  C{privilegedStartService} when it cannot bind, as C{strports.service}
+  does (C{StreamServerEndpointService._raiseSynchronously}).
+- L{listening_port}: the Deferred of a listening service's port
+  (C{StreamServerEndpointService._waitingForPort}).
+"""
+
+from twisted.internet import ssl
+from twisted.internet.endpoints import SSL4ServerEndpoint
+
+
+def request_gone(request):
+    """Whether C{request}'s connection was lost (it may not be finished)."""
+    return bool(request._disconnected)
+
+
+def take_buffered_data(channel):
+    """Remove and return the bytes C{channel} holds for later requests."""
+    buffered = getattr(channel, "_dataBuffer", None)
+    if not buffered:
+        return []
+    channel._dataBuffer = []
+    return list(buffered)
+
+
+def redirect_channel_input(channel, receive):
+    """Send whatever C{channel} still parses from its current read to C{receive(bytes)}."""
+    channel.rawDataReceived = receive
+    channel.lineReceived = lambda line: receive(line + b"\r\n")
+
+
+def endpoint_tls_options(endpoint):
+    """The C{CertificateOptions} of an C{ssl:} server endpoint, or None."""
+    if not isinstance(endpoint, SSL4ServerEndpoint):
+        return None
+    options = getattr(endpoint, "_sslContextFactory", None)
+    return options if isinstance(options, ssl.CertificateOptions) else None
+
+
+def fail_at_start(listener):
+    """Make a C{StreamServerEndpointService} raise at start when it cannot listen."""
+    listener._raiseSynchronously = True
+    return listener
+
+
+def listening_port(listener):
+    """
+    The Deferred firing with a C{StreamServerEndpointService}'s listening
+    port once it listens, or None before it started.
+    """
+    return getattr(listener, "_waitingForPort", None)

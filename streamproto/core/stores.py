@@ -1,0 +1,160 @@
+"""
+Which log store a server runs on: the embedded file store under C{--data}
+(the default), or a NATS JetStream cluster with C{--store nats://...}
+(C{doc/scale-out.rst}).  One set of options for every plugin and the
+umbrella, checked before start-up, and one service that owns the store.
+"""
+
+import os
+import ssl
+
+from twisted.application import service
+from twisted.logger import Logger
+from twisted.python import usage
+
+from streamproto.log.storeurl import StoreURLError, is_store_url, parse_store_url
+
+#: the store options every server takes (added to L{ServerOptions})
+STORE_PARAMETERS = [
+    ["store", None, None,
+     "nats://HOST:PORT[,HOST:PORT...][?replicas=N&prefix=P] (tls://... over TLS): keep the "
+     "logs in a NATS JetStream cluster instead of under --data (doc/scale-out.rst)."],
+    ["store-ca", None, None, "CA certificates (PEM) that verify the NATS servers (tls://)."],
+    ["store-cert", None, None, "Client certificate (PEM) for NATS servers that require one."],
+    ["store-key", None, None, "The private key (PEM) of --store-cert."],
+]
+
+#: what an ack means on each store, for the start-up log line
+_GUARANTEE = "acknowledged once the cluster's quorum stored it"
+
+
+def check_store_options(options, local=()):
+    """
+    Parse C{--store} into C{options["store-url"]} (a L{StoreURL}, or None
+    for the file store) and check the TLS files, as usage errors naming the
+    option.
+
+    @param local: other values C{--store} takes for a server of its own
+        (reliable-stream-server's session stores), left as they are.
+    """
+    value = options.get("store")
+    options["store-url"] = None
+    tls_files = {k: options.get(k) for k in ("store-ca", "store-cert", "store-key")}
+    if value in local:
+        url = None
+    elif value is None:
+        url = None
+    else:
+        if not is_store_url(value):
+            choices = " or ".join(list(local) + ["nats://HOST:PORT[,...]", "tls://..."])
+            raise usage.UsageError(f"--store {value!r}: expected {choices}")
+        try:
+            url = parse_store_url(value)
+        except StoreURLError as e:
+            raise usage.UsageError(f"--store {e}")
+        try:
+            import nats  # noqa: F401
+        except ImportError:
+            raise usage.UsageError("--store nats://... needs the NATS client: "
+                                   "pip install 'streamproto[nats]'")
+    if any(tls_files.values()) and (url is None or not url.tls):
+        raise usage.UsageError("--store-ca, --store-cert and --store-key go with a "
+                               "tls://... --store")
+    if bool(tls_files["store-cert"]) != bool(tls_files["store-key"]):
+        raise usage.UsageError("give both --store-cert and --store-key, or neither")
+    for key, path in tls_files.items():
+        if path and not os.access(path, os.R_OK):
+            raise usage.UsageError(f"--{key} {path!r}: cannot read it")
+    if url is not None and url.tls:
+        try:
+            store_tls_context(options)
+        except (OSError, ssl.SSLError) as e:
+            raise usage.UsageError(f"--store {value!r}: the TLS files do not load: {e}")
+    options["store-url"] = url
+    return url
+
+
+def store_tls_context(options):
+    """The C{ssl.SSLContext} of a C{tls://} store (server name checked), or None."""
+    url = options.get("store-url")
+    if url is None or not url.tls:
+        return None
+    context = ssl.create_default_context(cafile=options.get("store-ca"))
+    if options.get("store-cert"):
+        context.load_cert_chain(options["store-cert"], options["store-key"])
+    return context
+
+
+def open_log_store(options, **kwargs):
+    """
+    The log store these (checked) options name: a L{JetStreamLogStore}
+    for C{--store nats://...}, else the file store under C{--data}.
+    """
+    url = options.get("store-url")
+    if url is None:
+        from streamproto.log import open_store
+        return open_store(options["data"], **kwargs)
+    from streamproto.log.jetstream import JetStreamLogStore
+    return JetStreamLogStore(url.servers, replicas=url.replicas, prefix=url.prefix,
+                             tls=store_tls_context(options))
+
+
+def describe_store(options):
+    url = options.get("store-url")
+    return str(url) if url is not None else options["data"]
+
+
+class StoreService(service.Service):
+    """
+    Owns the log store: opened at construction (so factories can be built
+    with it), started with the service (a JetStream store connects to its
+    cluster: one that cannot be reached is a clean start-up failure of the
+    whole server, see L{streamproto.core.tap.ServerService}), and closed
+    (fsynced) when the service stops.
+    """
+
+    log = Logger()
+
+    def __init__(self, options_or_path, **kwargs):
+        from streamproto.core.metrics import observe_store
+        options = options_or_path
+        if isinstance(options_or_path, str):
+            options = {"data": options_or_path, "store-url": None}
+        self.path = describe_store(options)
+        self.store = open_log_store(options, **kwargs)
+        observe_store(self.store)
+
+    def startService(self):
+        super().startService()
+        start = getattr(self.store, "start", None)
+        if start is None:
+            return
+        self.log.info("log store {where}: connecting ({guarantee})", where=self.path,
+                      guarantee=_GUARANTEE)
+        start().addCallbacks(self._started, self._cannot_start)
+
+    def _started(self, _):
+        self.log.info("log store {where}: connected", where=self.path)
+
+    def _cannot_start(self, failure):
+        error = failure.value
+        top = self.parent
+        while top is not None and getattr(top, "parent", None) is not None \
+                and hasattr(top.parent, "_cannot_start"):
+            top = top.parent
+        message = f"log store {self.path} cannot be reached: {failure.getErrorMessage()}"
+        if top is not None and hasattr(top, "_cannot_start"):
+            try:
+                top._cannot_start(RuntimeError(message))
+                return
+            except Exception:
+                pass
+        # embedded: the application decides; /ready reports the store
+        self.log.error("{message}", message=message, error=error)
+
+    def stopService(self):
+        from streamproto.core.metrics import forget_store
+        super().stopService()
+        self.log.info("closing log store {path}", path=self.path)
+        forget_store(self.store)
+        return self.store.close()

@@ -1,0 +1,281 @@
+"""
+Where the asyncio NATS client meets the Twisted reactor.
+
+nats-py is asyncio; our servers run on whatever reactor twistd (or an
+embedding program) chose.  L{AsyncioThreadBridge} runs one asyncio event
+loop in its own daemon thread, per store:
+
+- the reactor side calls L{AsyncioThreadBridge.call} (a coroutine function,
+  result as a Deferred fired on the reactor thread) or
+  L{AsyncioThreadBridge.call_soon} (a plain function run on the loop
+  thread, in order: publishes keep their order this way);
+- the loop side hands results and events back with
+  L{AsyncioThreadBridge.post}, which runs a function on the reactor thread.
+
+Both directions are coalesced: calls queued while the other side has not
+yet woken up ride on the same wake-up (one C{call_soon_threadsafe} or one
+C{callFromThread} for many), so a burst of appends costs one thread
+switch, not one each.
+
+Why a thread and not Twisted's asyncio reactor: the servers are Twisted
+programs that users run with their reactor of choice (epoll by default,
+or embedded in their own application); installing the asyncio reactor is
+a process-wide decision a log store must not force, and it has to happen
+before anything imports C{twisted.internet.reactor}.  The thread keeps
+nats-py's per-message work (header parsing, JSON acks) off the reactor
+turn; the cost is a thread switch per coalesced batch in each direction
+(measured in C{bench/jetstream_bench.py --bridge}).  The reactor never
+waits on the loop: every result comes back through L{post}.
+
+L{SynchronousBridge} is the test double, like the file store's
+C{run_blocking=synchronous}: the caller's thread waits for the loop, so
+Deferreds fire before the call returns and a C{SynchronousTestCase}
+can drive a store on a real NATS cluster.
+"""
+
+import asyncio
+import os
+import threading
+from collections import deque
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.python.failure import Failure
+
+
+class BridgeClosed(Exception):
+    """The bridge was stopped: nothing runs on its loop any more."""
+
+
+class _Loop:
+    """An asyncio loop running in a daemon thread (restarted after a fork)."""
+
+    def __init__(self, name):
+        self.name = name
+        self.loop = None
+        self.thread = None
+        self.pid = None
+
+    def ensure(self):
+        # twistd forks after makeService: a loop thread started before the
+        # fork does not exist in the daemon, so start (again) in this process
+        if self.loop is None or self.pid != os.getpid():
+            self.pid = os.getpid()
+            self.loop = asyncio.new_event_loop()
+            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self.thread.start()
+        return self.loop
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def stop(self, timeout=10.0):
+        loop, thread = self.loop, self.thread
+        if loop is None or self.pid != os.getpid():
+            return
+        self.loop = self.thread = None
+
+        async def shutdown():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            loop.stop()
+
+        if thread.is_alive():
+            asyncio.run_coroutine_threadsafe(shutdown(), loop)
+            thread.join(timeout)
+        if not thread.is_alive():
+            loop.close()
+
+
+class AsyncioThreadBridge:
+    """
+    An asyncio loop in its own thread, and the two coalesced queues between
+    it and the reactor.
+
+    @ivar wakeups: how many times each side was woken up (for the bench:
+        calls per wake-up is the coalescing factor).
+    """
+
+    def __init__(self, reactor=None, name="streamproto-nats"):
+        if reactor is None:
+            from twisted.internet import reactor
+        self._reactor = reactor  # False: no reactor (the synchronous bridge)
+        self._loop = _Loop(name)
+        self._lock = threading.Lock()
+        self._to_loop = deque()
+        self._loop_scheduled = False
+        self._to_reactor = deque()
+        self._reactor_scheduled = False
+        self._stopped = False
+        self.wakeups = {"loop": 0, "reactor": 0}
+        self.calls = {"loop": 0, "reactor": 0}
+
+    @property
+    def loop(self):
+        return self._loop.ensure()
+
+    def in_loop_thread(self):
+        return self._loop.thread is threading.current_thread()
+
+    # reactor -> loop ----------------------------------------------------
+    def call_soon(self, f, *args):
+        """Run C{f(*args)} on the loop thread, after every earlier call_soon."""
+        if self._stopped:
+            raise BridgeClosed("store closed")
+        loop = self.loop
+        with self._lock:
+            self._to_loop.append((f, args))
+            self.calls["loop"] += 1
+            if self._loop_scheduled:
+                return
+            self._loop_scheduled = True
+        loop.call_soon_threadsafe(self._run_loop_queue)
+
+    def _run_loop_queue(self):
+        self.wakeups["loop"] += 1
+        with self._lock:
+            batch, self._to_loop = self._to_loop, deque()
+            self._loop_scheduled = False
+        for f, args in batch:
+            try:
+                f(*args)
+            except Exception:
+                from twisted.logger import Logger
+                Logger().failure("nats bridge: a loop call failed")
+
+    def call(self, coroutine_function, *args, **kwargs):
+        """
+        Run C{coroutine_function(*args, **kwargs)} on the loop.
+
+        @return: Deferred firing on the reactor thread with its result.
+        """
+        if self._stopped:
+            return fail(BridgeClosed("store closed"))
+        d = Deferred()
+        self.call_soon(self._start, d, coroutine_function, args, kwargs)
+        return d
+
+    def _start(self, d, coroutine_function, args, kwargs):
+        task = self.loop.create_task(coroutine_function(*args, **kwargs))
+        task.add_done_callback(lambda t: self.post(_fire, d, t))
+
+    # loop -> reactor ----------------------------------------------------
+    def post(self, f, *args):
+        """From the loop thread: run C{f(*args)} on the reactor thread."""
+        with self._lock:
+            self._to_reactor.append((f, args))
+            self.calls["reactor"] += 1
+            if self._reactor_scheduled:
+                return
+            self._reactor_scheduled = True
+        self._reactor.callFromThread(self._run_reactor_queue)
+
+    def _run_reactor_queue(self):
+        self.wakeups["reactor"] += 1
+        with self._lock:
+            batch, self._to_reactor = self._to_reactor, deque()
+            self._reactor_scheduled = False
+        for f, args in batch:
+            try:
+                f(*args)
+            except Exception:
+                from twisted.logger import Logger
+                Logger().failure("nats bridge: a reactor call failed")
+
+    # work the synchronous bridge waits for ------------------------------
+    def begin(self):
+        """The loop started work whose outcome will be posted (no-op here)."""
+
+    def end(self):
+        """That work's outcome was posted."""
+
+    def stop(self):
+        """Stop the loop (its tasks are cancelled); nothing is called after."""
+        self._stopped = True
+        self._loop.stop()
+
+
+def _fire(d, task):
+    if task.cancelled():
+        d.errback(Failure(BridgeClosed("cancelled: store closed")))
+        return
+    error = task.exception()
+    if error is not None:
+        d.errback(Failure(error))
+    else:
+        d.callback(task.result())
+
+
+class SynchronousBridge(AsyncioThreadBridge):
+    """
+    For tests: every call waits for the loop, so its Deferred has fired
+    when it returns.  What the loop posts runs on the caller's thread at
+    the end of the next call, or on L{drain}.  L{call_soon} also waits
+    until every outstanding piece of work the loop announced with L{begin}
+    (a publish waiting for its ack) has posted its outcome.
+    """
+
+    def __init__(self, timeout=30.0):
+        super().__init__(reactor=False, name="streamproto-nats-sync")
+        self.timeout = timeout
+        self._busy = 0
+        self._idle = threading.Condition(self._lock)
+
+    def call_soon(self, f, *args):
+        if self._stopped:
+            raise BridgeClosed("store closed")
+        done = threading.Event()
+        errors = []
+
+        def run():
+            try:
+                f(*args)
+            except Exception as e:
+                errors.append(e)
+            done.set()
+        self.loop.call_soon_threadsafe(run)
+        if not done.wait(self.timeout):
+            raise RuntimeError("loop call did not run in time")
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._busy == 0, self.timeout):
+                raise RuntimeError("loop work not finished in time")
+        if errors:
+            raise errors[0]
+        self.drain()
+
+    def call(self, coroutine_function, *args, **kwargs):
+        if self._stopped:
+            return fail(BridgeClosed("store closed"))
+        future = asyncio.run_coroutine_threadsafe(coroutine_function(*args, **kwargs),
+                                                  self.loop)
+        try:
+            result = future.result(self.timeout)
+        except Exception as e:
+            self.drain()
+            return fail(e)
+        self.drain()
+        return succeed(result)
+
+    def post(self, f, *args):
+        with self._lock:
+            self._to_reactor.append((f, args))
+
+    def drain(self):
+        """Run what the loop posted, on this thread."""
+        while True:
+            with self._lock:
+                if not self._to_reactor:
+                    return
+                f, args = self._to_reactor.popleft()
+            f(*args)
+
+    def begin(self):
+        with self._idle:
+            self._busy += 1
+
+    def end(self):
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()

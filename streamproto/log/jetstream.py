@@ -1,0 +1,1528 @@
+"""
+L{JetStreamLogStore}: the log store on a replicated NATS JetStream cluster.
+
+The same L{ILogStore}/L{ILog} as the file store, so every server runs on
+it unchanged, and several front-ends on one cluster serve the same logs.
+How a log is laid out in a stream is in L{streamproto.log.natsformat};
+how messages are found by position in L{streamproto.log.msgindex}; the
+NATS client runs on its own asyncio loop (L{streamproto.log.natsio},
+L{streamproto.log.bridge}).  Everything here runs on the reactor thread.
+
+Appends: one chain per log
+    Appends are queued in order and sent as messages, several small appends
+    merged into one message and a large one split (at most
+    C{max_message_bytes} each), up to C{max_inflight} messages in flight.
+    Each message carries the positions it was given and two expectations:
+    C{Nats-Expected-Last-Sequence} (checked by the stream leader before it
+    proposes) and C{Nats-Expected-Last-Msg-Id}, the id of the message it
+    follows (checked when the quorum applies it).  So a message is stored
+    only right after the message its positions were computed from: positions
+    stay contiguous even with several front-ends appending to one log, and a
+    message can never be stored after one of its predecessors failed.
+    An append is acknowledged once JetStream acknowledged every message
+    holding it, i.e. once the quorum stored them.
+
+Fail-stop, then recovery from the quorum
+    On any error or timeout the chain stops: nothing sent after the failure
+    is acknowledged until the log has re-read the authoritative tail of the
+    stream from the leader (and the followers' headers between), learning
+    which of its messages were stored after all (by message id).  Records of
+    messages that were not stored are sent again with fresh positions;
+    another front-end's append winning the race is just that.  While the
+    tail cannot be read (no quorum) appends wait; once that lasts longer than
+    C{timeout} seconds the log reports C{failed} and appends fail at once
+    with L{LogFailed}, never hang, never ack, until the cluster answers again.
+
+Reads
+    Readers see only what JetStream acknowledged: reads go to the stream
+    leader, which serves committed messages only.  Bodies of recent messages
+    (this front-end's own appends, and what readers fetched) stay in a cache
+    bounded in bytes, so followers of a busy log read from memory.
+
+Followers
+    Each open log has a watcher: an ordered push consumer delivering the
+    headers of every new message, so L{ILog.wait} fires without polling when
+    another front-end appends.  C{get()} of an open log also asks the leader
+    for the tail, so a record acknowledged through any front-end is readable
+    through this one as soon as C{get()} returns.
+"""
+
+import bisect
+import functools
+import itertools
+import json
+import time
+import uuid
+from collections import deque
+from functools import partial
+from itertools import accumulate
+
+from twisted.internet import defer
+from twisted.internet.defer import fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.config import LogConfig, validate_name
+from streamproto.log.errors import (
+    AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
+    RecordTooLarge, StoreUnavailable, WriteFailed,
+)
+from streamproto.log.interfaces import ILog, ILogStore, log_problems
+from streamproto.log.msgindex import BodyCache, MessageIndex, holds
+from streamproto.log.natsformat import (
+    ATTRS, DATA, DEFAULT_PREFIX, EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, HEADER_OVERHEAD,
+    MARKER, MAX_STREAM_NAME, MSG_ID, BatchInfo, MessageFormatError, check_prefix, decode_body,
+    decode_info, encode_body, encode_headers, log_name, split_points, stream_name, subject,
+    subjects_filter,
+)
+from streamproto.log.natsio import (
+    STREAM_NAME_IN_USE, WRONG_LAST_MSG_ID, WRONG_LAST_SEQUENCE, JetStreamError, NatsIO,
+    NotAvailable,
+)
+from streamproto.log.result import AppendResult
+from streamproto.log.waiters import Waiters
+
+log = Logger()
+
+#: stream metadata keys
+CONFIG_KEY = "streamproto_config"
+FORMAT_KEY = "streamproto_format"
+FORMAT_VERSION = "1"
+
+#: seconds to wait for the stream leader's answer to "where is the tail?"
+CATCH_UP_TIMEOUT = 1.0
+
+#: how long a message whose outcome was unknown may still turn up stored
+GHOST_SECONDS = 300
+
+#: the message id of a log's first marker: two front-ends creating the same
+#: log at once write it once
+INIT_MSG_ID = "streamproto-init"
+
+_log_ids = itertools.count(1)
+
+
+def _store_errors(method):
+    """
+    The cluster's own errors (no answer, no leader) out of an ILog/ILogStore
+    method as L{StoreUnavailable}, a L{LogFailed}: what every protocol
+    already reports as its "not available" error.
+    """
+    def translated(failure):
+        if failure.check(NotAvailable, JetStreamError):
+            raise StoreUnavailable(f"JetStream: {failure.getErrorMessage()}")
+        return failure
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        return method(*args, **kwargs).addErrback(translated)
+    return wrapper
+
+
+def _default_clock():
+    from twisted.internet import reactor
+    return reactor
+
+
+class _Append:
+    """One L{ILog.append} (or a marker) on its way."""
+
+    __slots__ = ("lengths", "data", "attributes", "deferred", "deadline", "kind", "start",
+                 "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected")
+
+    def __init__(self, lengths, data, attributes, deadline, kind=DATA, start=None,
+                 expected=None):
+        self.lengths = lengths
+        self.data = data
+        self.attributes = attributes
+        self.deferred = defer.Deferred()
+        self.deadline = deadline
+        self.kind = kind
+        self.start = start
+        self.chunks = []
+        self.done_chunks = 0
+        self.first_position = None
+        self.last_seq = None
+        self.failed = False
+        #: a conditional append's expected first position (alone in its message)
+        self.expected = expected
+
+
+class _Chunk:
+    """Consecutive records of one append that go into one message."""
+
+    __slots__ = ("append", "index", "lengths", "data", "last", "done")
+
+    def __init__(self, append, index, lengths, data, last):
+        self.append = append
+        self.index = index
+        self.lengths = lengths
+        self.data = data
+        self.last = last
+        self.done = False
+
+    @property
+    def nbytes(self):
+        return len(self.data)
+
+    @property
+    def size(self):
+        return 4 * len(self.lengths) + len(self.data)
+
+
+class _Message:
+    """One message sent: its chunks, its coordinates and what became of it."""
+
+    __slots__ = ("chunks", "info", "body", "lengths", "outcome", "error", "sent_at", "seen")
+
+    def __init__(self, chunks, info, body, lengths, sent_at):
+        self.chunks = chunks
+        self.info = info
+        self.body = body
+        self.lengths = lengths
+        self.outcome = None
+        self.error = None
+        self.sent_at = sent_at
+        #: the sequence the follower (or a fetch) saw it stored at, before
+        #: its publish was answered
+        self.seen = None
+
+
+@implementer(ILog)
+class JetStreamLog:
+    """One log: a JetStream stream.  Built by L{JetStreamLogStore}."""
+
+    def __init__(self, store, name, config):
+        self.store = store
+        self.name = name
+        self.config = config
+        self.stream = stream_name(store.prefix, name)
+        self.failed = None
+        #: a L{StoreUnavailable} while the cluster has not answered for
+        #: C{timeout} seconds (appends fail at once), else None
+        self.unavailable = None
+        self._id = next(_log_ids)
+        self._clock = store.clock
+        self._closed = False
+        # the acknowledged state (what readers see)
+        self.start_position = 0
+        self.start_offset = 0
+        self.end_position = 0
+        self.end_offset = 0
+        self._attributes = {}
+        self._end_seq = 0
+        self._last_id = None
+        self._first_seq = 1
+        self._index = MessageIndex()
+        self._waiters = Waiters(self._clock)
+        self._offset_waiters = Waiters(self._clock)
+        # the chain of appends
+        self._queue = deque()          # chunks not sent yet
+        self._inflight = deque()       # messages sent, in order
+        self._inflight_bytes = 0
+        self._tail = None              # (seq, msg id, position, offset, attributes) projected
+        self._resyncing = False
+        self._resync_running = False
+        self._unresolved = {}          # msg id -> message whose outcome is unknown
+        self._ghosts = {}              # msg id -> message reported failed, maybe stored later
+        self._skip_msg_id_check = False
+        self._pumping = False
+        self._pending = set()          # appends not settled yet
+        self._deadline_call = None
+        self._unavailable_since = None
+        self._watch = None
+        self._refreshing = None
+        self._msg_counter = itertools.count(1)
+        self._retention_running = False
+        self._last_retention = 0.0
+
+    # -- coordinates -----------------------------------------------------
+    @property
+    def attributes(self):
+        return dict(self._attributes)
+
+    def _subject(self, kind):
+        return subject(self.store.prefix, self.name, kind)
+
+    # -- opening ---------------------------------------------------------
+    @defer.inlineCallbacks
+    def _recover(self, stream_info):
+        """Learn the acknowledged state from the stream (the leader's answers)."""
+        state = stream_info.get("state", {})
+        first_seq, last_seq = state.get("first_seq", 0), state.get("last_seq", 0)
+        if last_seq == 0:
+            yield self._write_init()
+            stream_info = yield self.store._call(self.store.io.stream_info, self.stream)
+            if stream_info is None:
+                raise LogNotFound(f"log {self.name!r} not found")
+            state = stream_info.get("state", {})
+            first_seq, last_seq = state.get("first_seq", 0), state.get("last_seq", 0)
+        self._first_seq = max(1, first_seq)
+        io = self.store.io
+        last = yield self.store._call(io.get, self.stream, last_seq)
+        if last is None:
+            raise CorruptLog(f"log {self.name}: stream {self.stream} lost its last message "
+                             f"({last_seq}): positions cannot be recovered")
+        last_info = self._decode(last)
+        snapshot = yield self._latest_snapshot(last_info.seq)
+        first = yield self.store._call(io.get, self.stream, seq=first_seq or 1,
+                                       next=subjects_filter(self.store.prefix, self.name))
+        self._jump(last_info, snapshot)
+        if first is not None:
+            first_info = self._decode(first)
+            self._index.add(first_info)
+            if first_info.kind != MARKER and first_info.position > self.start_position:
+                # purged behind our back: what is gone is gone
+                self.start_position, self.start_offset = first_info.position, first_info.offset
+        self._tail = None
+
+    @defer.inlineCallbacks
+    def _latest_snapshot(self, upto_seq):
+        """The newest C{.a} or C{.m} message at or below C{upto_seq} (or newer), as a BatchInfo."""
+        io = self.store.io
+        got = yield defer.gatherResults([
+            self.store._call(io.get, self.stream, last=self._subject(ATTRS)),
+            self.store._call(io.get, self.stream, last=self._subject(MARKER)),
+        ], consumeErrors=True)
+        infos = [self._decode(m) for m in got if m is not None]
+        for info in infos:
+            self._index.add(info)
+        markers = [i for i in infos if i.kind == MARKER]
+        snapshot = max(infos, key=lambda i: i.seq) if infos else None
+        marker = markers[0] if markers else None
+        return snapshot, marker
+
+    def _decode(self, msg):
+        try:
+            return decode_info(msg.seq, msg.subject, msg.headers)
+        except MessageFormatError as e:
+            raise CorruptLog(f"log {self.name}: {e}")
+
+    def _jump(self, last_info, snapshot):
+        """Take the tail the leader reported (may skip messages not seen yet)."""
+        snap, marker = snapshot
+        self._index.add(last_info)
+        candidates = [last_info] + [i for i in (snap, marker) if i is not None]
+        newest = max(candidates, key=lambda i: i.seq)
+        if newest.seq <= self._end_seq:
+            return
+        self._end_seq = newest.seq
+        self._last_id = newest.msg_id
+        self.end_position = newest.end_position
+        self.end_offset = newest.end_offset
+        if snap is not None:
+            self._attributes = dict(snap.attributes)
+        if marker is not None:
+            self._apply_start(marker.start)
+        self._resolve(last_info)
+        self._wake()
+
+    @defer.inlineCallbacks
+    def _write_init(self):
+        """The first marker: position 0, no attributes (idempotent by message id)."""
+        outcome = yield self._publish_direct(
+            self._subject(MARKER),
+            dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
+                 **{MSG_ID: INIT_MSG_ID, EXPECTED_LAST_SEQUENCE: "0"}), b"")
+        if outcome.error is not None and getattr(outcome.error, "err_code", None) not in (
+                WRONG_LAST_SEQUENCE,):
+            raise outcome.error
+        return outcome
+
+    def _publish_direct(self, subject_name, headers, body):
+        d = defer.Deferred()
+        self.store.bridge.call_soon(self.store.io.publish, subject_name, headers, body,
+                                    d.callback)
+        return d
+
+    def _start_watch(self):
+        d = self.store._call(self.store.io.watch, self.stream,
+                             subjects_filter(self.store.prefix, self.name), self._end_seq + 1,
+                             self._watched)
+
+        def started(watch):
+            if self._closed:
+                self.store.bridge.call_soon(_spawn, self.store.bridge, watch.stop)
+            else:
+                self._watch = watch
+
+        def failed(f):
+            log.warn("log {name}: follower not started: {error}", name=self.name,
+                     error=f.getErrorMessage())
+        return d.addCallbacks(started, failed)
+
+    def _watched(self, events):
+        if self._closed:
+            return
+        for seq, subject_name, headers in events:
+            try:
+                info = decode_info(seq, subject_name, headers)
+            except MessageFormatError as e:
+                self._fail_stop(CorruptLog(f"log {self.name}: {e}"))
+                return
+            self._learn(info)
+
+    # -- learning the acknowledged state ----------------------------------
+    def _learn(self, info):
+        """A stored message, from an ack, the follower or a fetch."""
+        if info.seq <= self._end_seq:
+            self._index.add(info)
+            self._resolve(info)
+            return
+        if info.seq == self._end_seq + 1 and (info.position != self.end_position
+                                              or info.offset != self.end_offset):
+            self._fail_stop(CorruptLog(
+                f"log {self.name}: message {info.seq} says position {info.position} offset "
+                f"{info.offset}, the log ends at {self.end_position}/{self.end_offset}"))
+            return
+        self._end_seq = info.seq
+        self._last_id = info.msg_id
+        self.end_position = info.end_position
+        self.end_offset = info.end_offset
+        if info.attributes is not None:
+            self._attributes = dict(info.attributes)
+        if info.start is not None:
+            self._apply_start(info.start)
+        self._index.add(info)
+        self._resolve(info)
+        self._wake()
+
+    def _apply_start(self, start):
+        position, offset = start
+        if position > self.start_position:
+            self.start_position = position
+        if offset > self.start_offset:
+            self.start_offset = offset
+
+    def _wake(self):
+        self._waiters.advance(self.end_position)
+        self._offset_waiters.advance(self.end_offset)
+
+    def _resolve(self, info):
+        """One of our messages whose outcome we did not know is stored."""
+        if info.msg_id is None:
+            return
+        message = self._unresolved.pop(info.msg_id, None) or self._ghosts.pop(info.msg_id, None)
+        if message is None:
+            # stored, and seen before its publish was answered (the
+            # follower can be quicker than the ack): if that answer is then
+            # lost, the message must not be sent again
+            for sent in self._inflight:
+                if sent.outcome is None and sent.info.msg_id == info.msg_id:
+                    sent.seen = info.seq
+                    return
+            return
+        if message.outcome != "stored":
+            message.outcome = "stored"
+            message.info.seq = info.seq
+            self._complete(message)
+
+    # -- appending -------------------------------------------------------
+    def append(self, records, attributes=None, expected_position=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        if self.unavailable is not None:
+            return fail(StoreUnavailable(str(self.unavailable)))
+        if isinstance(records, RecordBatch):
+            lengths, data = records.lengths, records.data
+        else:
+            records = [bytes(r) for r in records]
+            lengths, data = lengths_array(map(len, records)), b"".join(records)
+        limit = self.config.max_record_size
+        if len(lengths) and max(lengths) > limit:
+            return fail(RecordTooLarge(f"record of {max(lengths)} bytes exceeds {limit}"))
+        room = self.store.max_message_bytes - 4
+        if len(lengths) and max(lengths) > room:
+            return fail(RecordTooLarge(
+                f"record of {max(lengths)} bytes exceeds what one JetStream message holds "
+                f"here ({room} bytes: raise max_payload on the NATS servers)"))
+        if not len(lengths) and not attributes:
+            return succeed(AppendResult(self.end_position, self.end_position, self.end_offset))
+        if expected_position is not None and len(lengths) and \
+                sum(lengths) + 4 * len(lengths) > self.store.max_message_bytes:
+            return fail(RecordTooLarge("a conditional append must fit in one JetStream "
+                                       f"message ({self.store.max_message_bytes} bytes)"))
+        a = _Append(lengths, bytes(data) if isinstance(data, memoryview) else data,
+                    dict(attributes) if attributes else None,
+                    self._clock.seconds() + self.store.timeout, expected=expected_position)
+        return self._enqueue(a)
+
+    def _enqueue(self, a):
+        cuts = split_points(a.lengths, self.store.max_message_bytes) if len(a.lengths) else [(0, 0)]
+        offsets = None
+        if len(cuts) > 1:
+            offsets = list(accumulate(a.lengths, initial=0))
+        for i, (lo, hi) in enumerate(cuts):
+            if offsets is None:
+                chunk = _Chunk(a, i, a.lengths, a.data, True)
+            else:
+                chunk = _Chunk(a, i, a.lengths[lo:hi], a.data[offsets[lo]:offsets[hi]],
+                               i == len(cuts) - 1)
+            a.chunks.append(chunk)
+            self._queue.append(chunk)
+        self._pending.add(a)
+        a.deferred.addBoth(self._settled, a)
+        self._schedule_deadlines()
+        self._pump()
+        return a.deferred
+
+    def _settled(self, result, a):
+        self._pending.discard(a)
+        return result
+
+    def _pump(self):
+        """Send queued chunks while the window allows."""
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            store = self.store
+            while (self._queue and not self._resyncing and not self._closed
+                   and self.failed is None
+                   and len(self._inflight) < store.max_inflight
+                   and self._inflight_bytes < store.max_inflight_bytes):
+                chunks = self._take_chunks()
+                if chunks:
+                    self._send(chunks)
+        finally:
+            self._pumping = False
+
+    def _take_chunks(self):
+        """The next message's chunks: small appends merged, markers alone."""
+        queue = self._queue
+        limit = self.store.max_message_bytes
+        chunks = []
+        size = 0
+        while queue:
+            chunk = queue[0]
+            if chunk.append.failed or chunk.done:
+                queue.popleft()
+                continue
+            if chunk.append.kind == MARKER or chunk.append.expected is not None:
+                # alone in its message: a marker, or a conditional append
+                # (judged against the chain's tail when it is sent)
+                if not chunks:
+                    chunks.append(queue.popleft())
+                break
+            if chunks and (size + chunk.size > limit):
+                break
+            chunks.append(queue.popleft())
+            size += chunk.size
+        return chunks
+
+    def _send(self, chunks):
+        if self._tail is None:
+            self._tail = (self._end_seq, self._last_id, self.end_position, self.end_offset,
+                          self._attributes)
+        seq, last_id, position, offset, attrs = self._tail
+        first = chunks[0].append
+        if first.expected is not None and first.expected != position:
+            if not self._inflight:
+                self._tail = None
+            self._fail_append(first, AppendConflict(
+                f"log {self.name} ends at {position}, not {first.expected}"))
+            return
+        kind = MARKER if first.kind == MARKER else DATA
+        if kind == MARKER:
+            lengths, data, count, nbytes = lengths_array(), b"", 0, 0
+            snapshot = attrs
+        else:
+            snapshot = None
+            for chunk in chunks:
+                if chunk.last and chunk.append.attributes:
+                    snapshot = dict(attrs if snapshot is None else snapshot)
+                    snapshot.update(chunk.append.attributes)
+            if snapshot is not None:
+                kind = ATTRS
+            if len(chunks) == 1:
+                lengths, data = chunks[0].lengths, chunks[0].data
+            else:
+                lengths = lengths_array()
+                for chunk in chunks:
+                    lengths.extend(chunk.lengths)
+                data = b"".join(chunk.data for chunk in chunks)
+            count, nbytes = len(lengths), len(data)
+        body, crc = encode_body(lengths, data)
+        msg_id = f"{self.store.writer_id}.{self._id}.{next(self._msg_counter)}"
+        headers = encode_headers(position, offset, count, nbytes, crc, snapshot,
+                                 first.start if kind == MARKER else None)
+        headers[MSG_ID] = msg_id
+        headers[EXPECTED_LAST_SEQUENCE] = str(seq)
+        if last_id and not self._skip_msg_id_check:
+            headers[EXPECTED_LAST_MSG_ID] = last_id
+        info = BatchInfo(seq + 1, kind, position, offset, count, nbytes, crc, snapshot,
+                         first.start if kind == MARKER else None, msg_id)
+        message = _Message(chunks, info, body, lengths, self._clock.seconds())
+        new_attrs = snapshot if snapshot is not None else attrs
+        self._tail = (seq + 1, msg_id, position + count, offset + nbytes, new_attrs)
+        self._inflight.append(message)
+        self._inflight_bytes += len(body)
+        self.store.bridge.call_soon(self.store.io.publish, self._subject(kind), headers, body,
+                                    partial(self._published, message))
+
+    def _published(self, message, outcome):
+        """What JetStream answered to one of our publishes (reactor thread)."""
+        if self._closed or message.outcome is not None:
+            return
+        if outcome.error is None:
+            if outcome.seq != message.info.seq:
+                log.error("log {name}: JetStream stored message {id} at {seq}, expected {want}",
+                          name=self.name, id=message.info.msg_id, seq=outcome.seq,
+                          want=message.info.seq)
+                message.outcome = "unknown"
+                message.error = JetStreamError(f"stored at unexpected sequence {outcome.seq}")
+                self._unresolved[message.info.msg_id] = message
+                self._begin_resync(message.error)
+                return
+            self._confirm_through(message)
+            return
+        error = outcome.error
+        if message.seen is not None and isinstance(error, NotAvailable):
+            # its answer was lost, but it was seen stored: it is
+            message.info.seq = message.seen
+            self._confirm_through(message)
+            return
+        message.error = error
+        if isinstance(error, NotAvailable):
+            # a timeout or a lost connection: it may be stored or not
+            message.outcome = "unknown"
+            self._unresolved[message.info.msg_id] = message
+        else:
+            message.outcome = "failed"
+            if error.err_code == WRONG_LAST_MSG_ID and error.description.rstrip().endswith(":"):
+                # the leader lost track of the last message id (it only keeps
+                # it within the duplicate window after a restart): the
+                # sequence expectation alone orders the next message
+                self._skip_msg_id_check = True
+            elif error.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+                # refused for its own sake (too large, no space...): this
+                # append fails; the chain resynchronises for the others
+                for chunk in message.chunks:
+                    # nothing of it stored, the log goes on: as the file
+                    # store's rolled-back write (a full disk)
+                    self._fail_append(chunk.append, WriteFailed(
+                        f"JetStream refused the append: {error}"))
+        self._begin_resync(error)
+
+    def _confirm_through(self, message):
+        """C{message} is stored: so is every message before it (the chain)."""
+        while self._inflight:
+            m = self._inflight.popleft()
+            self._inflight_bytes -= len(m.body)
+            self._unresolved.pop(m.info.msg_id, None)
+            if m.outcome != "stored":
+                m.outcome = "stored"
+                self._learn(m.info)
+                self._complete(m)
+            if m is message:
+                break
+        if not self._inflight and not self._resyncing:
+            self._tail = None
+        self._skip_msg_id_check = False
+        self._maybe_resync()
+        self._pump()
+
+    def _complete(self, message):
+        """Fire what C{message} finishes, and keep its body for readers."""
+        info = message.info
+        if info.count:
+            entry = self.store.cache.put((self._id, info.seq), message.lengths,
+                                         memoryview(message.body)[4 * info.count:])
+            del entry
+        position = info.position
+        for chunk in message.chunks:
+            a = chunk.append
+            if chunk.done:
+                continue
+            chunk.done = True
+            if chunk.index == 0:
+                a.first_position = position
+            position += len(chunk.lengths)
+            a.done_chunks += 1
+            a.last_seq = info.seq
+            if a.done_chunks == len(a.chunks) and not a.failed and not a.deferred.called:
+                a.deferred.callback(AppendResult(a.first_position, self.end_position,
+                                                 self.end_offset))
+        if self._retention_due():
+            self._clock.callLater(0, self.store._retain, self)
+
+    def _fail_append(self, a, error):
+        if a.failed or a.deferred.called:
+            return
+        a.failed = True
+        a.deferred.errback(error)
+
+    # -- recovery of the chain ------------------------------------------
+    def _begin_resync(self, error):
+        if not self._resyncing:
+            self._resyncing = True
+            if not isinstance(error, JetStreamError) or error.err_code not in (
+                    WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+                log.warn("log {name}: append failed ({error}); re-reading the tail",
+                         name=self.name, error=error)
+        self._maybe_resync()
+
+    def _maybe_resync(self):
+        if not self._resyncing or self._resync_running or self._closed:
+            return
+        if any(m.outcome is None for m in self._inflight):
+            return  # wait until every message sent has an answer
+        self._resync_running = True
+        self._resync().addErrback(self._resync_crashed)
+
+    def _resync_crashed(self, f):
+        self._resync_running = False
+        log.failure("log {name}: resynchronisation failed", f, name=self.name)
+
+    @defer.inlineCallbacks
+    def _resync(self):
+        delay = 0.1
+        while not self._closed:
+            try:
+                yield self._catch_up(resolving=bool(self._unresolved))
+                break
+            except (NotAvailable, JetStreamError) as e:
+                if self._unavailable_since is None:
+                    self._unavailable_since = self._clock.seconds()
+                self._note_unavailable(e)
+                yield _sleep(self._clock, delay)
+                delay = min(delay * 2, 1.0)
+                self._expire()
+            except CorruptLog as e:
+                self._fail_stop(e)
+                break
+        self._resync_running = False
+        if self._closed:
+            return
+        self._unavailable_since = None
+        if self.unavailable is not None:
+            log.info("log {name}: JetStream answers again", name=self.name)
+            self.unavailable = None
+        # what was not stored goes again, in order, with fresh positions
+        again = []
+        now = self._clock.seconds()
+        # a message whose outcome was unknown can still be applied by the
+        # quorum after the tail was read (then its records are not sent a
+        # third time); after GHOST_SECONDS it no longer can
+        for msg_id, m in list(self._ghosts.items()):
+            if now - m.sent_at > GHOST_SECONDS:
+                del self._ghosts[msg_id]
+        for m in self._inflight:
+            if m.outcome == "stored":
+                continue
+            if m.outcome == "unknown":
+                self._ghosts[m.info.msg_id] = m
+            for chunk in m.chunks:
+                if not chunk.done and not chunk.append.failed and chunk.append.deadline > now:
+                    again.append(chunk)
+        self._unresolved.clear()
+        self._inflight.clear()
+        self._inflight_bytes = 0
+        self._queue.extendleft(reversed(again))
+        self._tail = None
+        self._resyncing = False
+        self._pump()
+
+    @defer.inlineCallbacks
+    def _catch_up(self, resolving=False):
+        """
+        Read the tail from the leader and learn it; when messages of ours
+        may be among those not seen yet, read their headers too.
+        """
+        io = self.store.io
+        call = self.store._call
+        # a short wait: while the stream elects a leader nobody answers, and
+        # asking again soon ends the stall sooner than one long wait
+        last = yield call(io.get, self.stream,
+                          last=subjects_filter(self.store.prefix, self.name),
+                          timeout=CATCH_UP_TIMEOUT)
+        if last is None:
+            return
+        last_info = self._decode(last)
+        if last_info.seq <= self._end_seq:
+            return
+        if resolving or last_info.seq - self._end_seq <= 64:
+            # read every header we have not seen: small gaps (or when our
+            # own messages may be there) one by one, in order
+            seq = self._end_seq + 1
+            while seq < last_info.seq:
+                got = yield call(io.get, self.stream, seq)
+                if got is not None:
+                    self._learn(self._decode(got))
+                seq += 1
+            self._learn(last_info)
+            return
+        snapshot = yield self._latest_snapshot(last_info.seq)
+        self._jump(last_info, snapshot)
+
+    def _refresh(self):
+        """Catch up with the leader (C{get()} of an open log): shared by concurrent callers."""
+        if self._refreshing is not None:
+            d = defer.Deferred()
+            self._refreshing.append(d)
+            return d
+        self._refreshing = []
+
+        def done(result):
+            waiting, self._refreshing = self._refreshing, None
+            for d in waiting:
+                d.callback(None)
+            return result
+        return self._catch_up().addBoth(done)
+
+    def _note_unavailable(self, error):
+        since = self._unavailable_since
+        if since is None:
+            since = self._clock.seconds()
+        if self._clock.seconds() - since >= self.store.timeout and self.unavailable is None:
+            # transient (not C{failed}, which is for good): appends fail at
+            # once until the cluster answers again
+            self.unavailable = StoreUnavailable(
+                f"JetStream unavailable for {self.store.timeout:g}s: {error}")
+            log.error("log {name}: {error}", name=self.name, error=self.unavailable)
+            for a in list(self._pending):
+                self._fail_append(a, StoreUnavailable(str(self.unavailable)))
+
+    def _fail_stop(self, error):
+        if self.failed is None:
+            self.failed = error
+            log.error("log {name} stopped: {error}", name=self.name, error=error)
+        for a in list(self._pending):
+            self._fail_append(a, LogFailed(str(error)))
+
+    # -- deadlines: an append is acknowledged in time or fails ------------
+    def _schedule_deadlines(self):
+        if self._deadline_call is None and self._pending:
+            delay = max(0.05, min(1.0, self.store.timeout / 4))
+            self._deadline_call = self._clock.callLater(delay, self._check_deadlines)
+
+    def _check_deadlines(self):
+        self._deadline_call = None
+        self._expire()
+        self._schedule_deadlines()
+
+    def _expire(self):
+        now = self._clock.seconds()
+        for a in list(self._pending):
+            if a.deadline <= now:
+                why = self.failed or self.unavailable or (
+                    self._inflight and self._inflight[0].error) or "no acknowledgement"
+                self._fail_append(a, StoreUnavailable(
+                    f"JetStream did not acknowledge within {self.store.timeout:g}s ({why})"))
+
+    # -- reading ---------------------------------------------------------
+    def _check(self, position):
+        if self._closed:
+            raise LogClosed(self.name)
+        if not self.start_position <= position <= self.end_position:
+            raise PositionOutOfRange(
+                f"position {position} outside [{self.start_position}, {self.end_position}]")
+
+    @_store_errors
+    def read(self, position, max_records=-1, max_bytes=1048576):
+        try:
+            self._check(position)
+        except Exception as e:
+            return fail(e)
+        if position == self.end_position or max_records == 0:
+            return succeed(empty_batch(position))
+        found = self._cached("position", position)
+        if found is not None:
+            return succeed(self._slice(found[0], found[1], position, max_records, max_bytes))
+        d = self._load("position", position)
+        d.addCallback(lambda found: self._slice(found[0], found[1], position, max_records,
+                                                max_bytes))
+        return d
+
+    def _slice(self, info, entry, position, max_records, max_bytes):
+        """
+        Records from C{position} in message C{info}, continued into the
+        next messages while they are in memory and the limits allow (so
+        that small appends read back in one batch).
+        """
+        batch = _slice_one(info, entry, position, max_records, max_bytes)
+        count, nbytes = len(batch), batch.nbytes
+        if batch.next_position < info.end_position or nbytes >= max_bytes \
+                or (max_records >= 0 and count >= max_records):
+            return batch
+        parts = [batch]
+        current = info
+        while True:
+            following = self._index.after(current)
+            if following is None:
+                break
+            current = following
+            if following.count == 0:
+                continue
+            entry = self.store.cache.get((self._id, following.seq))
+            if entry is None:
+                break
+            left = -1 if max_records < 0 else max_records - count
+            more = _slice_one(following, entry, following.position, left, max_bytes - nbytes)
+            if nbytes + more.nbytes > max_bytes:
+                break  # its first record alone is over what is left
+            parts.append(more)
+            count += len(more)
+            nbytes += more.nbytes
+            if more.next_position < following.end_position or nbytes >= max_bytes \
+                    or (max_records >= 0 and count >= max_records):
+                break
+        if len(parts) == 1:
+            return batch
+        lengths = lengths_array()
+        for part in parts:
+            lengths.extend(part.lengths)
+        return RecordBatch(position, lengths, b"".join(part.data for part in parts))
+
+    def _cached(self, key, target):
+        """(info, body entry) of the message holding C{target}, if in memory."""
+        _below, above = self._index.bounds(key, target)
+        if above is not None and holds(above, key, target):
+            entry = self.store.cache.get((self._id, above.seq))
+            if entry is not None:
+                return above, entry
+        return None
+
+    @defer.inlineCallbacks
+    def _load(self, key, target):
+        info = yield self._locate(key, target)
+        entry = self.store.cache.get((self._id, info.seq))
+        if entry is None:
+            entry = yield self._fetch_body(info.seq)
+        self._prefetch(info)
+        return info, entry
+
+    @defer.inlineCallbacks
+    def _locate(self, key, target):
+        """The message holding position (or payload byte) C{target}: memory, or a short search."""
+        below, above = self._index.bounds(key, target)
+        if above is not None and holds(above, key, target):
+            return above
+        lo = below.seq if below is not None else self._first_seq - 1
+        upper = above.seq if above is not None else self._end_seq + 1
+        answer = above
+        io = self.store.io
+        filter_ = subjects_filter(self.store.prefix, self.name)
+        while upper - lo > 1:
+            mid = (lo + upper) // 2
+            got = yield self.store._call(io.get, self.stream, seq=mid, next=filter_)
+            if self._closed:
+                raise LogClosed(self.name)
+            if got is None or got.seq >= upper:
+                upper = mid
+                continue
+            info = self._decode(got)
+            self._index.add(info)
+            end = info.end_position if key == "position" else info.end_offset
+            if end > target:
+                answer, upper = info, info.seq
+            else:
+                lo = info.seq
+        if answer is None or not holds(answer, key, target):
+            if target < (self.start_position if key == "position" else self.start_offset):
+                raise PositionOutOfRange(f"{key} {target} was truncated")
+            raise CorruptLog(f"log {self.name}: no message holds {key} {target}")
+        return answer
+
+    @defer.inlineCallbacks
+    def _fetch_body(self, seq):
+        got = yield self.store._call(self.store.io.get_direct, self.stream, seq)
+        if got is None:
+            raise PositionOutOfRange(f"message {seq} of log {self.name} was purged")
+        info = self._decode(got)
+        self._index.add(info)
+        try:
+            lengths, data = decode_body(info, got.data)
+        except MessageFormatError as e:
+            raise CorruptLog(f"log {self.name}: {e}")
+        return self.store.cache.put((self._id, seq), lengths, data)
+
+    def _prefetch(self, info):
+        """Read ahead the next messages of a sequential reader."""
+        for seq in range(info.seq + 1, min(info.seq + 1 + self.store.read_ahead,
+                                          self._end_seq + 1)):
+            if self.store.cache.get((self._id, seq)) is None:
+                self._fetch_body(seq).addErrback(lambda f: None)
+
+    @_store_errors
+    def read_bytes(self, offset, max_bytes=1048576):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if not self.start_offset <= offset <= self.end_offset:
+            return fail(PositionOutOfRange(
+                f"offset {offset} outside [{self.start_offset}, {self.end_offset}]"))
+        if offset == self.end_offset or max_bytes <= 0:
+            return succeed(b"")
+
+        def cut(found):
+            info, entry = found
+            at = offset - info.offset
+            return bytes(entry[1][at:at + max_bytes])
+        found = self._cached("offset", offset)
+        if found is not None:
+            return succeed(cut(found))
+        return self._load("offset", offset).addCallback(cut)
+
+    @_store_errors
+    def position_of_offset(self, offset):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if not self.start_offset <= offset <= self.end_offset:
+            return fail(PositionOutOfRange(f"offset {offset} out of range"))
+        if offset == self.end_offset:
+            return succeed(self.end_position)
+
+        def find(found):
+            info, entry = found
+            offsets = _offsets(entry)
+            k = bisect.bisect_right(offsets, offset - info.offset, 0, len(entry[0])) - 1
+            return info.position + k
+        found = self._cached("offset", offset)
+        if found is not None:
+            return succeed(find(found))
+        return self._load("offset", offset).addCallback(find)
+
+    def wait(self, position, timeout=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        return self._waiters.wait(position, lambda: self.end_position, timeout)
+
+    def wait_offset(self, offset, timeout=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
+
+    # -- truncation and retention ----------------------------------------
+    @_store_errors
+    def truncate(self, position=None):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if position is None or position > self.end_position:
+            position = self.end_position
+        if position <= self.start_position:
+            return succeed(self.start_position)
+        if position == self.end_position:
+            return self._truncate(position, self.end_offset)
+
+        def at(found):
+            info, entry = found
+            return self._truncate(position, info.offset + _offsets(entry)[position - info.position])
+        return self._load("position", position).addCallback(at)
+
+    @_store_errors
+    def truncate_offset(self, offset):
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if offset > self.end_offset:
+            return fail(PositionOutOfRange(f"offset {offset} beyond end {self.end_offset}"))
+        if offset <= self.start_offset:
+            return succeed(self.start_offset)
+        d = self.position_of_offset(offset)
+        d.addCallback(lambda position: self._truncate(position, offset))
+        d.addCallback(lambda _: self.start_offset)
+        return d
+
+    @defer.inlineCallbacks
+    def _truncate(self, position, offset):
+        """A marker saying where the log starts, then the purge of what it hides."""
+        a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
+                    kind=MARKER, start=(position, offset))
+        yield self._enqueue(a)
+        marker_seq = a.last_seq
+        keep = marker_seq
+        if position < self.end_position:
+            try:
+                info = yield self._locate("position", position)
+                keep = min(info.seq, marker_seq)
+            except PositionOutOfRange:
+                keep = None
+        if keep is not None and keep > self._first_seq:
+            try:
+                yield self.store._call(self.store.io.purge, self.stream, keep)
+                self._first_seq = keep
+                self._index.forget_before(keep)
+            except (NotAvailable, JetStreamError) as e:
+                # the log is truncated (the marker is stored); the space
+                # comes back at the next retention round
+                log.warn("log {name}: purge below {seq} failed: {error}", name=self.name,
+                         seq=keep, error=e)
+        return self.start_position
+
+    def _retention_due(self):
+        c = self.config
+        now = self._clock.seconds()
+        if self._retention_running or now - self._last_retention < 1.0:
+            return False
+        kept = self.end_position - self.start_position
+        if c.log_max_count > 0 and kept > c.log_max_count + max(1, c.log_max_count // 8):
+            return True
+        size = self.end_offset - self.start_offset
+        return c.log_max_size > 0 and size > c.log_max_size + max(1, c.log_max_size // 8)
+
+    @defer.inlineCallbacks
+    def retain(self):
+        """
+        Apply the retention limits: hide and purge whole messages while
+        what remains still reaches each limit (so, as on the file store, a
+        log keeps I{at least} its limits, here less than one message more).
+        """
+        if self._retention_running or self._closed:
+            return self.start_position
+        self._retention_running = True
+        self._last_retention = self._clock.seconds()
+        try:
+            c = self.config
+            cut = self.start_position
+            if c.log_max_count > 0 and self.end_position - self.start_position > c.log_max_count:
+                info = yield self._locate("position", self.end_position - c.log_max_count)
+                cut = max(cut, info.position)
+            if c.log_max_size > 0 and self.end_offset - self.start_offset > c.log_max_size:
+                info = yield self._locate("offset", self.end_offset - c.log_max_size)
+                cut = max(cut, info.position)
+            if c.log_max_age > 0:
+                since = time.time() - c.log_max_age
+                got = yield self.store._call(
+                    self.store.io.get, self.stream,
+                    next=subjects_filter(self.store.prefix, self.name),
+                    start_time=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since))
+                    + f".{int(since % 1 * 1e6):06d}Z")
+                if got is None:
+                    cut = max(cut, self.end_position)
+                else:
+                    info = self._decode(got)
+                    self._index.add(info)
+                    cut = max(cut, info.position)
+            if cut > self.start_position:
+                yield self.truncate(cut)
+        finally:
+            self._retention_running = False
+        return self.start_position
+
+    # -- the rest --------------------------------------------------------
+    def info(self):
+        if self.failed is None:
+            status = "ok" if self.unavailable is None else "unavailable"
+        elif isinstance(self.failed, CorruptLog):
+            status = "corrupt"
+        else:
+            status = "failed"
+        return {
+            "name": self.name,
+            "status": status,
+            "record_count": self.end_position - self.start_position,
+            "file_size": self.end_offset - self.start_offset,
+            "start_position": self.start_position,
+            "end_position": self.end_position,
+            "start_offset": self.start_offset,
+            "end_offset": self.end_offset,
+        }
+
+    def sync(self):
+        pending = [a.deferred for a in self._pending]
+        if not pending:
+            return succeed(self.end_position)
+        waits = []
+        for d in pending:
+            w = defer.Deferred()
+            d.addBoth(lambda r, w=w: (w.callback(None), r)[1])
+            waits.append(w)
+
+        def done(_):
+            if self.failed is not None:
+                raise LogFailed(str(self.failed))
+            if self.unavailable is not None:
+                raise StoreUnavailable(str(self.unavailable))
+            return self.end_position
+        return defer.gatherResults(waits).addCallback(done)
+
+    def _close(self, reason=None):
+        if self._closed:
+            return
+        self._closed = True
+        reason = reason or LogClosed(self.name)
+        for a in list(self._pending):
+            if not a.deferred.called:
+                a.failed = True
+                a.deferred.errback(LogClosed(str(reason)))
+        self._queue.clear()
+        self._waiters.fail_all(LogClosed(self.name))
+        self._offset_waiters.fail_all(LogClosed(self.name))
+        if self._deadline_call is not None and self._deadline_call.active():
+            self._deadline_call.cancel()
+        self.store.cache.drop_log(self._id)
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            try:
+                self.store.bridge.call_soon(_spawn, self.store.bridge, watch.stop)
+            except Exception:
+                pass
+
+
+def _slice_one(info, entry, position, max_records, max_bytes):
+    """Records from C{position} within one message: at least one, whole ones within C{max_bytes}."""
+    lengths, data = entry[0], entry[1]
+    offsets = _offsets(entry)
+    n = len(lengths)
+    i = position - info.position
+    stop = n if max_records < 0 else min(n, i + max_records)
+    limit = offsets[i] + max(max_bytes, 0)
+    j = bisect.bisect_right(offsets, limit, i + 1, stop + 1) - 1
+    j = max(j, i + 1)
+    return RecordBatch(position, lengths[i:j], data[offsets[i]:offsets[j]])
+
+
+def _offsets(entry):
+    """The n + 1 record offsets of a cached message body (computed once)."""
+    if entry[2] is None:
+        entry[2] = list(accumulate(entry[0], initial=0))
+    return entry[2]
+
+
+def _spawn(bridge, coroutine_function):
+    bridge.loop.create_task(coroutine_function())
+
+
+def _sleep(clock, seconds):
+    d = defer.Deferred()
+    clock.callLater(seconds, d.callback, None)
+    return d
+
+
+@implementer(ILogStore)
+class JetStreamLogStore:
+    """
+    Logs as streams of a NATS JetStream cluster.
+
+    @param servers: C{nats://host:port} (or C{tls://}) URLs of the cluster's
+        servers (any subset: the client discovers the others).
+    @param replicas: stream replicas for logs created here; default 3 when
+        three or more servers are listed, else 1.
+    @param prefix: letters and digits; this store's logs are the streams
+        C{PREFIX_NAME} on subjects C{PREFIX.NAME.*}.
+    @param tls: an C{ssl.SSLContext} for C{tls://} servers.
+    @param timeout: seconds within which an append is acknowledged or
+        fails with L{LogFailed} (and how long the cluster may be unreachable
+        before logs report C{failed}).
+    @param clock: IReactorTime for timers (waits, deadlines, retention).
+    @param bridge: the reactor/asyncio bridge (tests pass a
+        L{streamproto.log.bridge.SynchronousBridge}).
+    @param cache_bytes: bound of the message body cache, all logs together.
+    @param max_message_bytes: body bound of one message (appends are merged
+        up to it or split at it); never above the servers' C{max_payload}.
+    @param max_inflight: messages per log sent and not yet acknowledged;
+        with C{max_inflight_bytes}, the window that makes a slow cluster
+        slow the appenders down rather than grow buffers.
+    @param retention_interval: seconds between retention rounds (None: only
+        after appends).
+    @param io: the asyncio-side client (default a L{NatsIO}; tests pass a
+        fake with the same coroutine methods).
+    """
+
+    def __init__(self, servers, replicas=None, prefix=DEFAULT_PREFIX, tls=None, timeout=10.0,
+                 clock=None, bridge=None, cache_bytes=64 << 20, max_message_bytes=1 << 20,
+                 max_inflight=64, max_inflight_bytes=32 << 20, retention_interval=60.0,
+                 read_ahead=16, publish_timeout=None, connection_name="streamproto", io=None):
+        from streamproto.log.bridge import AsyncioThreadBridge
+        if isinstance(servers, str):
+            servers = [servers]
+        self.servers = list(servers)
+        self.prefix = check_prefix(prefix)
+        self.replicas = replicas if replicas is not None else (3 if len(self.servers) >= 3 else 1)
+        self.clock = clock or _default_clock()
+        self.bridge = bridge or AsyncioThreadBridge(self.clock)
+        self.timeout = timeout
+        self.io = io or NatsIO(self.servers, self.bridge, tls=tls, name=connection_name,
+                               api_timeout=min(5.0, timeout),
+                               publish_timeout=publish_timeout or min(3.0, timeout))
+        self.cache = BodyCache(cache_bytes)
+        self._max_message_bytes = max_message_bytes
+        self.max_inflight = max_inflight
+        self.max_inflight_bytes = max_inflight_bytes
+        self.read_ahead = read_ahead
+        self.retention_interval = retention_interval
+        self.writer_id = uuid.uuid4().hex[:12]
+        self.closed = False
+        self._logs = {}
+        self._opening = {}
+        self._names = set()
+        self._connected = False
+        self._connecting = False
+        self._start_waiters = []
+        self._retention_call = None
+
+    @property
+    def max_message_bytes(self):
+        return max(1024, min(self._max_message_bytes, self.io.max_payload - HEADER_OVERHEAD))
+
+    def __repr__(self):
+        return f"<JetStreamLogStore {','.join(self.servers)} prefix={self.prefix}>"
+
+    def _call(self, coroutine_function, *args, **kwargs):
+        return self.bridge.call(coroutine_function, *args, **kwargs)
+
+    # -- connection ------------------------------------------------------
+    def start(self):
+        """Connect (once; again after a failure).  @return: Deferred firing when ready."""
+        if self.closed:
+            return fail(LogClosed("store closed"))
+        d = defer.Deferred()
+        if self._connected:
+            d.callback(None)
+            return d
+        self._start_waiters.append(d)
+        if not self._connecting:
+            self._connecting = True
+            self._connect().addBoth(self._connect_done)
+        return d
+
+    def _connect_done(self, result):
+        self._connecting = False
+        waiters, self._start_waiters = self._start_waiters, []
+        if isinstance(result, Failure):
+            log.warn("JetStream store {servers}: {error}", servers=",".join(self.servers),
+                     error=result.getErrorMessage())
+            for d in waiters:
+                d.errback(result)
+            return None
+        self._connected = True
+        for d in waiters:
+            d.callback(None)
+
+    @defer.inlineCallbacks
+    def _connect(self):
+        yield self._call(self.io.connect)
+        self.io.on_reconnect = self._reconnected
+        names = yield self._call(self.io.stream_names, f"{self.prefix}.>")
+        self._names = {n for n in (log_name(self.prefix, s) for s in names) if n}
+        yield self._call(self.io.watch_advisories, self._advisory)
+        if self.retention_interval and self._retention_call is None:
+            self._retention_call = self.clock.callLater(self.retention_interval,
+                                                        self._retention_round)
+
+    def _reconnected(self):
+        for log_ in list(self._logs.values()):
+            log_._refresh().addErrback(lambda f: None)
+
+    def _advisory(self, kind, stream):
+        name = log_name(self.prefix, stream)
+        if name is None:
+            return
+        if kind == "created":
+            self._names.add(name)
+        else:
+            self._names.discard(name)
+            log_ = self._logs.pop(name, None)
+            if log_ is not None:
+                log_._close(LogClosed(f"log {name!r} was deleted"))
+
+    def _when_ready(self, f, *args):
+        if self.closed:
+            return fail(LogClosed("store closed"))
+        return self.start().addCallback(lambda _: f(*args))
+
+    # -- ILogStore -------------------------------------------------------
+    def names(self):
+        return sorted(self._names)
+
+    @_store_errors
+    def create(self, name, config=None):
+        try:
+            self._check_name(name)
+        except Exception as e:
+            return fail(e)
+        return self._when_ready(self._create, name, config or LogConfig(), True)
+
+    @_store_errors
+    def get(self, name):
+        try:
+            self._check_name(name)
+        except Exception as e:
+            return fail(e)
+        return self._when_ready(self._get, name)
+
+    @_store_errors
+    def get_or_create(self, name, config=None):
+        try:
+            self._check_name(name)
+        except Exception as e:
+            return fail(e)
+        return self._when_ready(self._get_or_create, name, config or LogConfig())
+
+    def _check_name(self, name):
+        validate_name(name)
+        if len(stream_name(self.prefix, name)) > MAX_STREAM_NAME:
+            from streamproto.log.errors import InvalidLogName
+            raise InvalidLogName(f"log name {name!r} too long for prefix {self.prefix!r}")
+
+    def _stream_config(self, name, config):
+        return {
+            "name": stream_name(self.prefix, name),
+            "subjects": [subjects_filter(self.prefix, name)],
+            "retention": "limits",
+            "storage": "file",
+            "num_replicas": self.replicas,
+            "discard": "old",
+            "max_msgs": -1,
+            "max_bytes": -1,
+            "max_age": 0,
+            "duplicate_window": 120 * 10**9,
+            "allow_direct": True,
+            "deny_delete": True,
+            "metadata": {CONFIG_KEY: config.to_json(), FORMAT_KEY: FORMAT_VERSION},
+        }
+
+    @defer.inlineCallbacks
+    def _create(self, name, config, must_be_new):
+        stream = stream_name(self.prefix, name)
+        info = yield self._call(self.io.stream_info, stream)
+        if info is not None and must_be_new:
+            raise LogExists(f"log {name!r} exists")
+        if info is None:
+            try:
+                yield self._call(self.io.add_stream, self._stream_config(name, config))
+            except JetStreamError as e:
+                if e.err_code != STREAM_NAME_IN_USE:
+                    raise
+                if must_be_new:
+                    raise LogExists(f"log {name!r} exists")
+            log_ = JetStreamLog(self, name, config)
+            outcome = yield log_._write_init()
+            if must_be_new and (outcome.duplicate or outcome.error is not None):
+                raise LogExists(f"log {name!r} exists")
+            self._names.add(name)
+        result = yield self._get(name)
+        return result
+
+    @defer.inlineCallbacks
+    def _get(self, name):
+        existing = self._logs.get(name)
+        if existing is not None:
+            yield existing._refresh()
+            return existing
+        opening = self._opening.get(name)
+        if opening is not None:
+            d = defer.Deferred()
+            opening.append(d)
+            result = yield d
+            return result
+        self._opening[name] = waiting = []
+        try:
+            log_ = yield self._open(name)
+        except Exception as e:
+            del self._opening[name]
+            for d in waiting:
+                d.errback(e)
+            raise
+        del self._opening[name]
+        for d in waiting:
+            d.callback(log_)
+        return log_
+
+    @defer.inlineCallbacks
+    def _open(self, name):
+        stream = stream_name(self.prefix, name)
+        info = yield self._call(self.io.stream_info, stream)
+        if info is None:
+            self._names.discard(name)
+            raise LogNotFound(f"log {name!r} not found")
+        metadata = (info.get("config") or {}).get("metadata") or {}
+        try:
+            config = LogConfig.from_mapping(json.loads(metadata[CONFIG_KEY]))
+        except (KeyError, ValueError) as e:
+            raise CorruptLog(f"stream {stream} is not a streamproto log ({e})")
+        log_ = JetStreamLog(self, name, config)
+        yield log_._recover(info)
+        if self.closed:
+            raise LogClosed("store closed")
+        self._logs[name] = log_
+        self._names.add(name)
+        yield log_._start_watch()
+        return log_
+
+    @defer.inlineCallbacks
+    def _get_or_create(self, name, config):
+        try:
+            result = yield self._get(name)
+        except LogNotFound:
+            result = yield self._create(name, config, False)
+        return result
+
+    @_store_errors
+    def delete(self, name):
+        try:
+            self._check_name(name)
+        except Exception as e:
+            return fail(e)
+        return self._when_ready(self._delete, name)
+
+    @defer.inlineCallbacks
+    def _delete(self, name):
+        deleted = yield self._call(self.io.delete_stream, stream_name(self.prefix, name))
+        self._names.discard(name)
+        log_ = self._logs.pop(name, None)
+        if log_ is not None:
+            log_._close(LogClosed(f"log {name!r} was deleted"))
+        if not deleted:
+            raise LogNotFound(f"log {name!r} not found")
+
+    def open_logs(self):
+        return list(self._logs.values())
+
+    def problems(self):
+        if self.closed:
+            return ["store closed"]
+        found = []
+        if not self._connected:
+            found.append(f"JetStream {','.join(self.servers)}: "
+                         f"{self.io.last_error or 'connecting'}")
+        elif not self.io.connected:
+            found.append(f"JetStream {','.join(self.servers)}: disconnected"
+                         + (f" ({self.io.last_error})" if self.io.last_error else ""))
+        return found + log_problems(self._logs.values())
+
+    # -- retention -------------------------------------------------------
+    def _retention_round(self):
+        self._retention_call = None
+        if self.closed:
+            return
+        for log_ in list(self._logs.values()):
+            c = log_.config
+            if c.log_max_count > 0 or c.log_max_size > 0 or c.log_max_age > 0:
+                self._retain(log_)
+        self._retention_call = self.clock.callLater(self.retention_interval,
+                                                    self._retention_round)
+
+    def _retain(self, log_):
+        if log_._closed:
+            return
+        log_.retain().addErrback(lambda f: log.warn(
+            "log {name}: retention: {error}", name=log_.name, error=f.getErrorMessage()))
+
+    # -- closing ---------------------------------------------------------
+    @defer.inlineCallbacks
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        if self._retention_call is not None and self._retention_call.active():
+            self._retention_call.cancel()
+        logs = list(self._logs.values())
+        for log_ in logs:
+            if log_._pending and log_.failed is None:
+                try:
+                    yield log_.sync()
+                except Exception:
+                    pass
+        for log_ in logs:
+            log_._close(LogClosed("store closed"))
+        self._logs.clear()
+        if self._connected or self._connecting:
+            try:
+                yield self.bridge.call(self.io.close)
+            except Exception:
+                pass
+        self.bridge.stop()

@@ -1,0 +1,257 @@
+"""
+A synchronous, read-only view of the logs a L{JetStreamLogStore} keeps in a
+NATS JetStream cluster, for processes that have no reactor (Spark
+executors, tools): the JetStream counterpart of
+L{streamproto.log.reader.LogDirectoryReader}, with the same C{names},
+C{bounds} and C{read}.
+
+It reads what the cluster acknowledged (the leader's answers, and bodies
+by direct get from replicas, which only hold what the quorum committed),
+laid out as L{streamproto.log.natsformat} says: the message holding a
+position is found by a binary search over stream sequences (one header
+read per step), then messages follow one another by sequence.  Each call
+connects on a private asyncio loop and closes before it returns (C{read}
+when its iterator ends or is closed), so readers pickle cleanly and
+nothing stays open between Spark tasks.
+"""
+
+import asyncio
+
+from streamproto.log.batch import RecordBatch
+from streamproto.log.errors import CorruptLog, LogNotFound, PositionOutOfRange
+from streamproto.log.natsformat import (
+    ATTRS, DEFAULT_PREFIX, MARKER, MessageFormatError, check_prefix, decode_body, decode_info,
+    log_name, stream_name, subject, subjects_filter,
+)
+from streamproto.log.natsio import NatsIO, NotAvailable
+
+
+class _Session:
+    """One connection on a private loop: run coroutines to completion, then close."""
+
+    def __init__(self, servers, tls, timeout):
+        self.loop = asyncio.new_event_loop()
+        self.io = NatsIO(servers, bridge=None, tls=tls, name="streamproto-reader",
+                         api_timeout=timeout)
+        self.timeout = timeout
+        try:
+            self.run(self._connect())
+        except BaseException:
+            self.close()
+            raise
+
+    async def _connect(self):
+        import nats
+
+        async def error_cb(e):
+            # nats-py prints a traceback without one; the error we raise says it
+            self.io.last_error = str(e)
+        options = dict(servers=self.io.servers, name=self.io.name, allow_reconnect=True,
+                       max_reconnect_attempts=3, connect_timeout=min(5, self.timeout),
+                       error_cb=error_cb)
+        if self.io.tls is not None:
+            options["tls"] = self.io.tls
+        try:
+            self.io.nc = await nats.connect(**options)
+        except Exception as e:
+            raise NotAvailable(f"cannot connect to {', '.join(self.io.servers)}: {e}")
+
+    def run(self, coroutine):
+        return self.loop.run_until_complete(coroutine)
+
+    def close(self):
+        if self.loop.is_closed():
+            return
+        nc = self.io.nc
+        try:
+            if nc is not None and not nc.is_closed:
+                self.run(nc.close())
+        finally:
+            self.loop.close()
+
+
+class JetStreamReader:
+    """
+    @param servers: C{nats://host:port} (or C{tls://}) URLs of the cluster.
+    @param prefix: the store's prefix (L{JetStreamLogStore}'s C{prefix}).
+    @param tls: an C{ssl.SSLContext} for C{tls://} servers.
+    @param timeout: seconds to wait for each answer of the cluster.
+    """
+
+    def __init__(self, servers, prefix=DEFAULT_PREFIX, tls=None, timeout=10.0):
+        if isinstance(servers, str):
+            servers = [servers]
+        self.servers = list(servers)
+        self.prefix = check_prefix(prefix)
+        self.tls = tls
+        self.timeout = timeout
+
+    def __reduce__(self):
+        # an ssl.SSLContext does not pickle: executors get what makes one
+        if self.tls is not None:
+            raise TypeError("a JetStreamReader with an SSLContext does not pickle: "
+                            "build it on the executor")
+        return (JetStreamReader, (self.servers, self.prefix, None, self.timeout))
+
+    def _session(self):
+        return _Session(self.servers, self.tls, self.timeout)
+
+    def names(self):
+        """The logs of this prefix, sorted."""
+        session = self._session()
+        try:
+            streams = session.run(session.io.stream_names(f"{self.prefix}.>"))
+        finally:
+            session.close()
+        return sorted(n for n in (log_name(self.prefix, s) for s in streams) if n)
+
+    def bounds(self, name):
+        """
+        @return: C{(start_position, end_position)} of log C{name}: what the
+            quorum acknowledged.
+        @raise LogNotFound: there is no such log.
+        """
+        session = self._session()
+        try:
+            return session.run(self._bounds(session.io, name))
+        finally:
+            session.close()
+
+    async def _bounds(self, io, name):
+        stream = stream_name(self.prefix, name)
+        info = await io.stream_info(stream)
+        if info is None:
+            raise LogNotFound(f"log {name!r} not found")
+        last = await io.get(stream, last=subjects_filter(self.prefix, name))
+        if last is None:
+            return 0, 0
+        end = _decode(name, last).end_position
+        marker = await io.get(stream, last=subject(self.prefix, name, MARKER))
+        start = _decode(name, marker).start[0] if marker is not None else 0
+        state = info.get("state", {})
+        first = await io.get(stream, seq=max(1, state.get("first_seq", 1)),
+                             next=subjects_filter(self.prefix, name))
+        if first is not None:
+            first_info = _decode(name, first)
+            if first_info.kind != MARKER and first_info.position > start:
+                start = first_info.position      # purged without a marker
+        return min(start, end), end
+
+    def attributes(self, name):
+        """The log's attribute map (Pravega's writer state, seals...)."""
+        session = self._session()
+        try:
+            return session.run(self._attributes(session.io, name))
+        finally:
+            session.close()
+
+    async def _attributes(self, io, name):
+        stream = stream_name(self.prefix, name)
+        got = [await io.get(stream, last=subject(self.prefix, name, kind))
+               for kind in (ATTRS, MARKER)]
+        infos = [_decode(name, m) for m in got if m is not None]
+        if not infos:
+            return {}
+        return dict(max(infos, key=lambda i: i.seq).attributes or {})
+
+    def read(self, name, start_position, end_position, max_bytes=8 * 1024 * 1024):
+        """
+        Yield L{RecordBatch}es covering C{[start_position, end_position)},
+        each at most about C{max_bytes} (at least one record).
+
+        @raise PositionOutOfRange: C{start_position} is before the log's
+            start (truncated or purged) or the range ends past its end.
+        """
+        if start_position >= end_position:
+            return
+        session = self._session()
+        try:
+            io = session.io
+            stream = stream_name(self.prefix, name)
+            info = session.run(io.stream_info(stream))
+            if info is None:
+                raise LogNotFound(f"log {name!r} not found")
+            state = info.get("state", {})
+            first_seq, last_seq = max(1, state.get("first_seq", 1)), state.get("last_seq", 0)
+            start, end = session.run(self._bounds(io, name))
+            if start_position < start or end_position > end:
+                raise PositionOutOfRange(
+                    f"log {name!r}: [{start_position}, {end_position}) outside [{start}, {end})")
+            seq = session.run(self._locate(io, stream, name, first_seq, last_seq,
+                                           start_position))
+            position = start_position
+            while position < end_position and seq <= last_seq:
+                msg = session.run(io.get_direct(stream, seq))
+                seq += 1
+                if msg is None:
+                    continue                     # purged in the meantime, or a gap
+                msg_info = _decode(name, msg)
+                if msg_info.count == 0 or msg_info.end_position <= position:
+                    continue
+                if msg_info.position > position:
+                    raise CorruptLog(f"log {name!r}: positions {position} to "
+                                     f"{msg_info.position} are missing")
+                try:
+                    lengths, data = decode_body(msg_info, msg.data)
+                except MessageFormatError as e:
+                    raise CorruptLog(f"log {name!r}: {e}")
+                batch = RecordBatch(msg_info.position, lengths, data)
+                lo = position - msg_info.position
+                hi = min(end_position, msg_info.end_position) - msg_info.position
+                for piece in _split(batch.slice(lo, hi), max_bytes):
+                    yield piece
+                position = msg_info.position + hi
+            if position < end_position:
+                raise PositionOutOfRange(f"log {name!r}: ends at {position}, "
+                                         f"before {end_position}")
+        finally:
+            session.close()
+
+    async def _locate(self, io, stream, name, first_seq, last_seq, position):
+        """The sequence of the message holding C{position} (binary search on headers)."""
+        lo, hi = first_seq, last_seq
+        found = None
+        filter_ = subjects_filter(self.prefix, name)
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            got = await io.get(stream, seq=mid, next=filter_)
+            if got is None or got.seq > hi:
+                hi = mid - 1
+                continue
+            info = _decode(name, got)
+            if info.count and info.position <= position < info.end_position:
+                return got.seq
+            if info.end_position <= position:
+                lo = got.seq + 1
+            else:
+                found = got.seq
+                hi = mid - 1
+        if found is None:
+            raise PositionOutOfRange(f"log {name!r}: no message holds position {position}")
+        return found
+
+
+def _decode(name, msg):
+    try:
+        return decode_info(msg.seq, msg.subject, msg.headers)
+    except MessageFormatError as e:
+        raise CorruptLog(f"log {name!r}: {e}")
+
+
+def _split(batch, max_bytes):
+    """C{batch} in pieces of about C{max_bytes} (at least one record each)."""
+    if len(batch.data) <= max_bytes:
+        yield batch
+        return
+    lengths = batch.lengths
+    i, n = 0, len(lengths)
+    while i < n:
+        size, j = 0, i
+        while j < n and (j == i or size + lengths[j] <= max_bytes):
+            size += lengths[j]
+            j += 1
+        yield batch.slice(i, j)
+        i = j
+
+
+__all__ = ["JetStreamReader"]

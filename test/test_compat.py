@@ -1,0 +1,99 @@
+"""
+streamproto.core.compat against the installed Twisted: each private
+attribute it relies on is exercised for real, so a Twisted release that
+changes one fails here, by name, rather than in a server.
+"""
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet import defer, ssl
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import CannotListenError
+from twisted.internet.protocol import Factory
+from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+from twisted.web import server
+from twisted.web.resource import Resource
+
+from streamproto.core import compat
+from test.tlsutil import certs
+
+
+class _Hold(Resource):
+    """Keeps every request open (NOT_DONE_YET), remembering them."""
+
+    isLeaf = True
+
+    def __init__(self):
+        super().__init__()
+        self.requests = []
+
+    def render(self, request):
+        self.requests.append(request)
+        return server.NOT_DONE_YET
+
+
+def _channel():
+    resource = _Hold()
+    site = server.Site(resource)
+    channel = site.buildProtocol(None)
+    channel.makeConnection(StringTransport())
+    return channel, resource
+
+
+class CompatTests(SynchronousTestCase):
+
+    def test_request_gone(self):
+        channel, resource = _channel()
+        channel.dataReceived(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        request = resource.requests[0]
+        self.assertFalse(compat.request_gone(request))
+        channel.connectionLost(Failure(Exception("gone")))
+        self.assertTrue(compat.request_gone(request))
+
+    def test_take_buffered_data(self):
+        """A pipelined request behind one in progress is held by the channel: we get it."""
+        channel, resource = _channel()
+        channel.dataReceived(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        channel.dataReceived(b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+        self.assertEqual(len(resource.requests), 1)
+        channel = resource.requests[0].channel
+        held = b"".join(compat.take_buffered_data(channel))
+        self.assertIn(b"GET /b HTTP/1.1", held)
+        self.assertEqual(compat.take_buffered_data(channel), [])
+
+    def test_redirect_channel_input(self):
+        from twisted.web.http import HTTPChannel
+        channel = HTTPChannel()
+        channel.makeConnection(StringTransport())
+        got = []
+        compat.redirect_channel_input(channel, got.append)
+        channel.dataReceived(b"line one\r\n")
+        channel.setRawMode()
+        channel.dataReceived(b"raw bytes")
+        self.assertEqual(b"".join(got), b"line one\r\nraw bytes")
+
+    def test_endpoint_tls_options(self):
+        c = certs()
+        endpoint = serverFromString(MemoryReactor(), c.server_endpoint(client_ca=False))
+        self.assertIsInstance(compat.endpoint_tls_options(endpoint), ssl.CertificateOptions)
+        self.assertIsNone(compat.endpoint_tls_options(
+            serverFromString(MemoryReactor(), "tcp:0")))
+
+    def test_fail_at_start(self):
+        class Refusing:
+            def listen(self, factory):
+                return defer.fail(CannotListenError("127.0.0.1", 1, Exception("in use")))
+        listener = compat.fail_at_start(StreamServerEndpointService(Refusing(), Factory()))
+        self.assertRaises(CannotListenError, listener.privilegedStartService)
+
+    def test_listening_port(self):
+        port = object()
+
+        class Listening:
+            def listen(self, factory):
+                return defer.succeed(port)
+        listener = StreamServerEndpointService(Listening(), Factory())
+        self.assertIsNone(compat.listening_port(listener))
+        listener.privilegedStartService()
+        self.assertIs(self.successResultOf(compat.listening_port(listener)), port)

@@ -1,0 +1,247 @@
+"""
+Failover trials through the protocols: a server on a JetStream store
+(three nodes, R3, every write fsynced), its real client ingesting, then:
+
+  - kill -9 of the stream's leader during ingest: the client goes on by
+    itself, nothing acknowledged is lost (stored once where the protocol
+    de-duplicates), the stall is measured and printed;
+  - kill -9 of two nodes of three: the protocol's own error (an HTTP error,
+    a batch left unacknowledged, a Pravega append failing), never an
+    acknowledgement, never a hang; then a node returns and ingest works.
+
+Styx (HTTP API), Lumberjack and Pravega (segment store); the store-level
+trials are in L{test.test_jetstream_failover}.
+"""
+
+import json
+import time
+
+from twisted.internet import defer, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.trial import unittest
+
+from streamproto.log.jetstream import JetStreamLogStore
+from test.natsutil import NatsCluster
+
+
+def sleep(seconds):
+    return deferLater(reactor, seconds, lambda: None)
+
+
+class ProtocolTrials(unittest.TestCase):
+    timeout = 240
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.cluster = NatsCluster(3).start()
+        self.addCleanup(self.cluster.stop)
+        self.store = JetStreamLogStore(self.cluster.urls, replicas=3, prefix="proto",
+                                       timeout=5.0, retention_interval=None)
+        self.addCleanup(self.store.close)
+        yield self.store.start()
+
+    @defer.inlineCallbacks
+    def listen(self, factory):
+        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
+        self.addCleanup(port.stopListening)
+        return port.getHost().port
+
+    @defer.inlineCallbacks
+    def leader_of(self, name):
+        log_ = yield self.store.get(name)
+        info = yield self.store._call(self.store.io.stream_info, log_.stream)
+        return int(info["cluster"]["leader"][1:])
+
+    @defer.inlineCallbacks
+    def read_all(self, name):
+        log_ = yield self.store.get(name)
+        out, position = [], log_.start_position
+        while position < log_.end_position:
+            batch = yield log_.read(position, max_bytes=1 << 22)
+            out.extend(bytes(r) for r in batch)
+            position += len(batch)
+        return out
+
+    @defer.inlineCallbacks
+    def run_trial(self, name, send_one, what):
+        """
+        Ingest with C{send_one(i)} (a Deferred firing once item C{i} is
+        acknowledged; a failure is retried, as the protocol's clients do),
+        kill the leader, measure the stall; return the acknowledged items.
+        """
+        acked, times, errors = [], [], []
+        state = {"next": 0, "running": True}
+
+        @defer.inlineCallbacks
+        def worker():
+            while state["running"]:
+                i = state["next"]
+                state["next"] += 1
+                while True:
+                    try:
+                        yield send_one(i)
+                        break
+                    except Exception as e:  # noqa: BLE001 - retried, as clients do
+                        errors.append(repr(e))
+                        yield sleep(0.2)
+                acked.append(i)
+                times.append(time.monotonic())
+        workers = [worker() for _ in range(4)]
+        while len(acked) < 20:
+            yield sleep(0.05)
+        leader = yield self.leader_of(name)
+        killed = time.monotonic()
+        before = len(acked)
+        self.cluster.kill(leader)
+        while len(acked) < before + 50 and time.monotonic() - killed < 60:
+            yield sleep(0.05)
+        after = [killed] + sorted(t for t in times if t >= killed)
+        stall = max(b - a for a, b in zip(after, after[1:])) if len(after) > 1 \
+            else float("inf")
+        state["running"] = False
+        yield defer.gatherResults(workers)
+        self.cluster.start_node(leader, wait=False)
+        print(f"\n{what}: kill -9 of the leader n{leader}: longest time without an ack {stall:.2f} s, "
+              f"{len(acked)} acknowledged, {len(errors)} errors retried")
+        self.assertGreaterEqual(len(acked), before + 50, "ingest did not go on")
+        self.assertLess(stall, 15.0)
+        return acked
+
+    @defer.inlineCallbacks
+    def no_quorum(self, attempt, refused, what):
+        """
+        Two nodes of three killed: C{attempt()} must end in the protocol's
+        error (C{refused(outcome)} true) within the store's timeout plus
+        some, never succeed; then with a node back, it succeeds.
+        """
+        self.cluster.kill(1)
+        self.cluster.kill(2)
+        started = time.monotonic()
+        outcome = []
+        attempt().addBoth(outcome.append)
+        while not outcome and time.monotonic() - started < 60:
+            yield sleep(0.1)
+        waited = time.monotonic() - started
+        print(f"\n{what}: no quorum: answered after {waited:.2f} s: {outcome[0]!r:.150}")
+        self.assertTrue(outcome, f"{what}: hung without a quorum")
+        self.assertTrue(refused(outcome[0]), f"{what}: {outcome[0]!r}")
+        self.assertLess(waited, 20.0)
+        self.cluster.start_node(1)
+        deadline = time.monotonic() + 90
+        while True:
+            result = []
+            yield attempt().addBoth(result.append)
+            if not refused(result[0]):
+                break
+            self.assertLess(time.monotonic(), deadline, f"{what}: never recovered")
+            yield sleep(0.5)
+
+    # -- Styx (HTTP API) -------------------------------------------------
+    @defer.inlineCallbacks
+    def test_styx(self):
+        from streamproto.styx.api_client import StyxAPIError, StyxClient
+        from streamproto.styx.resource import make_site
+        port = yield self.listen(make_site(self.store))
+        client = StyxClient(f"http://127.0.0.1:{port}", reactor)
+        self.addCleanup(client.close)
+        yield client.create_log("styx")
+
+        def send_one(i):
+            return client.write_record("styx", b"record %d" % i)
+        acked = yield self.run_trial("styx", send_one, "styx HTTP")
+        stored = yield self.read_all("styx")
+        for i in acked:
+            self.assertIn(b"record %d" % i, stored)
+
+        def refused(outcome):
+            # Styx's own "log not available" error (the reference's code)
+            return hasattr(outcome, "check") and outcome.check(StyxAPIError) is not None \
+                and outcome.value.code == "log_not_available"
+        yield self.no_quorum(lambda: client.write_record("styx", b"no quorum"), refused,
+                             "styx HTTP")
+
+    # -- Lumberjack ----------------------------------------------------------
+    @defer.inlineCallbacks
+    def test_lumberjack(self):
+        from streamproto.lumberjack.client import LumberjackClient
+        from streamproto.lumberjack.server import LumberjackServerFactory
+        from streamproto.lumberjack.sink import LogStoreSink
+        yield self.store.create("lumberjack")
+        port = yield self.listen(LumberjackServerFactory(LogStoreSink(self.store)))
+        client = LumberjackClient(TCP4ClientEndpoint(reactor, "127.0.0.1", port))
+        self.addCleanup(client.close)
+
+        def send_one(i):
+            return client.send([{"n": i}])
+        acked = yield self.run_trial("lumberjack", send_one, "lumberjack")
+        stored = {json.loads(r)["event"]["n"] for r in (yield self.read_all("lumberjack"))}
+        self.assertEqual(set(acked) - stored, set())
+
+        # without a quorum a batch is never acknowledged: the client keeps
+        # it and sends it again (with its backoff, up to 60 s like Filebeat)
+        # until a node is back
+        self.cluster.kill(1)
+        self.cluster.kill(2)
+        result = []
+        client.send([{"n": "no quorum"}]).addBoth(result.append)
+        yield sleep(15)
+        print(f"\nlumberjack: no quorum: {'acknowledged!' if result else 'not acknowledged'} "
+              "after 15 s")
+        self.assertEqual(result, [], "acknowledged without a quorum")
+        self.cluster.start_node(1)
+        started = time.monotonic()
+        while not result and time.monotonic() - started < 150:
+            yield sleep(0.2)
+        print(f"lumberjack: acknowledged {time.monotonic() - started:.1f} s after a node "
+              "returned")
+        self.assertTrue(result, "never acknowledged once a node returned")
+        self.assertNotIsInstance(result[0], Failure)
+        stored = [json.loads(r)["event"]["n"] for r in (yield self.read_all("lumberjack"))]
+        self.assertIn("no quorum", stored)
+
+    # -- Pravega segment store -----------------------------------------------
+    @defer.inlineCallbacks
+    def test_pravega(self):
+        from streamproto.pravega.client import SegmentWriter, connect
+        from streamproto.pravega.server import PravegaServerFactory
+        port = yield self.listen(PravegaServerFactory(self.store))
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+        proto = yield connect(endpoint)
+        segment = "trial/events/0.#epoch.0"
+        yield proto.create_segment(segment)
+        proto.transport.loseConnection()
+        writer = SegmentWriter(endpoint, segment, max_retries=1000)
+        self.addCleanup(lambda: writer.close().addErrback(lambda _: None))
+
+        def send_one(i):
+            return writer.write(b"event %d" % i)
+        from streamproto.pravega.segments import log_name
+        name = log_name(segment)
+        acked = yield self.run_trial(name, send_one, "pravega")
+        yield writer.close()
+        reader_proto = yield connect(endpoint)
+        info = yield reader_proto.segment_info(segment)
+        reader_proto.transport.loseConnection()
+        from streamproto.pravega.client import SegmentReader
+        reader = SegmentReader(endpoint, segment)
+        events = []
+        while reader.offset < info.write_offset:
+            events.extend((yield reader.read()))
+        yield reader.close()
+        # the writer's event numbers de-duplicate: every acknowledged event once
+        counted = {}
+        for e in events:
+            counted[e] = counted.get(e, 0) + 1
+        for i in acked:
+            self.assertEqual(counted.get(b"event %d" % i), 1, i)
+
+        def attempt():
+            w = SegmentWriter(endpoint, segment, max_retries=0)
+            d = w.write(b"no quorum")
+            return d.addBoth(lambda r: w.close().addBoth(lambda _: r))
+
+        def refused(outcome):
+            return hasattr(outcome, "check")
+        yield self.no_quorum(attempt, refused, "pravega")

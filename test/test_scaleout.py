@@ -1,0 +1,246 @@
+"""
+Stateless front-ends on one JetStream cluster (C{--store nats://...}):
+the option on every plugin and the umbrella (usage errors included), two
+C{twistd} processes serving the same logs (a record acknowledged through
+one readable through the other at once), and a cluster that cannot be
+reached at start-up (one line, exit 1).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+from twisted.python import usage
+from twisted.trial import unittest
+
+from streamproto import tap as umbrella
+from test.natsutil import shared_cluster, unique_prefix
+from test.netutil import free_port
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+PLUGINS = ["styx", "pravega", "lumberjack", "reliable", "relink"]
+
+
+def plugin_options(package):
+    module = __import__(f"streamproto.{package}.tap", fromlist=["Options"])
+    return module.Options()
+
+
+class StoreOptionTests(unittest.SynchronousTestCase):
+
+    def test_every_plugin_takes_it(self):
+        for package in PLUGINS:
+            options = plugin_options(package)
+            options.parseOptions(["--store", "nats://n1:4222,n2,n3?prefix=prod"])
+            url = options["store-url"]
+            self.assertEqual(url.servers, ("nats://n1:4222", "nats://n2:4222",
+                                           "nats://n3:4222"), package)
+            self.assertEqual(url.prefix, "prod")
+
+    def test_usage_errors(self):
+        for argv, why in [
+                (["--store", "nats://h:99999"], "port 99999 out of range"),
+                (["--store", "nats://h?replicas=7"], "replicas must be 1 to 5"),
+                (["--store", "redis://h"], "expected nats://"),
+                (["--store-ca", "/etc/hostname"], "go with a tls://"),
+                (["--store", "tls://h", "--store-ca", "/nonexistent.pem"], "cannot read it"),
+                (["--store", "tls://h", "--store-cert", "/etc/hostname"], "give both")]:
+            for package in ("styx", "pravega"):
+                with self.assertRaises(usage.UsageError) as caught:
+                    plugin_options(package).parseOptions(argv)
+                self.assertIn(why, str(caught.exception), (package, argv))
+
+    def test_reliable_keeps_its_session_stores(self):
+        for value in ("sqlite", "memory"):
+            options = plugin_options("reliable")
+            options.parseOptions(["--store", value, "--data", self.mktemp()])
+            self.assertEqual((options["store"], options["store-url"]), (value, None))
+        with self.assertRaises(usage.UsageError) as caught:
+            plugin_options("reliable").parseOptions(["--store", "mysql"])
+        self.assertIn("expected sqlite or memory or nats://", str(caught.exception))
+
+    def test_umbrella_hands_it_to_every_server(self):
+        options = umbrella.Options()
+        options.parseOptions(["--store", "nats://n1,n2,n3"])
+        for name, sub in options.server_options.items():
+            self.assertEqual(str(sub["store-url"]), "nats://n1:4222,n2:4222,n3:4222", name)
+
+    def test_umbrella_store_is_shared(self):
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write('[styx-server]\nstore = "nats://elsewhere"\n')
+        with self.assertRaises(usage.UsageError) as caught:
+            umbrella.Options().parseOptions(["--config", path, "--store", "nats://h"])
+        self.assertIn("shared by every server", str(caught.exception))
+        # reliable's own table may choose its session store
+        with open(path, "w") as f:
+            f.write('[reliable-stream-server]\nstore = "memory"\n')
+        options = umbrella.Options()
+        options.parseOptions(["--config", path, "--store", "nats://h"])
+        self.assertEqual(options.server_options["reliable-stream-server"]["store"], "memory")
+        self.assertEqual(str(options.server_options["styx-server"]["store-url"]),
+                         "nats://h:4222")
+
+
+def get(url, data=None, timeout=10):
+    request = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET")
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.status, response.read()
+
+
+class FrontEndTests(unittest.SynchronousTestCase):
+    """Real twistd processes on the shared test cluster."""
+
+    def setUp(self):
+        self.cluster = shared_cluster()
+        self.store = self.cluster.url + f"?prefix={unique_prefix(self)}"
+        self.env = dict(os.environ, PYTHONPATH=ROOT)
+
+    def start(self, plugin, *args, wait_url=None):
+        directory = self.mktemp()
+        os.makedirs(directory)
+        log = open(os.path.join(directory, "out.log"), "wb")
+        self.addCleanup(log.close)
+        process = subprocess.Popen(TWISTD + ["-n", "--pidfile=", plugin, *args], cwd=directory,
+                                   env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+        def stop():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        self.addCleanup(stop)
+        process.log_path = os.path.join(directory, "out.log")
+        if wait_url:
+            deadline = time.monotonic() + 60
+            while True:
+                if process.poll() is not None:
+                    self.fail(f"{plugin} exited: {self.output(process)}")
+                try:
+                    status, _ = get(wait_url, timeout=2)
+                    if status == 200:
+                        break
+                except (OSError, urllib.error.HTTPError):
+                    pass
+                if time.monotonic() > deadline:
+                    self.fail(f"{plugin} not ready: {self.output(process)}")
+                time.sleep(0.1)
+        return process
+
+    def output(self, process):
+        with open(process.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def styx(self):
+        port, metrics = free_port(), free_port()
+        self.start("styx-server", "--store", self.store,
+                   "--port", f"tcp:{port}:interface=127.0.0.1",
+                   "--metrics", f"tcp:{metrics}:interface=127.0.0.1",
+                   wait_url=f"http://127.0.0.1:{metrics}/ready")
+        return f"http://127.0.0.1:{port}"
+
+    def test_two_styx_front_ends_serve_the_same_logs(self):
+        a, b = self.styx(), self.styx()
+        status, _ = get(f"{a}/logs", data=b"name=shared")
+        self.assertEqual(status, 200)
+        for i in range(20):
+            # written through one, read through the other at once
+            front, back = (a, b) if i % 2 == 0 else (b, a)
+            status, body = get(f"{front}/logs/shared/records", data=b"record %d" % i)
+            self.assertEqual(status, 200)
+            status, body = get(f"{back}/logs/shared")
+            self.assertEqual(json.loads(body)["end_position"], i + 1, (front, back))
+            status, body = get(f"{back}/logs/shared/records?position={i}&limit=1")
+            self.assertEqual(body.rstrip(b"\n"), b"record %d" % i)
+        names = [entry["name"] for entry in json.loads(get(f"{b}/logs")[1])]
+        self.assertEqual(names, ["shared"])
+
+    def test_umbrella_on_the_cluster(self):
+        ports = {name: free_port() for name in ("styx", "metrics", "controller")}
+        self.start("streamproto", "--store", self.store, "--only", "styx-server,pravega-server",
+                   "--listen", f"styx-server=tcp:{ports['styx']}:interface=127.0.0.1",
+                   "--listen", f"pravega-server=tcp:{free_port()}:interface=127.0.0.1",
+                   "--pravega-controller", f"tcp:{ports['controller']}:interface=127.0.0.1",
+                   "--metrics", f"tcp:{ports['metrics']}:interface=127.0.0.1",
+                   wait_url=f"http://127.0.0.1:{ports['metrics']}/ready")
+        styx = f"http://127.0.0.1:{ports['styx']}"
+        self.assertEqual(get(f"{styx}/logs", data=b"name=via-umbrella")[0], 200)
+        from streamproto.log.natsreader import JetStreamReader
+        from streamproto.log.storeurl import parse_store_url
+        url = parse_store_url(self.store)
+        self.assertIn("via-umbrella", JetStreamReader(url.servers, url.prefix).names())
+
+    def test_unreachable_cluster_at_start(self):
+        process = self.start("styx-server", "--store", f"nats://127.0.0.1:{free_port()}",
+                             "--port", f"tcp:{free_port()}:interface=127.0.0.1")
+        try:
+            status = process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.fail("styx-server kept running without its store: " + self.output(process))
+        self.assertEqual(status, 1)
+        out = self.output(process)
+        critical = [line for line in out.splitlines() if "cannot start" in line]
+        self.assertEqual(len(critical), 1, out)
+        self.assertIn("log store nats://127.0.0.1:", critical[0])
+        self.assertIn("cannot be reached", critical[0])
+        self.assertNotIn("Traceback", out)
+
+    def test_two_pravega_front_ends_share_scopes_and_streams(self):
+        """
+        The controller's state lives in the store: a stream created through
+        one pravega-server's controller is served by the other's, and the
+        events one segment store took are read through the other.
+        """
+        servers = []
+        for _ in range(2):
+            store_port, controller_port = free_port(), free_port()
+            self.start("pravega-server", "--store", self.store,
+                       "--port", f"tcp:{store_port}:interface=127.0.0.1",
+                       "--controller", f"tcp:{controller_port}:interface=127.0.0.1",
+                       "--advertise", f"127.0.0.1:{store_port}")
+            servers.append((store_port, controller_port))
+        for store_port, controller_port in servers:
+            self.wait_port(store_port)
+            self.wait_port(controller_port)
+
+        def pravega(server, *argv, input=None):
+            store_port, controller_port = server
+            result = subprocess.run(
+                [sys.executable, "-m", "streamproto", "pravega", "-s",
+                 f"127.0.0.1:{store_port}", "-c", f"127.0.0.1:{controller_port}", *argv],
+                env=self.env, capture_output=True, input=input, timeout=120)
+            self.assertEqual(result.returncode, 0, result.stderr.decode())
+            return result.stdout.decode()
+
+        a, b = servers
+        pravega(a, "scope", "create", "shared")
+        pravega(a, "stream", "create", "shared/events", "--segments", "2")
+        self.assertEqual(pravega(b, "stream", "list", "shared").split(), ["shared/events"])
+        pravega(a, "write", "shared/events/0.#epoch.0", input=b"one\ntwo\n")
+        self.assertEqual(pravega(b, "read", "shared/events/0.#epoch.0").split(),
+                         ["one", "two"])
+        # a change through b, seen through a
+        pravega(b, "stream", "create", "shared/more")
+        self.assertEqual(pravega(a, "stream", "list", "shared").split(),
+                         ["shared/events", "shared/more"])
+
+    def wait_port(self, port):
+        import socket
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.fail(f"nothing listens on {port}")
+                time.sleep(0.1)
