@@ -395,11 +395,16 @@ def source_schema_ddl(opts):
     """
     The source's schema.  C{log} and C{position} are never null; C{value} is
     null only for a JSON record that does not parse.  Reading several
-    styx-servers adds C{node} (the server's C{host:port}).
+    styx-servers adds C{node} (the server's C{host:port}); reading a
+    JetStream store adds C{timestamp} (the append time of the record's batch).
     """
     ddl = f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
     if opts.fleet:
         ddl += ", node STRING NOT NULL"
+    if opts.store is not None:
+        # JetStream keeps the time each message (one batch) was stored: the
+        # record's append time, as Kafka's LogAppendTime.  Other stores keep none.
+        ddl += ", timestamp TIMESTAMP NOT NULL"
     return ddl
 
 
