@@ -46,6 +46,32 @@ class JetStreamSourceTests(SynchronousTestCase):
         self.assertEqual(rows, sorted([("a", i, b"a%d" % i) for i in range(500)]
                                       + [("b", i, b"b%d" % i) for i in range(3)]))
 
+    def test_timestamp_is_the_append_time(self):
+        import datetime
+        import time
+        before = datetime.datetime.now(datetime.timezone.utc)
+        self.append("t", [b"first-%d" % i for i in range(3)])
+        time.sleep(0.05)
+        middle = datetime.datetime.now(datetime.timezone.utc)
+        self.append("t", [b"second"])
+        after = datetime.datetime.now(datetime.timezone.utc)
+        df = spark().read.format("streamproto").option("store", self.url).load()
+        self.assertEqual(dict(df.dtypes)["timestamp"], "timestamp")
+        # collect() gives naive local times: compare as epoch instants.
+        rows = sorted((r["position"], r["timestamp"].timestamp()) for r in df.collect())
+        self.assertEqual([p for p, _ in rows], [0, 1, 2, 3])
+        slack = 1.0  # the cluster's clock is this machine's; allow rounding
+        times = [t for _, t in rows]
+        self.assertEqual(len(set(times[:3])), 1)  # one append, one stored time
+        self.assertTrue(before.timestamp() - slack <= times[0] <= middle.timestamp() + slack)
+        self.assertTrue(times[0] < times[3] <= after.timestamp() + slack)
+        # Other stores keep no time: a timestamp column there is refused.
+        schema = "log STRING, position BIGINT, value BINARY, timestamp TIMESTAMP"
+        with self.assertRaises(Exception) as raised:
+            spark().read.format("streamproto").schema(schema) \
+                .option("path", new_dir(self)).load().collect()
+        self.assertIn("only a JetStream store", str(raised.exception))
+
     def test_streaming_exactly_once(self):
         work = new_dir(self)
         out, checkpoint = os.path.join(work, "out"), os.path.join(work, "cp")

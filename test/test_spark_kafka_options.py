@@ -52,6 +52,17 @@ class ParsingTests(SynchronousTestCase):
         # Spark's own options reach a streaming sink (in lower case): accepted
         parse_sink_options({"url": "http://h:1", "log": "l", "checkpointlocation": "/c",
                             "queryname": "q"})
+        # a Kafka user's option is answered with ours
+        e = self.assertRaises(OptionError, parse_source_options,
+                              {"path": "/d", "subscribePattern": "beats-.*"})
+        self.assertIn("the Kafka source's 'subscribePattern' is 'logsPattern' here", str(e))
+        e = self.assertRaises(OptionError, parse_source_options,
+                              {"path": "/d", "kafka.bootstrap.servers": "h:9092"})
+        self.assertIn("is 'url', 'path' or 'store' here", str(e))
+        e = self.assertRaises(OptionError, parse_source_options,
+                              {"path": "/d", "startingtimestamp": "1000"})
+        self.assertIn("'startingTimestamp' has no equivalent here", str(e))
+        self.assertNotIn("did you mean", str(e))
         # option names are case-insensitive, as Spark's are
         self.assertEqual(parse_source_options({"PATH": "/d", "MAXOFFSETSPERTRIGGER": "7"})
                          .max_records_per_trigger, 7)
@@ -130,6 +141,16 @@ class SparkTests(SynchronousTestCase):
         with self.assertRaises(Exception) as raised:
             self.read(startingOffset="earliest")
         self.assertIn("did you mean 'startingOffsets'", str(raised.exception))
+
+    def test_unknown_option_fails_the_write(self):
+        # save(path) adds Spark's own 'path': accepted; the misspelling is not.
+        frame = spark().createDataFrame([(b"x",)], "value BINARY")
+        with self.assertRaises(Exception) as raised:
+            (frame.write.format("streamproto").mode("append")
+             .option("url", "http://127.0.0.1:1").option("log", "out")
+             .option("createLogs", "false").save(self.path))
+        self.assertIn("did you mean 'createLog'", str(raised.exception))
+        self.assertNotIn("'path'", str(raised.exception).split("known:")[0])
 
     def test_streaming(self):
         work = new_dir(self)

@@ -191,6 +191,33 @@ class ArrowTests(SynchronousTestCase):
         fast = json_array(lengths_array(map(len, good)), b"".join(good), struct)
         self.assertEqual(fast.field("n").to_pylist(), list(range(100)))
 
+    def test_timestamp_column(self):
+        from array import array
+
+        from streamproto.log.natsreader import stored_time_us
+        from streamproto.spark.arrow import coalesce_timed
+        schema = SCHEMA.append(pa.field("timestamp", pa.timestamp("us", tz="UTC"), False))
+        t1 = stored_time_us("2024-05-01T12:00:00.123456789Z")
+        self.assertEqual(t1, 1714564800123456)
+        self.assertEqual(stored_time_us("2024-05-01T14:00:00.5+02:00"), 1714564800500000)
+        self.assertEqual(stored_time_us("2024-05-01T12:00:00Z"), 1714564800000000)
+        pairs = [(RecordBatch.from_records(0, [b"a", b"b"]), t1),
+                 (RecordBatch.from_records(2, [b"c"]), t1 + 7),
+                 (RecordBatch.from_records(3, [b"d"] * 3), t1 + 9)]
+        joined = list(coalesce_timed(pairs, max_records=4, max_bytes=1000))
+        self.assertEqual([(b.position, len(b), list(t)) for b, t in joined],
+                         [(0, 3, [t1, t1, t1 + 7]), (3, 3, [t1 + 9] * 3)])
+        out = ArrowConverter(schema).convert("l", joined[0][0], None, joined[0][1])
+        self.assertEqual(out.schema, schema)
+        self.assertEqual([t.isoformat() for t in out.column(3).to_pylist()],
+                         ["2024-05-01T12:00:00.123456+00:00"] * 2
+                         + ["2024-05-01T12:00:00.123463+00:00"])
+        self.assertRaises(ValueError, ArrowConverter(schema).convert, "l", joined[0][0])
+        self.assertRaises(ValueError, ArrowConverter(schema).convert, "l", joined[0][0], None,
+                          array("q", [1]))
+        self.assertRaises(ValueError, ArrowConverter,
+                          SCHEMA.append(pa.field("timestamp", pa.int64())))
+
     def test_bad_schema(self):
         self.assertRaises(ValueError, ArrowConverter, pa.schema([("value", pa.binary())]))
         self.assertRaises(ValueError, ArrowConverter,

@@ -154,10 +154,15 @@ class JetStreamReader:
             return {}
         return dict(max(infos, key=lambda i: i.seq).attributes or {})
 
-    def read(self, name, start_position, end_position, max_bytes=8 * 1024 * 1024):
+    def read(self, name, start_position, end_position, max_bytes=8 * 1024 * 1024,
+             with_time=False):
         """
         Yield L{RecordBatch}es covering C{[start_position, end_position)},
         each at most about C{max_bytes} (at least one record).
+
+        @param with_time: yield C{(batch, microseconds)} pairs instead, the
+            time the cluster stored the batch's message (its append time),
+            in microseconds since the epoch.
 
         @raise PositionOutOfRange: C{start_position} is before the log's
             start (truncated or purged) or the range ends past its end.
@@ -198,8 +203,9 @@ class JetStreamReader:
                 batch = RecordBatch(msg_info.position, lengths, data)
                 lo = position - msg_info.position
                 hi = min(end_position, msg_info.end_position) - msg_info.position
+                when = stored_time_us(msg.time) if with_time else None
                 for piece in _split(batch.slice(lo, hi), max_bytes):
-                    yield piece
+                    yield (piece, when) if with_time else piece
                 position = msg_info.position + hi
             if position < end_position:
                 raise PositionOutOfRange(f"log {name!r}: ends at {position}, "
@@ -236,6 +242,27 @@ def _decode(name, msg):
         return decode_info(msg.seq, msg.subject, msg.headers)
     except MessageFormatError as e:
         raise CorruptLog(f"log {name!r}: {e}")
+
+
+def stored_time_us(text):
+    """
+    JetStream's C{Nats-Time-Stamp} (RFC 3339 in UTC with up to nanoseconds,
+    C{2024-05-01T12:00:00.123456789Z}) as microseconds since the epoch.
+    """
+    import datetime
+    if not text:
+        raise CorruptLog("a stored message without Nats-Time-Stamp")
+    text = text.strip()
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    head, sep, rest = text.partition(".")
+    fraction = ""
+    if sep:
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        fraction, rest = rest[:digits], rest[digits:]
+    when = datetime.datetime.fromisoformat(head + rest)
+    seconds = int(when.timestamp())
+    return seconds * 1_000_000 + int((fraction + "000000")[:6])
 
 
 def _split(batch, max_bytes):

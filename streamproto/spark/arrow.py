@@ -9,6 +9,7 @@ code, so no Python runs per record on the binary and UTF-8 paths.
 
 import functools
 import io
+from array import array
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -118,9 +119,14 @@ class ArrowConverter:
 
     def __init__(self, arrow_schema):
         names = arrow_schema.names
-        if names not in (["log", "position", "value"], ["log", "position", "value", "node"]):
-            raise ValueError(f"the schema must be (log, position, value[, node]), not {names}")
-        self.with_node = len(names) == 4
+        if names[:3] != ["log", "position", "value"] or names[3:] not in (
+                [], ["node"], ["timestamp"]):
+            raise ValueError(f"the schema must be (log, position, value[, node | timestamp]), "
+                             f"not {names}")
+        self.with_node = "node" in names
+        self.with_time = "timestamp" in names
+        if self.with_time and not pa.types.is_timestamp(arrow_schema.field("timestamp").type):
+            raise ValueError("the timestamp column must be a TIMESTAMP")
         if not pa.types.is_string(arrow_schema.field("log").type) \
                 or not pa.types.is_int64(arrow_schema.field("position").type):
             raise ValueError("the schema must have log STRING and position BIGINT")
@@ -135,7 +141,11 @@ class ArrowConverter:
             raise ValueError(f"the value column must be BINARY, STRING or a STRUCT, not {value_type}")
         self.schema = arrow_schema
 
-    def convert(self, log, batch, node=None):
+    def convert(self, log, batch, node=None, times=None):
+        """
+        @param times: with a C{timestamp} column, C{array('q')} of each
+            record's time in microseconds since the epoch.
+        """
         n = len(batch)
         columns = [
             _repeat(log, n),
@@ -144,6 +154,13 @@ class ArrowConverter:
         ]
         if self.with_node:
             columns.append(_repeat(node or "", n))
+        if self.with_time:
+            if times is None or len(times) != n:
+                raise ValueError("a timestamp column needs one time per record")
+            kind = self.schema.field("timestamp").type
+            micros = pa.Array.from_buffers(pa.timestamp("us", tz=kind.tz), n,
+                                           [None, pa.py_buffer(times)])
+            columns.append(micros if micros.type == kind else micros.cast(kind))
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
 
@@ -176,6 +193,39 @@ def coalesce(batches, max_records, max_bytes):
             pending, pending_records, pending_bytes = [], 0, 0
     if pending:
         yield _join(pending)
+
+
+def coalesce_timed(pairs, max_records, max_bytes):
+    """
+    L{coalesce} for C{(RecordBatch, microseconds)} pairs (a JetStream
+    store's batches with their append times): yields C{(RecordBatch,
+    array('q'))} with each record's time, built per batch, not per record.
+    """
+    pending = []
+    pending_records = 0
+    pending_bytes = 0
+
+    def flush():
+        times = array("q")
+        for batch, when in pending:
+            times.extend(array("q", [when]) * len(batch))
+        return _join([batch for batch, _ in pending]), times
+
+    for batch, when in pairs:
+        if not len(batch):
+            continue
+        if pending and (pending_records + len(batch) > max_records
+                        or pending_bytes + batch.nbytes > max_bytes):
+            yield flush()
+            pending, pending_records, pending_bytes = [], 0, 0
+        pending.append((batch, when))
+        pending_records += len(batch)
+        pending_bytes += batch.nbytes
+        if pending_records >= max_records or pending_bytes >= max_bytes:
+            yield flush()
+            pending, pending_records, pending_bytes = [], 0, 0
+    if pending:
+        yield flush()
 
 
 def _join(batches):

@@ -173,9 +173,12 @@ def open_logs(opts):
 
 
 def read_range(location, log, start, end, fail_on_data_loss=True, timeout=30.0,
-               max_bytes=8 * 1024 * 1024, tls=None):
+               max_bytes=8 * 1024 * 1024, tls=None, with_time=False):
     """
     Yield L{RecordBatch}es covering C{[start, end)} of C{log} (executor side).
+
+    @param with_time: yield C{(batch, append time in microseconds)} pairs
+        instead; only a JetStream store (C{nats}) keeps that time.
 
     @raise DataLossError: if records of the range were removed (by retention
         or truncation) and C{fail_on_data_loss}; otherwise the missing head is
@@ -183,13 +186,15 @@ def read_range(location, log, start, end, fail_on_data_loss=True, timeout=30.0,
     """
     if start >= end:
         return
+    if with_time and location.kind != "nats":
+        raise ValueError("only a JetStream store keeps an append time per batch")
     if location.kind == "path":
         from streamproto.log.reader import LogDirectoryReader
         source = LogDirectoryReader(location.where)
         read = functools.partial(source.read, max_bytes=max_bytes)
     elif location.kind == "nats":
         source = _jetstream_reader(location.where, timeout, tls)
-        read = functools.partial(source.read, max_bytes=max_bytes)
+        read = functools.partial(source.read, max_bytes=max_bytes, with_time=with_time)
     else:
         source = StyxHTTPClient(location.where, timeout, tls)
         read = source.read

@@ -52,17 +52,43 @@ SINK_OPTIONS = (
 )
 
 
+#: Kafka source options spelled differently here (or with no equivalent:
+#: None), so that a Kafka user's option is answered with ours rather than
+#: a far-fetched "did you mean".
+KAFKA_OPTIONS = {
+    "kafka.bootstrap.servers": "'url', 'path' or 'store'",
+    "subscribe": "'logs'",
+    "subscribePattern": "'logsPattern'",
+    "assign": "'logs'",
+    "startingTimestamp": None,
+    "startingOffsetsByTimestamp": None,
+    "endingTimestamp": None,
+    "endingOffsetsByTimestamp": None,
+    "includeHeaders": None,
+    "minOffsetsPerTrigger": None,
+    "maxTriggerDelay": None,
+    "groupIdPrefix": None,
+    "kafka.group.id": None,
+}
+
+
 def check_known(options, known, what):
     """
     @raise OptionError: for an option that is not one of C{known}
-        (case-insensitive, as Spark's options are), naming the closest one.
+        (case-insensitive, as Spark's options are), naming the closest one,
+        or ours for a Kafka source option.
     """
     lookup = {k.lower(): k for k in known}
+    kafka = {k.lower(): (k, ours) for k, ours in KAFKA_OPTIONS.items()}
     for key in options:
         if str(key).lower() in lookup:
             continue
         close = difflib.get_close_matches(str(key).lower(), list(lookup), n=1, cutoff=0.6)
         hint = f" (did you mean {lookup[close[0]]!r}?)" if close else ""
+        if str(key).lower() in kafka:
+            name, ours = kafka[str(key).lower()]
+            hint = (f" (the Kafka source's {name!r} is {ours} here)" if ours else
+                    f" (the Kafka source's {name!r} has no equivalent here: see doc/spark.rst)")
         raise OptionError(f"unknown {what} option {key!r}{hint}; known: "
                           f"{', '.join(k for k in known if k != 'path')}")
 
@@ -369,11 +395,16 @@ def source_schema_ddl(opts):
     """
     The source's schema.  C{log} and C{position} are never null; C{value} is
     null only for a JSON record that does not parse.  Reading several
-    styx-servers adds C{node} (the server's C{host:port}).
+    styx-servers adds C{node} (the server's C{host:port}); reading a
+    JetStream store adds C{timestamp} (the append time of the record's batch).
     """
     ddl = f"log STRING NOT NULL, position BIGINT NOT NULL, value {value_type_ddl(opts)}"
     if opts.fleet:
         ddl += ", node STRING NOT NULL"
+    if opts.store is not None:
+        # JetStream keeps the time each message (one batch) was stored: the
+        # record's append time, as Kafka's LogAppendTime.  Other stores keep none.
+        ddl += ", timestamp TIMESTAMP NOT NULL"
     return ddl
 
 

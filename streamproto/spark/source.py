@@ -14,7 +14,7 @@ from pyspark.sql.datasource import (
     DataSource, DataSourceReader, DataSourceStreamReader, InputPartition,
 )
 
-from streamproto.spark.arrow import ArrowConverter, coalesce
+from streamproto.spark.arrow import ArrowConverter, coalesce, coalesce_timed
 from streamproto.spark.locations import DataLossError, Location, open_logs, read_range
 from streamproto.spark.options import (
     FORMAT_NAME, OptionError, parse_sink_options, parse_source_options, source_schema_ddl,
@@ -64,7 +64,9 @@ class _RangeReading:
         self.opts = parse_source_options(options)
         self.schema = schema
         # Fails now, on the driver, if the schema is not one we can produce.
-        ArrowConverter(_arrow_schema(schema))
+        if ArrowConverter(_arrow_schema(schema)).with_time and self.opts.store is None:
+            raise ValueError("only a JetStream store (option 'store') keeps a time per "
+                             "record: no timestamp column here")
 
     def _partitions(self, start, end, where):
         ranges = split_ranges(ranges_between(start, end), self.opts.max_records_per_partition,
@@ -85,7 +87,13 @@ class _RangeReading:
         node, log = split_key(partition.log) if opts.fleet else (None, partition.log)
         batches = read_range(partition.location, log, partition.start, partition.end,
                              fail_on_data_loss=opts.fail_on_data_loss, timeout=opts.timeout,
-                             max_bytes=opts.arrow_batch_bytes, tls=opts.tls)
+                             max_bytes=opts.arrow_batch_bytes, tls=opts.tls,
+                             with_time=converter.with_time)
+        if converter.with_time:
+            for batch, times in coalesce_timed(batches, opts.arrow_batch_records,
+                                               opts.arrow_batch_bytes):
+                yield converter.convert(log, batch, node, times)
+            return
         for batch in coalesce(batches, opts.arrow_batch_records, opts.arrow_batch_bytes):
             yield converter.convert(log, batch, node)
 
