@@ -205,9 +205,12 @@ class Convention:
             return argparse.SUPPRESS if suppress else value
         hidden = argparse.SUPPRESS
         g = parser.add_argument_group("connection (common to every streamproto command)")
-        g.add_argument("-s", "--server", metavar="ADDRESS", default=default(None),
+        g.add_argument("-s", "--server", metavar="ADDRESS", action="append",
+                       default=default(None),
                        help=f"[SCHEME://]HOST[:PORT] of the server (default "
-                            f"{self.default_server}); https:// or tls:// turns TLS on")
+                            f"{self.default_server}); https:// or tls:// turns TLS on; "
+                            "several (repeated, or comma-separated): front-ends of one "
+                            "store, tried in turn")
         g.add_argument("-H", "--host", dest="old_host", default=default(None), help=hidden)
         g.add_argument("-p", "--port", dest="old_port", type=int, default=default(None),
                        help=hidden)
@@ -274,6 +277,8 @@ class Convention:
             args.timeout = self.timeout
         given = []
         if getattr(args, "server", None) is not None:
+            if isinstance(args.server, list):
+                args.server = ",".join(args.server)
             given.append(("-s/--server", args.server))
         for option, attr in [("-H/--host", "old_host"), ("--connect", "old_connect")] + [
                 (a, "old_alias_" + a.strip("-").replace("-", "_")) for a in self.aliases]:
@@ -286,6 +291,8 @@ class Convention:
                 f"{o} {v}" for o, v in given))
         _, default_host, default_port, default_path = parse_address(self.default_server)
         text = given[0][1] if given else self.default_server
+        texts = [t.strip() for t in text.split(",") if t.strip()] or [text]
+        text, others = texts[0], texts[1:]
         scheme, host, port, path = None, default_host, None, default_path
         if given:
             try:
@@ -316,6 +323,19 @@ class Convention:
                         tls, scheme, path)
         args.server = server
         args.tls_options = self.tls_options(args, server) if tls else None
+        # more front-ends of the same store: same TLS setting, each its own name
+        args.servers = [server]
+        for other in others:
+            try:
+                o_scheme, o_host, o_port, o_path = parse_address(other)
+            except ValueError as e:
+                raise ValueError(f"bad server address {other!r}: {e}") from None
+            if (o_scheme in TLS_SCHEMES) != tls and o_scheme is not None:
+                raise ValueError(f"{other}: every server is reached the same way "
+                                 "(all TLS or none)")
+            args.servers.append(Server(o_host or default_host,
+                                       o_port if o_port is not None else default_port,
+                                       tls, o_scheme or scheme, o_path or path))
 
     @staticmethod
     def tls_options(args, server):
@@ -343,8 +363,22 @@ class Convention:
         """
         from streamproto.core.tls import client_endpoint
         timeout = getattr(args, "timeout", None) or 30
-        return client_endpoint(reactor, args.server.host, args.server.port, args.tls_options,
-                               timeout=timeout)
+        servers = getattr(args, "servers", None) or [args.server]
+        endpoints = []
+        if len(servers) > 1:
+            # a dead front-end must not hold the client for the whole -t
+            timeout = min(timeout, 5)
+        for server in servers:
+            tls = None
+            if server.tls:
+                tls = args.tls_options if server is args.server else \
+                    self.tls_options(args, server)
+            endpoints.append(client_endpoint(reactor, server.host, server.port, tls,
+                                             timeout=timeout))
+        if len(endpoints) == 1:
+            return endpoints[0]
+        from streamproto.core.failover import FailoverEndpoint
+        return FailoverEndpoint(endpoints, [s.address for s in servers])
 
     # -- running -----------------------------------------------------------
     def run(self, main, stderr=None):

@@ -1,0 +1,208 @@
+"""
+Clients moving between front-ends of one store: L{FailoverEndpoint}, the
+command line's several C{-s}, and the Lumberjack and Pravega clients when
+the front-end they use dies mid-stream (two servers in this process on one
+shared store: what two front-ends on one JetStream cluster are).
+"""
+
+import json
+import time
+
+from twisted.internet import defer, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+from twisted.trial import unittest
+
+from streamproto.core.failover import AllAddressesFailed, FailoverEndpoint
+from streamproto.log import MemoryLogStore
+from test.netutil import free_port
+from test.test_reliable_e2e import TrackingFactory
+
+
+def sleep(seconds):
+    return deferLater(reactor, seconds, lambda: None)
+
+
+class _Fake:
+    def __init__(self, name, works):
+        self.name, self.works, self.calls = name, works, 0
+
+    def connect(self, factory):
+        self.calls += 1
+        if self.works:
+            return defer.succeed(self.name)
+        return defer.fail(ConnectionRefusedError(f"{self.name} refused"))
+
+
+class FailoverEndpointTests(unittest.SynchronousTestCase):
+
+    def test_moves_on_and_remembers(self):
+        a, b, c = _Fake("a", False), _Fake("b", True), _Fake("c", True)
+        endpoint = FailoverEndpoint([a, b, c], ["a", "b", "c"])
+        self.assertEqual(self.successResultOf(endpoint.connect(None)), "b")
+        # the one that worked is tried first next time
+        self.assertEqual(self.successResultOf(endpoint.connect(None)), "b")
+        self.assertEqual((a.calls, b.calls, c.calls), (1, 2, 0))
+        b.works = False
+        self.assertEqual(self.successResultOf(endpoint.connect(None)), "c")
+
+    def test_every_address_failed(self):
+        endpoint = FailoverEndpoint([_Fake("a", False), _Fake("b", False)], ["a", "b"])
+        failure = self.failureResultOf(endpoint.connect(None), AllAddressesFailed)
+        self.assertIn("a: ", str(failure.value))
+        self.assertIn("b refused", str(failure.value))
+
+    def test_command_line_takes_several_servers(self):
+        from streamproto.lumberjack import cli
+        args = cli.parse_args(["send", "-s", "h1:1,h2:2", "-s", "h3", "-"])
+        self.assertEqual([s.address for s in args.servers], ["h1:1", "h2:2", "h3:5044"])
+        self.assertIsInstance(cli.CONVENTION.endpoint(reactor, args), FailoverEndpoint)
+        args = cli.parse_args(["send", "-s", "h1:1", "-"])
+        self.assertNotIsInstance(cli.CONVENTION.endpoint(reactor, args), FailoverEndpoint)
+
+
+class FrontEnds:
+    """Two servers of one protocol on one store; C{kill(i)} ends front-end i."""
+
+    def __init__(self, testcase, make_factory, count=2):
+        self.testcase = testcase
+        self.make_factory = make_factory
+        self.count = count
+        self.ports = [free_port() for _ in range(count)]
+        self.listening = [None] * count
+        self.trackers = [None] * count
+
+    @defer.inlineCallbacks
+    def start(self):
+        for i in range(self.count):
+            tracker = TrackingFactory(self.make_factory())
+            port = yield TCP4ServerEndpoint(reactor, self.ports[i],
+                                            interface="127.0.0.1").listen(tracker)
+            self.listening[i], self.trackers[i] = port, tracker
+            self.testcase.addCleanup(self.kill, i)
+
+    @defer.inlineCallbacks
+    def kill(self, i):
+        """As a kill -9 of front-end i: no more listening, every connection cut."""
+        port, self.listening[i] = self.listening[i], None
+        if port is not None:
+            yield port.stopListening()
+            yield self.trackers[i].close_all()
+
+    def endpoint(self):
+        return FailoverEndpoint([TCP4ClientEndpoint(reactor, "127.0.0.1", p, timeout=5)
+                                 for p in self.ports], [f"127.0.0.1:{p}" for p in self.ports])
+
+
+class ClientFailoverTests(unittest.TestCase):
+    timeout = 120
+
+    def setUp(self):
+        self.store = MemoryLogStore(reactor)
+
+    @defer.inlineCallbacks
+    def ingest_across_a_kill(self, fronts, send_one, what, n=400):
+        acked = []
+        results = []
+        killed_at = None
+        ack_times = []
+        for i in range(n):
+            d = send_one(i)
+            d.addCallback(lambda _, i=i: (acked.append(i), ack_times.append(time.monotonic())))
+            d.addErrback(results.append)
+            results.append(d)
+            if i == n // 3:
+                yield d
+                killed_at = time.monotonic()
+                yield fronts.kill(0)
+        yield defer.DeferredList([r for r in results if isinstance(r, defer.Deferred)])
+        errors = [r for r in results if isinstance(r, Failure)]
+        after = [t for t in ack_times if t >= killed_at]
+        switch = (after[0] - killed_at) if after else float("inf")
+        print(f"\n{what}: front-end killed after {n // 3 + 1} items; first ack on the other "
+              f"{switch:.2f} s later; {len(acked)} acknowledged, {len(errors)} failed")
+        self.assertEqual(errors, [])
+        self.assertEqual(sorted(acked), list(range(n)))
+        return acked
+
+    @defer.inlineCallbacks
+    def test_lumberjack(self):
+        """
+        Lumberjack resends a batch not acknowledged on the dead front-end to
+        the next one: every event stored (at least once: Lumberjack has no
+        de-duplication, so a batch whose ack was lost may be stored twice).
+        """
+        from streamproto.lumberjack.client import LumberjackClient
+        from streamproto.lumberjack.server import LumberjackServerFactory
+        from streamproto.lumberjack.sink import LogStoreSink
+        yield self.store.create("lumberjack")
+        fronts = FrontEnds(self, lambda: LumberjackServerFactory(LogStoreSink(self.store)))
+        yield fronts.start()
+        client = LumberjackClient(fronts.endpoint(), clock=reactor)
+        self.addCleanup(client.close)
+        yield self.ingest_across_a_kill(fronts, lambda i: client.send([{"n": i}]),
+                                        "lumberjack")
+        log_ = yield self.store.get("lumberjack")
+        batch = yield log_.read(0, max_bytes=1 << 30)
+        stored = [json.loads(r)["event"]["n"] for r in batch.records()]
+        self.assertEqual(set(stored), set(range(400)))
+        print(f"lumberjack: {len(stored) - 400} events stored twice")
+
+    @defer.inlineCallbacks
+    def test_pravega_exactly_once(self):
+        """
+        The Pravega writer sets up again on the next front-end, which tells
+        it the last event number the store has: every acknowledged event is
+        stored exactly once.
+        """
+        from streamproto.pravega.client import SegmentReader, SegmentWriter, connect
+        from streamproto.pravega.server import PravegaServerFactory
+        fronts = FrontEnds(self, lambda: PravegaServerFactory(self.store))
+        yield fronts.start()
+        segment = "fail/over/0.#epoch.0"
+        proto = yield connect(fronts.endpoint())
+        yield proto.create_segment(segment)
+        proto.transport.loseConnection()
+        writer = SegmentWriter(fronts.endpoint(), segment, max_retries=20, retry_delay=0.05)
+        self.addCleanup(lambda: writer.close().addErrback(lambda _: None))
+        yield self.ingest_across_a_kill(fronts, lambda i: writer.write(b"event %d" % i),
+                                        "pravega")
+        yield writer.close()
+        endpoint = fronts.endpoint()
+        reader = SegmentReader(endpoint, segment)
+        events = []
+        while len(events) < 400:
+            got = yield reader.read()
+            if not got:
+                break
+            events.extend(got)
+        yield reader.close()
+        self.assertEqual(events, [b"event %d" % i for i in range(400)])
+
+
+class ReliableFailoverTests(unittest.TestCase):
+    """The reliable client resumes its session on the next front-end (shared sessions)."""
+
+    timeout = 120
+
+    @defer.inlineCallbacks
+    def test_session_resumes_on_the_next_front_end(self):
+        from streamproto.reliable.client import StatefulClient
+        from streamproto.reliable.server import ReliableStreamFactory
+        from streamproto.reliable.session import MemorySessionStore
+        from test.test_reliable_e2e import check_stream
+        sessions = MemorySessionStore()
+        self.addCleanup(sessions.close)
+        fronts = FrontEnds(self, lambda: ReliableStreamFactory(sessions, rate=2000))
+        yield fronts.start()
+        d = StatefulClient(fronts.endpoint(), 2000, ack_every=16).run()
+        while True:
+            yield sleep(0.02)
+            known = list(sessions._table.sessions.values())
+            if known and known[0].last_id >= 300:
+                break
+        yield fronts.kill(0)
+        result = yield d
+        check_stream(self, result, 2000)
+        self.assertGreaterEqual(result.reconnects, 1)
