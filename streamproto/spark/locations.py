@@ -56,18 +56,21 @@ class LocalLogs:
         """
         @return: C{{log: (start_position, end_position)}} and C{{log: Location}}.
         """
-        # every log: the users' logs, not the servers' internal state
-        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
-            else logs
-        bounds = {}
-        for name in names:
-            try:
-                bounds[name] = self._reader.bounds(name)
-            except LogNotFound:
-                if not missing_ok:
-                    raise
-        where = Location("path", self.path)
-        return bounds, {name: where for name in bounds}
+        return _reader_bounds(self._reader, Location("path", self.path), logs, missing_ok)
+
+
+def _reader_bounds(reader, where, logs, missing_ok):
+    """The bounds of C{logs} (every user's log when None) of a synchronous reader."""
+    # every log: the users' logs, not the servers' internal state
+    names = [n for n in reader.names() if not is_internal(n)] if logs is None else logs
+    bounds = {}
+    for name in names:
+        try:
+            bounds[name] = reader.bounds(name)
+        except LogNotFound:
+            if not missing_ok:
+                raise
+    return bounds, {name: where for name in bounds}
 
 
 class RemoteLogs:
@@ -140,17 +143,7 @@ class JetStreamLogs:
         self._reader = _jetstream_reader(store, timeout, tls)
 
     def bounds(self, logs=None, missing_ok=False):
-        names = [n for n in self._reader.names() if not is_internal(n)] if logs is None \
-            else logs
-        bounds = {}
-        for name in names:
-            try:
-                bounds[name] = self._reader.bounds(name)
-            except LogNotFound:
-                if not missing_ok:
-                    raise
-        where = Location("nats", self.store)
-        return bounds, {name: where for name in bounds}
+        return _reader_bounds(self._reader, Location("nats", self.store), logs, missing_ok)
 
 
 def _jetstream_reader(store, timeout, tls):
