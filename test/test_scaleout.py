@@ -244,3 +244,66 @@ class FrontEndTests(unittest.SynchronousTestCase):
                 if time.monotonic() > deadline:
                     self.fail(f"nothing listens on {port}")
                 time.sleep(0.1)
+
+
+class TLSStoreTests(unittest.SynchronousTestCase):
+    """C{--store tls://...}: the servers verified, a client certificate shown."""
+
+    def setUp(self):
+        from test.natsutil import NatsCluster
+        from test.tlsutil import certs
+        self.c = certs()
+        self.cluster = NatsCluster(1, tls=(self.c.server_cert, self.c.server_key, self.c.ca))
+        self.cluster.start()
+        self.addCleanup(self.cluster.stop)
+        self.env = dict(os.environ, PYTHONPATH=ROOT)
+
+    def run_styx(self, *store_args):
+        port, metrics = free_port(), free_port()
+        directory = self.mktemp()
+        os.makedirs(directory)
+        out = open(os.path.join(directory, "out.log"), "wb")
+        self.addCleanup(out.close)
+        process = subprocess.Popen(
+            TWISTD + ["-n", "--pidfile=", "styx-server", *store_args,
+                      "--port", f"tcp:{port}:interface=127.0.0.1",
+                      "--metrics", f"tcp:{metrics}:interface=127.0.0.1"],
+            cwd=directory, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+        def stop():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+        self.addCleanup(stop)
+        process.log_path = os.path.join(directory, "out.log")
+        return process, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/ready"
+
+    def test_tls_store(self):
+        url = f"tls://localhost:{self.cluster.ports[0]}"
+        process, styx, ready = self.run_styx(
+            "--store", url, "--store-ca", self.c.ca, "--store-cert", self.c.client_cert,
+            "--store-key", self.c.client_key)
+        deadline = time.monotonic() + 60
+        while True:
+            self.assertIsNone(process.poll(), open(process.log_path).read())
+            try:
+                if get(ready, timeout=2)[0] == 200:
+                    break
+            except (OSError, urllib.error.HTTPError):
+                pass
+            self.assertLess(time.monotonic(), deadline, open(process.log_path).read())
+            time.sleep(0.1)
+        self.assertEqual(get(f"{styx}/logs", data=b"name=secure")[0], 200)
+        self.assertEqual(get(f"{styx}/logs/secure/records", data=b"over TLS")[0], 200)
+        self.assertEqual(get(f"{styx}/logs/secure/records?position=0")[1].rstrip(),
+                         b"over TLS")
+
+    def test_wrong_ca_is_a_clean_start_failure(self):
+        url = f"tls://localhost:{self.cluster.ports[0]}"
+        process, _, _ = self.run_styx("--store", url, "--store-ca", self.c.other_ca,
+                                      "--store-cert", self.c.client_cert,
+                                      "--store-key", self.c.client_key)
+        self.assertEqual(process.wait(60), 1)
+        text = open(process.log_path).read()
+        self.assertIn("cannot be reached", text)
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", text.upper().replace(" ", "_"))

@@ -74,6 +74,8 @@ class PublishOutcome(NamedTuple):
 
 #: attempts per server of the first connection (0.25 s apart)
 INITIAL_ATTEMPTS = 20
+#: seconds the first connection may take in all
+CONNECT_DEADLINE = 15.0
 
 
 class NatsIO:
@@ -140,7 +142,13 @@ class NatsIO:
         if self.tls is not None:
             options["tls"] = self.tls
         try:
-            self.nc = await nats.connect(**options)
+            # bounded as a whole too: a TLS handshake the servers refuse can
+            # keep the client trying for ever
+            self.nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
+        except asyncio.TimeoutError:
+            detail = self.last_error or f"no connection within {CONNECT_DEADLINE:g} s"
+            self.last_error = f"cannot connect to {', '.join(self.servers)}: {detail}"
+            raise NotAvailable(self.last_error)
         except Exception as e:
             # the last attempt's own error says more than "no servers available"
             detail = self.last_error or _describe(e)
