@@ -151,6 +151,32 @@ class NatsCluster:
         for i in range(self.size):
             if self.processes[i] is not None:
                 self.wait_node(i, timeout)
+        if self.size > 1:
+            self.wait_meta_leader(timeout)
+
+    def wait_meta_leader(self, timeout=30.0):
+        """
+        Wait until the JetStream meta group has a leader: healthy nodes
+        answer /healthz before that, and until then every stream creation
+        waits (a loaded machine can take longer than a client's timeout).
+        """
+        import json
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in range(self.size):
+                if self.processes[i] is None:
+                    continue
+                try:
+                    url = f"http://127.0.0.1:{self.http_ports[i]}/jsz"
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        meta = json.loads(response.read()).get("meta_cluster") or {}
+                    if meta.get("leader"):
+                        return
+                except (OSError, ValueError):
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no JetStream meta leader in {timeout}s")
+            time.sleep(0.1)
 
     def kill(self, i):
         """SIGKILL node C{i} (its store stays, as after a crash)."""

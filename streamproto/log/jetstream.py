@@ -1324,6 +1324,23 @@ class JetStreamLogStore:
             return fail(LogClosed("store closed"))
         return self.start().addCallback(lambda _: f(*args))
 
+    @defer.inlineCallbacks
+    def _patiently(self, f, *args):
+        """
+        C{f(*args)}, asked again while the cluster does not answer (a meta
+        leader being elected, a loaded machine), for up to C{timeout}
+        seconds: for the calls that may be repeated (opening a log).
+        """
+        deadline = self.clock.seconds() + self.timeout
+        while True:
+            try:
+                result = yield f(*args)
+                return result
+            except NotAvailable:
+                if self.closed or self.clock.seconds() + 0.5 > deadline:
+                    raise
+                yield _sleep(self.clock, 0.5)
+
     # -- ILogStore -------------------------------------------------------
     def names(self):
         return sorted(self._names)
@@ -1342,7 +1359,7 @@ class JetStreamLogStore:
             self._check_name(name)
         except Exception as e:
             return fail(e)
-        return self._when_ready(self._get, name)
+        return self._when_ready(self._patiently, self._get, name)
 
     @_store_errors
     def get_or_create(self, name, config=None):
@@ -1350,7 +1367,8 @@ class JetStreamLogStore:
             self._check_name(name)
         except Exception as e:
             return fail(e)
-        return self._when_ready(self._get_or_create, name, config or LogConfig())
+        return self._when_ready(self._patiently, self._get_or_create, name,
+                                config or LogConfig())
 
     def _check_name(self, name):
         validate_name(name)
@@ -1401,7 +1419,12 @@ class JetStreamLogStore:
     def _get(self, name):
         existing = self._logs.get(name)
         if existing is not None:
-            yield existing._refresh()
+            try:
+                yield existing._refresh()
+            except (NotAvailable, JetStreamError):
+                # the cluster does not answer: the log as this front-end
+                # knows it still reads; its appends fail on their own terms
+                pass
             return existing
         opening = self._opening.get(name)
         if opening is not None:
