@@ -230,7 +230,6 @@ class JetStreamLog:
         self._skip_msg_id_check = False
         self._pumping = False
         self._pending = set()          # appends not settled yet
-        self._quiet_waiters = []       # sync(): no append, resync or ghost left
         self._deadline_call = None
         self._unavailable_since = None
         self._watch = None
@@ -419,7 +418,6 @@ class JetStreamLog:
             message.outcome = "stored"
             message.info.seq = info.seq
             self._complete(message)
-        self._maybe_quiet()
 
     # -- appending -------------------------------------------------------
     def append(self, records, attributes=None, expected_position=None):
@@ -474,7 +472,6 @@ class JetStreamLog:
 
     def _settled(self, result, a):
         self._pending.discard(a)
-        self._maybe_quiet()
         return result
 
     def _pump(self):
@@ -626,10 +623,8 @@ class JetStreamLog:
         if not self._inflight and not self._resyncing:
             self._tail = None
         self._skip_msg_id_check = False
-        self._bury_ghosts()
         self._maybe_resync()
         self._pump()
-        self._maybe_quiet()
 
     def _complete(self, message):
         """Fire what C{message} finishes, and keep its body for readers."""
@@ -728,25 +723,9 @@ class JetStreamLog:
         self._inflight.clear()
         self._inflight_bytes = 0
         self._queue.extendleft(reversed(again))
-        self._bury_ghosts()
-        if self._ghosts and not again:
-            # a message whose outcome is unknown can still be stored right
-            # after the tail read (it expects exactly that sequence): move
-            # the tail with a marker, so that it never can.  Until then the
-            # log's attributes may miss it (Pravega's writer event numbers):
-            # sync() waits for this.
-            barrier = _Append(lengths_array(), b"", None,
-                              self._clock.seconds() + self.store.timeout, kind=MARKER,
-                              start=(self.start_position, self.start_offset))
-            barrier.chunks.append(_Chunk(barrier, 0, lengths_array(), b"", True))
-            self._queue.appendleft(barrier.chunks[0])
-            self._pending.add(barrier)
-            barrier.deferred.addBoth(self._settled, barrier)
-            barrier.deferred.addErrback(lambda f: None)
         self._tail = None
         self._resyncing = False
         self._pump()
-        self._maybe_quiet()
 
     @defer.inlineCallbacks
     def _catch_up(self, resolving=False):
@@ -1142,40 +1121,17 @@ class JetStreamLog:
             "end_offset": self.end_offset,
         }
 
-    def _quiet(self):
-        return not (self._pending or self._resyncing or self._ghosts or self._inflight)
-
-    def _maybe_quiet(self):
-        if self._quiet_waiters and (self._quiet() or self._closed):
-            waiters, self._quiet_waiters = self._quiet_waiters, []
-            for d in waiters:
-                d.callback(None)
-
-    def _bury_ghosts(self):
-        """
-        Forget the messages of unknown outcome that can no longer be
-        stored: each expects the sequence right after its predecessor, and
-        the stream has gone past it (had it been stored there, it would
-        have been learnt and resolved).
-        """
-        for msg_id, m in list(self._ghosts.items()):
-            if m.info.seq <= self._end_seq:
-                del self._ghosts[msg_id]
-
     def sync(self):
-        """
-        Fires once every append made so far is settled and nothing sent
-        has an unknown outcome any more (the attributes are then final).
-        """
-        if self._quiet():
+        pending = [a.deferred for a in self._pending]
+        if not pending:
             return succeed(self.end_position)
-        w = defer.Deferred()
-        self._quiet_waiters.append(w)
-        waits = [w]
+        waits = []
+        for d in pending:
+            w = defer.Deferred()
+            d.addBoth(lambda r, w=w: (w.callback(None), r)[1])
+            waits.append(w)
 
         def done(_):
-            if self._closed:
-                raise LogClosed(self.name)
             if self.failed is not None:
                 raise LogFailed(str(self.failed))
             if self.unavailable is not None:
@@ -1193,7 +1149,6 @@ class JetStreamLog:
                 a.failed = True
                 a.deferred.errback(LogClosed(str(reason)))
         self._queue.clear()
-        self._maybe_quiet()
         self._waiters.fail_all(LogClosed(self.name))
         self._offset_waiters.fail_all(LogClosed(self.name))
         if self._deadline_call is not None and self._deadline_call.active():
@@ -1229,11 +1184,6 @@ def _offsets(entry):
 
 def _spawn(bridge, coroutine_function):
     bridge.loop.create_task(coroutine_function())
-
-
-async def _pause(seconds):
-    import asyncio
-    await asyncio.sleep(seconds)
 
 
 def _sleep(clock, seconds):
@@ -1381,16 +1331,15 @@ class JetStreamLogStore:
         leader being elected, a loaded machine), for up to C{timeout}
         seconds: for the calls that may be repeated (opening a log).
         """
-        # real time, paced on the loop thread: the clock may be a test's
-        deadline = time.monotonic() + self.timeout
+        deadline = self.clock.seconds() + self.timeout
         while True:
             try:
                 result = yield f(*args)
                 return result
             except NotAvailable:
-                if self.closed or time.monotonic() + 0.5 > deadline:
+                if self.closed or self.clock.seconds() + 0.5 > deadline:
                     raise
-                yield self._call(_pause, 0.5)
+                yield _sleep(self.clock, 0.5)
 
     # -- ILogStore -------------------------------------------------------
     def names(self):

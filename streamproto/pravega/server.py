@@ -470,10 +470,6 @@ class PravegaServerProtocol(Protocol):
             # earlier connections of this writer may still have appends in
             # flight: once they settle the stored event number is final
             yield seg.settle()
-            # and nothing sent has an unknown outcome (a replicated store's
-            # timeout): the stored event number must be final, or the writer
-            # would send again what may still land
-            yield seg.log_.sync()
             failure = storage_failure(seg)
         except Exception:
             self.assembler.forget(cmd.writer_id)
