@@ -7,7 +7,6 @@ reload while clients run.
 
 import json
 import os
-import tempfile
 
 import treq
 from autobahn.twisted.websocket import WebSocketClientFactory
@@ -16,13 +15,14 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString, wra
 from twisted.trial import unittest
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from streamproto.core import metrics
 from streamproto.core.auth import PolicyHolder, hash_token
 from streamproto.log import LogConfig, MemoryLogStore
 from streamproto.styx.api_client import StyxAPIError, StyxClient, _FixedTLSPolicy
 from streamproto.styx.codec import ErrorCode
 from streamproto.styx.resource import make_site
 from streamproto.styx.stream_client import StyxConsumer, StyxProducer, StyxStreamError
+from test import authutil
+from test.authutil import denied_count
 from test.test_styx_websocket import Client as WebSocketClient
 from test.tlsutil import certs
 
@@ -49,16 +49,8 @@ ops = ["write"]
 
 
 def write_policy(case, text=POLICY):
-    fd, path = tempfile.mkstemp(suffix=".toml")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    case.addCleanup(os.unlink, path)
-    return path
-
-
-def denied_count(server, op):
-    return metrics.REGISTRY.get_sample_value(
-        "streamproto_auth_denied_total", {"server": server, "op": op}) or 0
+    """This module's policy (with the ingest token) by default."""
+    return authutil.write_policy(case, text)
 
 
 class StyxAuthTests(unittest.TestCase):
