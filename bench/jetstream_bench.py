@@ -34,7 +34,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.styx_bench import spawn  # noqa: E402
+from bench.styx_bench import spawn, styx_runs  # noqa: E402
 
 DEFAULT_RUNS = "100x300000,1000x100000"
 
@@ -65,42 +65,6 @@ reactor.run()
 """
 
 
-def runs_through(produce_port, consume_port, runs):
-    """Produce on one front-end, consume on another; return the timings."""
-    from twisted.internet import defer, reactor
-
-    from streamproto.styx import benchmark
-    from streamproto.styx.api_client import StyxClient
-
-    results = {}
-
-    async def go(reactor):
-        produce_url = f"http://127.0.0.1:{produce_port}"
-        consume_url = f"http://127.0.0.1:{consume_port}"
-        client = StyxClient(produce_url, reactor)
-        try:
-            for size, count in runs:
-                await benchmark._fresh_log(client, "bench")
-                produce = await benchmark.produce(reactor, produce_url, "bench", size, count)
-                records, nbytes, consume = await benchmark.consume(reactor, consume_url,
-                                                                   "bench", count)
-                if records != count:
-                    raise RuntimeError(f"consumed {records} records of {count}")
-                results[size, count] = (produce, consume)
-                await client.delete_log("bench")
-        finally:
-            await client.close()
-
-    outcome = []
-    d = defer.ensureDeferred(go(reactor))
-    d.addBoth(outcome.append)
-    d.addBoth(lambda _: reactor.stop())
-    reactor.run()
-    if outcome and hasattr(outcome[0], "raiseException"):
-        outcome[0].raiseException()
-    return results
-
-
 def start_server(directory, urls, replicas, prefix):
     server, port = spawn(SERVER.format(root=ROOT, data=os.path.join(directory, "store"),
                                        urls=urls, replicas=replicas, prefix=prefix))
@@ -120,7 +84,7 @@ def measure(directory, runs, urls=None, replicas=1, prefix="bench"):
         if child == 0:
             status = 1
             try:
-                results = runs_through(servers[0][1], servers[-1][1], runs)
+                results = styx_runs(servers[0][1], runs, consume_port=servers[-1][1])
                 with open(os.path.join(directory, "results"), "w") as f:
                     f.write(repr(results))
                 status = 0

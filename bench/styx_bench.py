@@ -121,8 +121,11 @@ def file_write(directory, size, count):
     return elapsed
 
 
-def styx_runs(port, runs, mixed=False):
-    """Produce then consume each run in this process; return the timings."""
+def styx_runs(port, runs, mixed=False, consume_port=None):
+    """
+    Produce then consume each run in this process (consume through
+    C{consume_port}, another front-end, when given); return the timings.
+    """
     from twisted.internet import defer, reactor
 
     from streamproto.styx import benchmark
@@ -132,13 +135,17 @@ def styx_runs(port, runs, mixed=False):
 
     async def go(reactor):
         url = f"http://127.0.0.1:{port}"
+        consume_url = f"http://127.0.0.1:{consume_port or port}"
         client = StyxClient(url, reactor)
         try:
             for size, count in runs:
                 await benchmark._fresh_log(client, "bench")
                 produce = await benchmark.produce(reactor, url, "bench", size, count,
                                                   mixed=mixed)
-                records, nbytes, consume = await benchmark.consume(reactor, url, "bench", count)
+                records, nbytes, consume = await benchmark.consume(reactor, consume_url,
+                                                                   "bench", count)
+                if records != count:
+                    raise RuntimeError(f"consumed {records} records of {count}")
                 results[size, count] = (produce, consume)
                 await client.delete_log("bench")
         finally:
