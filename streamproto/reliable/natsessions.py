@@ -38,7 +38,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.reliable.errors import StoreFailed, UnknownSession
-from streamproto.reliable.session import DEFAULT_EXPIRY, ISessionStore, Message, _SessionTable
+from streamproto.reliable.session import (
+    DEFAULT_EXPIRY, ISessionStore, Message, _Session, _SessionTable, log_expiry,
+)
 
 _KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,200}$")
 #: attempts of one change against other front-ends' changes
@@ -215,7 +217,6 @@ class JetStreamSessionStore:
                         d.errback(value)
         finally:
             self._busy.discard(uuid)
-            self._queues.pop(uuid, None) if not self._queues.get(uuid) else None
 
     @defer.inlineCallbacks
     def _apply(self, uuid, ops):
@@ -299,7 +300,6 @@ class JetStreamSessionStore:
         now = self.clock.seconds()
 
         def register(image):
-            from streamproto.reliable.session import _Session
             return None, _Session(state, since=now)
         return self._submit(uuid, _op(register, writes=True))
 
@@ -382,13 +382,7 @@ class JetStreamSessionStore:
                                     "sweep will", uuid=uuid, error=f.getErrorMessage()))
 
     def _log_expiry(self, uuid, session):
-        now = self.clock.seconds()
-        since = session.since if session.since is not None else now
-        left = session.left if session.left is not None else now
-        self.log.info("session {uuid} expired: {age:.1f} s old, {away:.1f} s without a "
-                      "connection, {messages} sent, {acked} acknowledged", uuid=uuid,
-                      age=now - since, away=now - left, messages=session.last_id,
-                      acked=session.acked)
+        log_expiry(self.log, self.clock.seconds(), uuid, session)
 
     def _forget(self, uuid):
         self._known.pop(uuid, None)
@@ -460,7 +454,6 @@ def _encode(session):
 
 
 def _decode(value):
-    from streamproto.reliable.session import _Session
     doc = json.loads(value)
     session = _Session(doc["state"], doc["last_id"], doc["acked"],
                        [Message(i, data) for i, data in doc["messages"]], doc.get("since"))

@@ -127,6 +127,17 @@ class _Session:
         self.left = None
 
 
+def log_expiry(logger, now, uuid, session):
+    """The line every store logs when a session expires: its age, time away, counts."""
+    since = session.since if session.since is not None else now
+    left = session.left if session.left is not None else now
+    logger.info(
+        "session {uuid} expired: {age:.1f} s old, {away:.1f} s without a connection, "
+        "{messages} sent, {acked} acknowledged",
+        uuid=uuid, age=now - since, away=now - left, messages=session.last_id,
+        acked=session.acked)
+
+
 class _SessionTable:
     """
     The Session API's semantics on in-memory sessions, synchronous.  The
@@ -170,14 +181,7 @@ class _SessionTable:
     def _expire(self, uuid, session):
         if self.sessions.get(uuid) is session:
             del self.sessions[uuid]
-            now = self.clock.seconds()
-            since = session.since if session.since is not None else now
-            left = session.left if session.left is not None else now
-            self.log.info(
-                "session {uuid} expired: {age:.1f} s old, {away:.1f} s without a connection, "
-                "{messages} sent, {acked} acknowledged",
-                uuid=uuid, age=now - since, away=now - left, messages=session.last_id,
-                acked=session.acked)
+            log_expiry(self.log, self.clock.seconds(), uuid, session)
             if self._on_expire is not None:
                 self._on_expire(uuid)
 
