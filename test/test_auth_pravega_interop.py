@@ -15,9 +15,10 @@ import sys
 import tempfile
 import uuid
 
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.core.auth import hash_token
+from test.ciutil import missing
 from test.test_pravega_interop import ROOT, ServerProcess, pravega_client
 
 POLICY = """
@@ -81,7 +82,8 @@ except BaseException as e:      # the binding panics (PanicException) on some re
 class AuthInteropTests(SynchronousTestCase):
     def setUp(self):
         if pravega_client is None:
-            raise SkipTest("the pravega package (Pravega's Python client) is not installed")
+            missing("the pravega package (Pravega's Python client, the test extra) is not "
+                    "installed")
         self.data = tempfile.mkdtemp(prefix="pravega-auth-")
         self.addCleanup(shutil.rmtree, self.data, True)
         policy = os.path.join(self.data, "policy.toml")

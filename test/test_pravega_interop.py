@@ -36,7 +36,9 @@ import tempfile
 import time
 import uuid
 
-from twisted.trial.unittest import SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
+
+from test.ciutil import missing
 
 try:
     import pravega_client  # noqa: F401
@@ -404,7 +406,8 @@ class InteropBase(SynchronousTestCase):
 
     def setUp(self):
         if pravega_client is None:
-            raise SkipTest("the pravega package (Pravega's Python client) is not installed")
+            missing("the pravega package (Pravega's Python client, the test extra) is not "
+                    "installed")
         self.data = tempfile.mkdtemp(prefix="pravega-interop-")
         self.addCleanup(shutil.rmtree, self.data, True)
         self.server = ServerProcess(self.data, self.tls, self.server_args)
