@@ -8,6 +8,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 static inline void put_be32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
@@ -112,6 +115,102 @@ done:
 }
 
 /*
+ * send_frames(fd, lengths, data, prefix, index, skip)
+ *   -> (index, skip, sent)
+ * Sends records index.. of (lengths, data) as [prefix][u32 BE size][payload]
+ * frames with one sendmsg on the non-blocking socket fd, the payloads
+ * straight from data (no framed copy): up to SEND_FRAMES_MAX records a call.
+ * skip: bytes of record index's frame already sent by an earlier call.
+ * Returns where the next call starts and the bytes sent (0 when the socket
+ * would block).  The GIL is released around sendmsg.
+ */
+#define SEND_FRAMES_MAX 512
+static PyObject *send_frames(PyObject *self, PyObject *args) {
+    int fd;
+    Py_buffer lengths, data, prefix;
+    Py_ssize_t index, skip;
+    if (!PyArg_ParseTuple(args, "iy*y*y*nn", &fd, &lengths, &data, &prefix, &index, &skip))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = lengths.len / 4;
+    const uint32_t *lens = (const uint32_t *)lengths.buf;
+    Py_ssize_t hdr = prefix.len + 4;
+    if (lengths.len % 4 || index < 0 || index > n || skip < 0 || hdr > 16) {
+        PyErr_SetString(PyExc_ValueError, "bad arguments");
+        goto done;
+    }
+    /* the data offset of record index */
+    Py_ssize_t off = 0;
+    for (Py_ssize_t i = 0; i < index; i++) off += lens[i];
+    unsigned char headers[SEND_FRAMES_MAX][16];
+    struct iovec iov[2 * SEND_FRAMES_MAX];
+    int niov = 0;
+    Py_ssize_t planned = 0, s = skip, o = off;
+    const unsigned char *d = (const unsigned char *)data.buf;
+    for (Py_ssize_t i = index; i < n && i - index < SEND_FRAMES_MAX; i++) {
+        unsigned char *h = headers[i - index];
+        if (o + (Py_ssize_t)lens[i] > data.len) {
+            PyErr_SetString(PyExc_ValueError, "lengths exceed the data");
+            goto done;
+        }
+        if (prefix.len) memcpy(h, prefix.buf, prefix.len);
+        put_be32(h + prefix.len, lens[i]);
+        if (s < hdr) {
+            iov[niov].iov_base = h + s;
+            iov[niov].iov_len = hdr - s;
+            niov++; planned += hdr - s;
+            s = 0;
+        } else {
+            s -= hdr;
+        }
+        if (lens[i] > s) {
+            iov[niov].iov_base = (void *)(d + o + s);
+            iov[niov].iov_len = lens[i] - s;
+            niov++; planned += lens[i] - s;
+        }
+        s = 0;
+        o += lens[i];
+    }
+    ssize_t sent = 0;
+    if (niov) {
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = iov;
+        msg.msg_iovlen = niov;
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        do {
+            sent = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        } while (sent < 0 && errno == EINTR);
+        err = errno;
+        Py_END_ALLOW_THREADS
+        if (sent < 0) {
+            if (err == EAGAIN || err == EWOULDBLOCK) {
+                sent = 0;
+            } else {
+                errno = err;
+                PyErr_SetFromErrno(PyExc_OSError);
+                goto done;
+            }
+        }
+    }
+    /* advance (index, skip) by sent bytes */
+    Py_ssize_t left = sent + skip;
+    while (index < n) {
+        Py_ssize_t frame = hdr + lens[index];
+        if (left < frame) break;
+        left -= frame;
+        index++;
+    }
+    result = Py_BuildValue("(nnn)", index, index < n ? left : (Py_ssize_t)0, (Py_ssize_t)sent);
+done:
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&prefix);
+    return result;
+}
+
+/*
  * The first genrand_int32() after init_genrand(seed >>> 0), as npm
  * mersenne-twister 1.1.0's `new Twister(seed).random_int()`: only state
  * words 0, 1 and 397 matter for the first output, so seeding stops at 397
@@ -142,6 +241,8 @@ static PyMethodDef methods[] = {
      "mt19937_first(seed) -> npm mersenne-twister's first random_int() for that seed"},
     {"frame_records", frame_records, METH_VARARGS,
      "frame_records(lengths, data, prefix) -> bytes of [prefix][u32 BE size][payload]*"},
+    {"send_frames", send_frames, METH_VARARGS,
+     "send_frames(fd, lengths, data, prefix, index, skip) -> (index, skip, sent)"},
     {"scan_frames", scan_frames, METH_VARARGS,
      "scan_frames(buf, start, prefix, max_size, max_records) -> (lengths, data, end, status)"},
     {NULL, NULL, 0, NULL}

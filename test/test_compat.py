@@ -11,7 +11,7 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import Factory
 from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python.failure import Failure
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from twisted.web import server
 from twisted.web.resource import Resource
 
@@ -97,3 +97,37 @@ class CompatTests(SynchronousTestCase):
         self.assertIsNone(compat.listening_port(listener))
         listener.privilegedStartService()
         self.assertIs(self.successResultOf(compat.listening_port(listener)), port)
+
+
+class ReadSizeTests(TestCase):
+    """L{compat.set_read_size} on a real TCP transport, under a protocol
+    wrapper, as the styx/0 upgrade uses it."""
+
+    @defer.inlineCallbacks
+    def test_set_read_size(self):
+        from twisted.internet import reactor
+        from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+        from twisted.internet.protocol import Protocol
+        from twisted.protocols.policies import WrappingFactory
+
+        connected = defer.Deferred()
+
+        class Server(Protocol):
+            def connectionMade(self):
+                connected.callback(self)
+
+        wrapping = WrappingFactory(Factory.forProtocol(Server))
+        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(wrapping)
+        self.addCleanup(port.stopListening)
+        client = yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
+            Factory.forProtocol(Protocol))
+        self.addCleanup(client.transport.loseConnection)
+        server = yield connected
+        self.addCleanup(server.transport.loseConnection)
+        wrapper = server.transport                  # the ProtocolWrapper
+        tcp_transport = wrapper.transport
+        self.assertEqual(tcp_transport.bufferSize, 2 ** 16)      # Twisted's default
+        self.assertTrue(compat.set_read_size(wrapper, 1 << 20))
+        self.assertEqual(tcp_transport.bufferSize, 1 << 20)
+        self.assertNotIn("bufferSize", wrapper.__dict__)          # not on the wrapper
+        self.assertFalse(compat.set_read_size(StringTransport(), 1 << 20))

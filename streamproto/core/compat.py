@@ -23,9 +23,13 @@ breaking a server at run time.
   does (C{StreamServerEndpointService._raiseSynchronously}).
 - L{listening_port}: the Deferred of a listening service's port
   (C{StreamServerEndpointService._waitingForPort}).
+- L{set_read_size}: how many bytes a TCP connection reads from its socket
+  at once (C{FileDescriptor.bufferSize}, documented only as an attribute;
+  64 KiB by default), for streams that take bulk input.
 """
 
 from twisted.internet import ssl
+from twisted.internet.abstract import FileDescriptor
 from twisted.internet.endpoints import SSL4ServerEndpoint
 
 
@@ -69,3 +73,23 @@ def listening_port(listener):
     port once it listens, or None before it started.
     """
     return getattr(listener, "_waitingForPort", None)
+
+
+def set_read_size(transport, nbytes):
+    """
+    Make the socket below C{transport} (through protocol wrappers and a TLS
+    layer) read up to C{nbytes} at a time.  A no-op for transports without
+    one (test transports).
+
+    C{bufferSize} also sets when a registered producer is paused on output,
+    so it is only raised for connections that mostly read.
+    """
+    seen = 0
+    while transport is not None and seen < 8:
+        seen += 1
+        if isinstance(transport, FileDescriptor):
+            transport.bufferSize = nbytes
+            return True
+        # a ProtocolWrapper or TLSMemoryBIOProtocol: the transport below
+        transport = transport.__dict__.get("transport")
+    return False

@@ -80,12 +80,17 @@ def scan_frames_py(buf, start, prefix, max_size, max_records=-1):
     return lengths.tobytes(), b"".join(parts), pos, status
 
 
+def frame_records(lengths, data, prefix=b""):
+    """Records (sizes C{lengths}, payloads C{data} concatenated) as one
+    buffer of C{[prefix][u32 BE size][payload]} frames."""
+    if _speedups is not None:
+        return _speedups.frame_records(lengths, data, prefix)
+    return frame_records_py(lengths, data, prefix)
+
+
 def frame_batch(batch, prefix=b""):
     """All records of C{batch} as one buffer of frames."""
-    lengths = batch.lengths
-    if _speedups is not None:
-        return _speedups.frame_records(lengths, batch.data, prefix)
-    return frame_records_py(lengths, batch.data, prefix)
+    return frame_records(batch.lengths, batch.data, prefix)
 
 
 def scan_frames(buf, start=0, prefix=b"", max_size=0x7FFFFFFF, max_records=-1):

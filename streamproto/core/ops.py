@@ -19,13 +19,21 @@ from twisted.logger import ILogObserver, Logger, formatEvent
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.web import resource
 from twisted.web.server import Site
-from zope.interface import alsoProvides, implementer
+from zope.interface import Interface, alsoProvides, implementer
 
 from streamproto.core import metrics
 from streamproto.core.tls import peer_identity
 
 
-@implementer(IHalfCloseableProtocol)
+class IOutputCounter(Interface):
+    """A connection wrapper that counts its output, told of bytes sent past it
+    (by a L{streamproto.core.sendpath.SocketSender})."""
+
+    def count_output(nbytes):
+        """C{nbytes} more were sent on the connection."""
+
+
+@implementer(IHalfCloseableProtocol, IOutputCounter)
 class TrackedConnection(ProtocolWrapper):
     """
     Counts bytes and reports the connection's life; forwards everything,
@@ -69,6 +77,10 @@ class TrackedConnection(ProtocolWrapper):
         self.bytes_out += len(data)
         self.factory.bytes_out.inc(len(data))
         self.transport.write(data)
+
+    def count_output(self, nbytes):
+        self.bytes_out += nbytes
+        self.factory.bytes_out.inc(nbytes)
 
     def writeSequence(self, data):
         n = sum(map(len, data))

@@ -158,11 +158,15 @@ class Segment:
 
 
 def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True,
-                 skip_verify_before=None, chunk=READ_CHUNK):
+                 skip_verify_before=None, chunk=READ_CHUNK, wanted=None):
     """
     Yield (buf, header, file_pos) for consecutive batches from C{file_pos}
     up to C{end_file}, reading in large chunks.  C{buf} holds the whole
     batch; C{header.start} is relative to C{buf}, C{file_pos} to the file.
+
+    @param wanted: if given, called with each batch's header and file
+        position before its body is read and checked; a false answer ends the iteration (a
+        reader that will not take the batch saves reading it).
 
     @raise CorruptLog: a batch fails its checksum or breaks continuity.
     """
@@ -180,6 +184,8 @@ def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True,
             raise CorruptLog(f"segment data at byte {pos}: {e}")
         if h is None:
             raise CorruptLog(f"segment ends inside a batch header at byte {pos}")
+        if wanted is not None and not wanted(h, pos):
+            return
         if h.end > len(buf):
             want = h.size + (chunk if h.size < chunk else 0)
             buf = io.pread(fd, min(want, max(end_file - pos, h.size)), pos)
@@ -217,8 +223,19 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
     budget_records = max_records if max_records >= 0 else stop_position - position
     # one read for the whole answer where the index lets us start close by
     chunk = min(max(READ_CHUNK, max_bytes + max_bytes // 8 + 4096), 16 * 1024 * 1024)
+
+    def wanted(h, at):
+        # a whole batch after the first records that does not fit the byte
+        # budget is left to the next read: not read, not checked, not cut
+        # (a cut costs a pass over its lengths); the next read starts there
+        nonlocal cursor
+        if count and h.position >= position and h.data_len > max_bytes - total:
+            cursor = (h.position, h.offset, at)
+            return False
+        return True
+
     for buf, h, at in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
-                                   skip_verify_before=position, chunk=chunk):
+                                   skip_verify_before=position, chunk=chunk, wanted=wanted):
         cursor = (h.position, h.offset, at)
         if h.end_position <= position:
             continue
@@ -233,6 +250,8 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
             lengths.extend(lens)
             total += h.data_len
             count += h.count
+            # a next read starts at the next batch, without reading this one
+            cursor = (h.end_position, h.end_offset, at + h.size)
             if count >= budget_records or h.end_position >= stop_position:
                 break
             continue
@@ -253,7 +272,7 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
             break
     if count == 0:
         return empty_batch(position), cursor
-    data = parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
     return RecordBatch(position, lengths, data), cursor
 
 

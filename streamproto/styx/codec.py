@@ -55,7 +55,9 @@ _INT64_PAIR = struct.Struct(">qq")
 _UNIFORM_MIN_RECORDS = 8
 #: A Record message is a [int16 1][int32 size][payload] frame: the
 #: accelerator's C{[prefix][u32 BE size][payload]} with this prefix.
-_RECORD_PREFIX = b"\x00\x01"
+#: The bytes before each Record message's size: its type, big-endian.
+RECORD_PREFIX = b"\x00\x01"
+_RECORD_PREFIX = RECORD_PREFIX
 # scan_frames statuses (streamproto.core.framing)
 _NEED_MORE, _OTHER, _TOO_LARGE = 0, 1, 2
 

@@ -1,0 +1,248 @@
+"""
+A send path for bulk output that bypasses Twisted's write buffer on plain
+TCP connections.
+
+Why: a consumer stream moves the log's bytes out as fast as the peer takes
+them.  Through C{transport.write} every batch is first framed into a new
+buffer, then joined with whatever the transport still holds, then sent
+C{SEND_LIMIT} (128 KiB) at a time, one reactor turn each: three copies in
+user space before the kernel's.  L{SocketSender} sends records framed on the
+fly from the buffer the log read them into: one C{sendmsg} per up to 512
+records with the 6-byte frame headers and the payloads as separate iovecs
+(the C accelerator), so the only copy is the kernel's, as in the Go
+reference, and as big as the socket's send buffer allows.
+
+How it stays inside public APIs: it registers a duplicate of the
+connection's descriptor (C{os.dup} of C{ITCPTransport.getHandle()}) as an
+C{IWriteDescriptor} with the reactor (C{IReactorFDSet.addWriter}); the
+transport keeps reading from the original.  epoll and kqueue key their
+registrations on the descriptor number, so the two never collide.  The
+duplicate is closed before the transport closes the connection, so a close
+is still the transport's (and a FIN only goes out once both are closed).
+
+Every byte of the connection must then go through the sender, in order: the
+stream writes its heartbeats and last messages through it too, and closes
+the transport only once the sender has drained.  TLS connections (the bytes
+must be encrypted in user space anyway) and transports without a socket
+keep C{transport.write}: L{SocketSender.usable} tells which.
+"""
+
+import os
+
+from twisted.internet.interfaces import (
+    IReactorFDSet, ISSLTransport, ITCPTransport, IWriteDescriptor,
+)
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from streamproto.core.framing import _speedups, frame_records
+
+#: Below this average record size the frames are built in one buffer (a
+#: fast C copy) rather than sent as two iovecs a record: tiny iovecs would
+#: make each sendmsg carry too few bytes.
+MIN_IOVEC_RECORD = 512
+
+_log = Logger()
+
+
+class _Frames:
+    """Records of a batch still to send: (lengths, data) from C{index} on,
+    C{skip} bytes of record C{index}'s frame already sent."""
+
+    __slots__ = ("lengths", "data", "prefix", "index", "skip", "nbytes")
+
+    def __init__(self, lengths, data, prefix):
+        self.lengths = lengths
+        self.data = data
+        self.prefix = prefix
+        self.index = 0
+        self.skip = 0
+        self.nbytes = len(data) + len(lengths) * (len(prefix) + 4)
+
+
+@implementer(IWriteDescriptor)
+class SocketSender:
+    """
+    Sends a TCP connection's output straight to its socket (see the module
+    docstring), with streaming-producer flow control: the registered
+    producer is paused while more than C{high_water} bytes wait, and resumed
+    once they are all sent.
+
+    @ivar pending: bytes accepted and not yet sent.
+    @ivar sent: bytes sent so far.
+    @ivar failed: why sending stopped before everything was sent (the
+        peer went away), or None.
+    """
+
+    def __init__(self, transport, reactor, high_water=2 * 1024 * 1024, on_sent=None):
+        self._transport = transport
+        self._reactor = reactor
+        self._fd = os.dup(transport.getHandle().fileno())
+        self.high_water = high_water
+        self._on_sent = on_sent
+        self._queue = []
+        self.pending = 0
+        self.sent = 0
+        self._writing = False
+        self._producer = None
+        self._producer_paused = False
+        self._drain_waiters = []
+        self.failed = None
+
+    @staticmethod
+    def usable(transport, reactor):
+        """
+        True if C{transport} is plain TCP with a socket this sender can
+        write to and C{reactor} lets descriptors be added.
+        """
+        if ISSLTransport.providedBy(transport) or not IReactorFDSet.providedBy(reactor):
+            return False
+        if not ITCPTransport.providedBy(transport):
+            return False
+        try:
+            handle = transport.getHandle()
+            return handle.fileno() >= 0
+        except Exception:  # noqa: BLE001 - no socket: not usable
+            return False
+
+    # -- the writer's side -----------------------------------------------
+    def write(self, data):
+        """Queue bytes."""
+        if data and self.failed is None and self._fd is not None:
+            self._queue.append(memoryview(data))
+            self.pending += len(data)
+            self._schedule()
+
+    def write_records(self, lengths, data, prefix):
+        """
+        Queue records as C{[prefix][u32 BE size][payload]} frames.
+
+        @param lengths: C{array('I')} of the records' sizes.
+        @param data: their payloads, concatenated.
+        """
+        if not len(lengths) or self.failed is not None or self._fd is None:
+            return
+        if _speedups is None or len(data) < MIN_IOVEC_RECORD * len(lengths):
+            self.write(frame_records(lengths, data, prefix))
+            return
+        frames = _Frames(lengths, data, prefix)
+        self._queue.append(frames)
+        self.pending += frames.nbytes
+        self._schedule()
+
+    def registerProducer(self, producer):
+        """A streaming producer, paused while the queue is over the high
+        water mark."""
+        self._producer = producer
+        self._producer_paused = False
+
+    def unregisterProducer(self):
+        self._producer = None
+
+    def when_drained(self):
+        """A Deferred that fires once everything queued is sent (or the
+        sender failed: then with that failure's exception swallowed, since
+        the connection is going anyway)."""
+        from twisted.internet.defer import succeed, Deferred
+        if not self._queue or self.failed is not None or self._fd is None:
+            return succeed(None)
+        d = Deferred()
+        self._drain_waiters.append(d)
+        return d
+
+    def close(self):
+        """Stop for good and close the duplicate descriptor (the
+        connection itself is the transport's to close)."""
+        self._stop_writing()
+        self._queue = []
+        self.pending = 0
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+        self._fire_drained()
+
+    # -- flow control ------------------------------------------------------
+    def _schedule(self):
+        if self.pending > self.high_water and self._producer is not None \
+                and not self._producer_paused:
+            self._producer_paused = True
+            self._producer.pauseProducing()
+        if not self._writing:
+            self._writing = True
+            self._reactor.addWriter(self)
+
+    def _stop_writing(self):
+        if self._writing:
+            self._writing = False
+            self._reactor.removeWriter(self)
+
+    def _fire_drained(self):
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    # -- IWriteDescriptor --------------------------------------------------
+    def fileno(self):
+        return self._fd if self._fd is not None else -1
+
+    def logPrefix(self):
+        return "SocketSender"
+
+    def doWrite(self):
+        try:
+            self._send_some()
+        except OSError as e:
+            # the peer is gone (EPIPE, ECONNRESET): the transport's own
+            # read side notices and loses the connection; stop here
+            self.failed = e
+            _log.debug("direct send failed: {error}", error=e)
+            self.close()
+            return None
+        if not self._queue:
+            self._stop_writing()
+            if self._producer is not None and self._producer_paused:
+                self._producer_paused = False
+                self._producer.resumeProducing()
+            self._fire_drained()
+        elif self._producer is not None and self._producer_paused \
+                and self.pending <= self.high_water // 2:
+            self._producer_paused = False
+            self._producer.resumeProducing()
+        return None
+
+    def connectionLost(self, reason):
+        # the reactor calls this on a hang-up or error of the descriptor
+        # (epoll's EPOLLHUP/EPOLLERR), or at shutdown
+        if self._queue and self.failed is None:
+            self.failed = reason.value
+        self.close()
+
+    def _send_some(self):
+        """Send until the socket would block or the queue is empty."""
+        fd = self._fd
+        queue = self._queue
+        while queue:
+            item = queue[0]
+            if type(item) is _Frames:
+                # at most 512 records a call: go on until one sends nothing
+                index, skip, n = _speedups.send_frames(
+                    fd, item.lengths, item.data, item.prefix, item.index, item.skip)
+                item.index, item.skip = index, skip
+                done = index >= len(item.lengths)
+            else:
+                try:
+                    n = os.write(fd, item)
+                except BlockingIOError:
+                    n = 0
+                done = n == len(item)
+                if n and not done:
+                    queue[0] = item[n:]
+            if n:
+                self.pending -= n
+                self.sent += n
+                if self._on_sent is not None:
+                    self._on_sent(n)
+            if done:
+                queue.pop(0)
+            elif not n:
+                return

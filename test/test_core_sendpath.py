@@ -1,0 +1,213 @@
+"""
+Tests for L{streamproto.core.sendpath}: the C accelerator's C{send_frames}
+against the pure framing, and L{SocketSender} on real TCP connections.
+"""
+
+import os
+import socket
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet import defer, protocol, reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.testing import StringTransport
+from twisted.trial import unittest
+from zope.interface import implementer
+
+from streamproto.core.framing import _speedups, frame_records_py
+from streamproto.core.sendpath import SocketSender
+from streamproto.log.batch import lengths_array
+from test.ciutil import missing
+
+PREFIX = b"\x00\x01"
+
+
+def _drain(sock):
+    out = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            return bytes(out)
+        if not chunk:
+            return bytes(out)
+        out += chunk
+
+
+class SendFramesTests(unittest.SynchronousTestCase):
+    """C{_speedups.send_frames} sends exactly what C{frame_records_py} builds,
+    however the socket cuts the sends."""
+
+    def setUp(self):
+        if _speedups is None:
+            missing("the C accelerator (python setup.py build_ext)")
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.integers(0, 3000), min_size=1, max_size=1200), st.sampled_from([b"", PREFIX]))
+    def test_same_bytes_as_framing(self, sizes, prefix):
+        lengths = lengths_array(sizes)
+        data = bytes(i % 251 for i in range(sum(sizes)))
+        expected = frame_records_py(lengths, data, prefix)
+        a, b = socket.socketpair()
+        try:
+            a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)   # many short sends
+            a.setblocking(False)
+            b.setblocking(False)
+            index, skip, got = 0, 0, bytearray()
+            while index < len(lengths):
+                index, skip, n = _speedups.send_frames(a.fileno(), lengths, data, prefix,
+                                                       index, skip)
+                got += _drain(b)
+            got += _drain(b)
+            self.assertEqual(bytes(got), expected)
+        finally:
+            a.close()
+            b.close()
+
+    def test_would_block_sends_nothing(self):
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        a.setblocking(False)
+        lengths = lengths_array([100_000] * 50)
+        data = bytes(5_000_000)
+        index, skip, total = 0, 0, 0
+        while True:
+            index, skip, n = _speedups.send_frames(a.fileno(), lengths, data, PREFIX, index, skip)
+            if n == 0:
+                break
+            total += n
+        self.assertGreater(total, 0)
+        self.assertLess(index, 50)          # the socket is full: stopped mid-way
+        self.assertEqual(_speedups.send_frames(a.fileno(), lengths, data, PREFIX, index, skip),
+                         (index, skip, 0))
+
+    def test_bad_arguments(self):
+        lengths = lengths_array([10, 10])
+        self.assertRaises(ValueError, _speedups.send_frames, 0, lengths, bytes(5), PREFIX, 0, 0)
+        self.assertRaises(ValueError, _speedups.send_frames, 0, lengths, bytes(20), PREFIX, 3, 0)
+
+    def test_closed_peer_raises(self):
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        b.close()
+        lengths = lengths_array([10])
+        self.assertRaises(OSError, _speedups.send_frames, a.fileno(), lengths, bytes(10),
+                          PREFIX, 0, 0)
+
+
+class _Collect(protocol.Protocol):
+    def __init__(self):
+        self.received = bytearray()
+        self.done = defer.Deferred()
+
+    def dataReceived(self, data):
+        self.received += data
+
+    def connectionLost(self, reason):
+        self.done.callback(bytes(self.received))
+
+
+class _ServerSide(protocol.Protocol):
+    def connectionMade(self):
+        self.factory.connected.callback(self)
+
+
+@implementer(IPushProducer)
+class _Producer:
+    def __init__(self):
+        self.events = []
+
+    def pauseProducing(self):
+        self.events.append("pause")
+
+    def resumeProducing(self):
+        self.events.append("resume")
+
+    def stopProducing(self):
+        self.events.append("stop")
+
+
+class SocketSenderTests(unittest.TestCase):
+    """L{SocketSender} over a real loopback TCP connection."""
+
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def connect(self):
+        factory = protocol.Factory.forProtocol(_ServerSide)
+        factory.connected = defer.Deferred()
+        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
+        self.addCleanup(port.stopListening)
+        client = _Collect()
+        yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
+            protocol.Factory.forProtocol(lambda: client))
+        server = yield factory.connected
+        return server, client
+
+    def test_usable(self):
+        self.assertFalse(SocketSender.usable(StringTransport(), reactor))
+
+    @defer.inlineCallbacks
+    def test_order_and_content(self):
+        if _speedups is None:
+            missing("the C accelerator (python setup.py build_ext)")
+        server, client = yield self.connect()
+        self.assertTrue(SocketSender.usable(server.transport, reactor))
+        counted = []
+        sender = SocketSender(server.transport, reactor, high_water=1 << 20,
+                              on_sent=counted.append)
+        producer = _Producer()
+        sender.registerProducer(producer)
+        sizes = [700, 1500, 0, 3000] * 2000
+        lengths = lengths_array(sizes)
+        data = bytes(i % 253 for i in range(sum(sizes)))
+        small = lengths_array([3, 4])
+        sender.write(b"first")
+        sender.write_records(lengths, data, PREFIX)          # iovec path
+        sender.write_records(small, b"abcdefg", PREFIX)      # tiny records: one framed copy
+        sender.write(b"last")
+        self.assertIn("pause", producer.events)              # over the high water mark
+        yield sender.when_drained()
+        self.assertEqual(producer.events, ["pause", "resume"])
+        self.assertEqual(sender.pending, 0)
+        sender.close()
+        server.transport.loseConnection()
+        received = yield client.done
+        expected = (b"first" + frame_records_py(lengths, data, PREFIX)
+                    + frame_records_py(small, b"abcdefg", PREFIX) + b"last")
+        self.assertEqual(received, expected)
+        self.assertEqual(sum(counted), len(expected))
+        self.assertEqual(sender.sent, len(expected))
+
+    @defer.inlineCallbacks
+    def test_close_releases_the_duplicate(self):
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor)
+        fd = sender.fileno()
+        self.assertNotEqual(fd, server.transport.getHandle().fileno())
+        os.fstat(fd)
+        sender.close()
+        self.assertEqual(sender.fileno(), -1)
+        self.assertRaises(OSError, os.fstat, fd)
+        sender.write(b"ignored after close")
+        yield sender.when_drained()
+        # the connection still closes normally (the duplicate no longer holds it)
+        server.transport.loseConnection()
+        received = yield client.done
+        self.assertEqual(received, b"")
+
+    @defer.inlineCallbacks
+    def test_peer_gone(self):
+        if _speedups is None:
+            missing("the C accelerator (python setup.py build_ext)")
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor, high_water=1 << 30)
+        client.transport.abortConnection()
+        yield client.done
+        lengths = lengths_array([1000] * 20000)
+        sender.write_records(lengths, bytes(20_000_000), PREFIX)
+        yield sender.when_drained()      # fails quietly rather than raising
+        self.assertIsNotNone(sender.failed)
+        self.assertEqual(sender.fileno(), -1)
