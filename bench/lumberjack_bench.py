@@ -14,6 +14,14 @@ time (the machine's cores are shared, so wall-clock mixes in other work):
 server events per server CPU-second, client events per client CPU-second.
 
     python bench/lumberjack_bench.py                       # 200k events
+
+Against go-lumber (built outside this repository), give its test sender
+and test server: C{tst-send} then runs against C{tst-lj -v2} (which acks
+without storing anything) and against C{twistd lumberjack-server} (file
+store, acks after fsync), alternately, and the medians of the acked
+events/s are printed as a ratio::
+
+    python bench/lumberjack_bench.py --go-send /path/to/tst-send --go-server /path/to/tst-lj
     python bench/lumberjack_bench.py --events 2000000 --connections 2
 """
 
@@ -211,11 +219,31 @@ def main():
                         help="server validates JSON with the stdlib only (no msgspec)")
     parser.add_argument("--dicts", action="store_true",
                         help="give the client dicts to encode (default: JSON bytes)")
+    parser.add_argument("--go-send", metavar="PATH",
+                        help="go-lumber's tst-send: compare with its tst-lj")
+    parser.add_argument("--go-server", metavar="PATH", help="go-lumber's tst-lj")
+    parser.add_argument("--seconds", type=float, default=8,
+                        help="measured seconds per run with --go-send (8)")
+    parser.add_argument("--go-pipeline", type=int, default=0,
+                        help="tst-send's -pipeline (0: its synchronous client)")
     parser.add_argument("--serve", metavar="DATA_DIR")
     parser.add_argument("--sender", choices=["blaster", "client"])
     parser.add_argument("--port", type=int)
     args = parser.parse_args()
 
+    if args.go_send or args.go_server:
+        if not (args.go_send and args.go_server):
+            parser.error("--go-send and --go-server go together")
+        from bench.gorefs import compare_lumberjack
+        rounds = max(args.rounds, 3)
+        go, ours, g, o = compare_lumberjack(args.go_send, args.go_server, args.seconds,
+                                            rounds, args.go_pipeline)
+        print(f"go-lumber tst-send (batches of 2048, zlib 3, pipeline {args.go_pipeline}), "
+              f"{rounds} alternated runs of {args.seconds:g} s, medians")
+        print(f"  tst-lj (acks, stores nothing):                {go:>10,.0f} events/s  {g}")
+        print(f"  twistd lumberjack-server (fsync, then ack):   {ours:>10,.0f} events/s  {o}")
+        print(f"  ours / go-lumber: {ours / go:.2f}")
+        return
     if args.serve:
         serve(args.serve)
         return

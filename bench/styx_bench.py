@@ -14,6 +14,14 @@ Next to them, in the same run, two baselines moving the same bytes:
     two processes (what the network path costs without any protocol);
   - file: writing the records' payload bytes to a file and one fsync.
 The ratio columns are styx/0 throughput / socket-copy throughput.
+
+Against the Go reference (styx 0.1.4, built outside this repository), give
+its two programs: the reference's own unchanged C{styx benchmark} then runs
+against the Go server and against C{twistd styx-server} (file store, acks
+after fsync), alternately, C{--rounds} times, and the medians are printed
+side by side as ratios::
+
+    python bench/styx_bench.py --go-styx /path/to/styx --go-server /path/to/styx-server
 """
 
 import argparse
@@ -161,6 +169,20 @@ def styx_runs(port, runs, mixed=False, consume_port=None):
     return results
 
 
+def compare_with_go(styx_cli, go_server, rounds):
+    from bench.gorefs import compare_styx
+    table = compare_styx(styx_cli, go_server, rounds)
+    print(f"styx benchmark (the reference's, unchanged), {rounds} alternated runs per "
+          "server, medians; ours: twistd styx-server, file store, acks after fsync")
+    print(f"{'phase':<8} {'size':>5} | {'Go rec/s':>12} | {'ours rec/s':>12} | {'ours/Go':>7}")
+    for phase in ("produce", "consume"):
+        for size in (10, 100, 1000):
+            if (phase, size) in table:
+                g, o, _, _ = table[phase, size]
+                print(f"{phase:<8} {size:>5} | {g:>12,.0f} | {o:>12,.0f} | {o / g:>7.2f}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=DEFAULT_RUNS, help=f"SIZExCOUNT,... ({DEFAULT_RUNS})")
@@ -170,7 +192,16 @@ def main(argv=None):
                         help="without the C accelerator (streamproto._speedups)")
     parser.add_argument("--mixed", action="store_true",
                         help="records of varied sizes (SIZE/2 to 3 SIZE/2, average SIZE)")
+    parser.add_argument("--go-styx", metavar="PATH",
+                        help="the reference's styx CLI: compare with the Go server")
+    parser.add_argument("--go-server", metavar="PATH", help="the reference's styx-server")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternated runs per server with --go-styx (3)")
     args = parser.parse_args(argv)
+    if args.go_styx or args.go_server:
+        if not (args.go_styx and args.go_server):
+            parser.error("--go-styx and --go-server go together")
+        return compare_with_go(args.go_styx, args.go_server, args.rounds)
     runs = []
     for item in args.runs.split(","):
         size, _, count = item.partition("x")

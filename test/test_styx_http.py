@@ -302,6 +302,28 @@ class FormatFuzzTests(unittest.SynchronousTestCase):
         self.assertEqual(out + d.close(), records)
 
     @settings(max_examples=200, deadline=None)
+    @given(st.binary(max_size=300), st.integers(1, 64), st.integers(0, 100))
+    def test_binary_feed_batch_same_as_feed(self, body, step, limit):
+        """The batch decoding (sizes + one buffer, what a streamed produce
+        appends) yields the records and the errors of the per-record one,
+        however the body is cut."""
+        from streamproto.log.errors import RecordTooLarge
+
+        def decode(method):
+            d = formats.BinaryDecoder(limit)
+            out = []
+            try:
+                for i in range(0, len(body), step):
+                    got = getattr(d, method)(body[i:i + step])
+                    out += got.records() if method == "feed_batch" else got
+                d.close()
+            except (formats.FormatError, RecordTooLarge) as e:
+                return out, type(e)
+            return out, None
+
+        self.assertEqual(decode("feed_batch"), decode("feed"))
+
+    @settings(max_examples=200, deadline=None)
     @given(st.lists(st.binary(max_size=30).filter(lambda r: b"\r" not in r and b"\n" not in r
                                                    and r), max_size=20),
            st.sampled_from(["lf", "cr", "crlf"]), st.integers(1, 16))

@@ -11,7 +11,8 @@ Decoders are incremental (feed bytes as they come, get records out) so that
 a body is never held as one Python object per record longer than needed.
 """
 
-from streamproto.core.framing import frame_batch
+from streamproto.core.framing import TOO_LARGE, frame_batch, scan_frames
+from streamproto.log.batch import RecordBatch, lengths_array
 import struct
 from dataclasses import dataclass
 
@@ -214,6 +215,27 @@ class BinaryDecoder:
         self._held = len(rest)
         self._need = need
         return out
+
+    def feed_batch(self, data):
+        """
+        Like L{feed}, the records completed by C{data} as one L{RecordBatch}
+        (their sizes and one buffer of payloads, scanned by the shared
+        framing code, C accelerated): no object per record.
+        """
+        if data:
+            self._pieces.append(data)
+            self._held += len(data)
+        if self._held < self._need:
+            return RecordBatch(0, lengths_array(), b"")
+        data = b"".join(self._pieces) if len(self._pieces) > 1 else self._pieces[0]
+        lengths, payload, end, status = scan_frames(data, 0, b"", self.max_record_size)
+        if status == TOO_LARGE:
+            self._check(_SIZE.unpack_from(data, end)[0])
+        rest = data[end:] if end < len(data) else b""
+        self._pieces = [rest] if rest else []
+        self._held = len(rest)
+        self._need = 4 + _SIZE.unpack_from(rest, 0)[0] if len(rest) >= 4 else 4
+        return RecordBatch(0, lengths, payload)
 
     def close(self):
         """@raise FormatError: the body ended inside a record."""

@@ -33,12 +33,13 @@ from twisted.web.resource import Resource
 from twisted.web.static import NoRangeStaticProducer
 from zope.interface import implementer
 
-from streamproto.core.compat import request_gone
+from streamproto.core.compat import request_gone, set_read_size
 from streamproto.core.auth import ALLOW_ALL
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogError, LogExists, RecordTooLarge
 from streamproto.log.public import PublicLogStore, check_public_name
 from streamproto.styx import access, formats
+from streamproto.styx.follow import LogFollower
 from streamproto.styx.errors import APIError, from_exception, render_error, render_json
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
@@ -52,7 +53,9 @@ MIN_TIMEOUT = 2
 DEFAULT_MAX_BODY_SIZE = 64 * 1024 * 1024
 DEFAULT_MAX_RESTORE_SIZE = 16 * 1024 * 1024 * 1024
 # what one read of the log hands to the transport while streaming a response
-READ_CHUNK_BYTES = 256 * 1024
+READ_CHUNK_BYTES = 1024 * 1024
+# how much a streamed produce body is read from its socket at once
+STREAMED_BODY_READ_SIZE = 1024 * 1024
 # how many records a produce request appends per store call
 APPEND_CHUNK_BYTES = 1024 * 1024
 APPEND_CHUNK_RECORDS = 16384
@@ -191,6 +194,9 @@ class StyxRequest(server.Request):
         self.body_sink = self._streamed_produce()
         if self.body_sink is not None:
             self.content = io.BytesIO()  # stays empty: the sink has the body
+            # decode and append the body a MiB at a time (see styx/0's
+            # PRODUCER_READ_SIZE)
+            set_read_size(self.channel.transport, STREAMED_BODY_READ_SIZE)
             return
         if length is not None and length > self._max_body_size():
             # no "100 Continue" for a body we refuse
@@ -302,6 +308,13 @@ class StreamedProduce:
             self._pause()  # until the log is open
             return
         try:
+            if isinstance(self.decoder, formats.BinaryDecoder):
+                # binary-records: sizes + one buffer, appended as they are
+                batch = self.decoder.feed_batch(data)
+                if len(batch):
+                    self._flush()
+                    self._append(batch, len(batch), batch.nbytes)
+                return
             records = self.decoder.feed(data)
         except (formats.FormatError, RecordTooLarge) as e:
             self._fail(e)
@@ -356,11 +369,14 @@ class StreamedProduce:
             return
         batch, size = self.batch, self.batch_bytes
         self.batch, self.batch_bytes = [], 0
-        self.count += len(batch)
+        self._append(batch, len(batch), size)
+
+    def _append(self, records, count, size):
+        self.count += count
         self.nbytes += size
         self.unsynced += size
         self.pending += 1
-        self.log.append(batch).addBoth(self._synced, size)
+        self.log.append(records).addBoth(self._synced, size)
         if self.unsynced_too_high():
             self._pause()
 
@@ -487,7 +503,8 @@ class RecordStreamer:
         self.sent_bytes = 0
         self.paused = False
         self.done = False
-        self._pending = None   # the Deferred of a read or wait in progress
+        self._follower = None
+        self._wait = None      # the long poll in progress
         self._waited = False
 
     def start(self):
@@ -495,17 +512,29 @@ class RecordStreamer:
             self.metrics.active_streams.labels("http_consume").inc()
         self.request.registerProducer(self, True)
         self.request.notifyFinish().addErrback(self._lost)
-        self._pump()
+        self._read_from(self.position)
+
+    def _read_from(self, position):
+        # the reading (one batch read ahead while the socket is busy) is a
+        # LogFollower's; this class keeps the reference's stop rules
+        self._follower = LogFollower(self.log, position, self.remaining, follow=False,
+                                     read_bytes=READ_CHUNK_BYTES, deliver=self._deliver,
+                                     end=self._at_end, failed=self._fail)
+        if self.paused:
+            self._follower.pauseProducing()
+        self._follower.start()
 
     # IPushProducer
     def pauseProducing(self):
         self.paused = True
+        if self._follower is not None:
+            self._follower.pauseProducing()
 
     def resumeProducing(self):
         if self.paused and not self.done:
             self.paused = False
-            if self._pending is None:
-                self._pump()
+            if self._follower is not None:
+                self._follower.resumeProducing()
 
     def stopProducing(self):
         self._stop()
@@ -517,80 +546,48 @@ class RecordStreamer:
         if self.done:
             return
         self._done()
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.cancel()
+        if self._follower is not None:
+            self._follower.stop()
+        wait, self._wait = self._wait, None
+        if wait is not None:
+            wait.cancel()
 
-    def _pump(self):
-        """Read and write while not paused; reads that fire at once loop here."""
-        while not self.done and not self.paused and self._pending is None:
-            if self.remaining == 0:
-                self._finish()
-                return
-            max_records = self.remaining if self.remaining > 0 else -1
-            d = self.log.read(self.position, max_records=max_records,
-                              max_bytes=READ_CHUNK_BYTES)
-            if not self._settle(d, self._got_batch):
-                return
-
-    def _settle(self, d, callback):
-        """
-        Run C{callback} on C{d}'s result now if it fired already (and tell
-        the loop to carry on), otherwise later (then the callback pumps).
-        """
-        result = []
-        d.addBoth(result.append)  # also keeps failures from going unhandled
-        if result:
-            callback(result[0])
-            return True
-        self._pending = d
-        d.addBoth(lambda _: self._resumed(result[0], callback))
-        return False
-
-    def _resumed(self, result, callback):
-        if self._pending is None:
-            return  # stopped (cancelled) meanwhile
-        self._pending = None
-        callback(result)
-        self._pump()
-
-    def _got_batch(self, batch):
+    def _deliver(self, batch):
         if self.done:
-            return
-        if isinstance(batch, Failure):
-            self._fail(batch)
             return
         n = len(batch)
-        if n:
-            self.request.write(self.encode(batch))
-            self.position = batch.next_position
-            self.sent += n
-            self.sent_bytes += batch.nbytes
-            if self.remaining > 0:
-                self.remaining -= n
-            if self.metrics is not None:
-                self.metrics.consumed(self.log.name, n, batch.nbytes)
-            return
-        # at the synced end of the log
-        if not self.follow or self.sent > 0 or self._waited:
-            self._finish()
-            return
-        d = self.log.wait(self.position, self.timeout)
-        self._settle(d, self._woken)
+        self.request.write(self.encode(batch))
+        self.position = batch.next_position
+        self.sent += n
+        self.sent_bytes += batch.nbytes
+        if self.remaining > 0:
+            self.remaining -= n
+        if self.metrics is not None:
+            self.metrics.consumed(self.log.name, n, batch.nbytes)
 
-    def _woken(self, result):
+    def _at_end(self):
+        """The follower read everything asked for, or reached the synced end."""
         if self.done:
             return
-        if isinstance(result, Failure):
-            self._fail(result)
+        if self.remaining == 0 or not self.follow or self.sent > 0 or self._waited:
+            self._finish()
             return
-        if result <= self.position:
+        self._wait = self.log.wait(self.position, self.timeout)
+        self._wait.addCallbacks(self._woken, self._fail)
+
+    def _woken(self, end_position):
+        self._wait = None
+        if self.done:
+            return
+        if end_position <= self.position:
             # the long-poll timed out with nothing new
             self._waited = True
+        self._read_from(self.position)
 
     def _fail(self, failure):
-        if failure.check(defer.CancelledError):
+        if failure.check(defer.CancelledError) or self.done:
             return
+        self._wait = None
         if failure.check(LogError):
             # deleted, closed or fail-stopped under the reader: expected
             log.warn("consume of {log} ended at position {position}: {error}",
