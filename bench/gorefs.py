@@ -42,7 +42,8 @@ def twistd(plugin, *args, log=None):
     through PYTHONPATH)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
-        [sys.executable, "-m", "twisted.scripts.twistd", "-n", "--pidfile=", plugin, *args],
+        [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+         "-n", "--pidfile=", plugin, *args],
         env=env, cwd=ROOT, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
@@ -60,12 +61,26 @@ def stop(proc):
 
 def go_styx_server(binary, port, directory):
     """The reference styx-server on 127.0.0.1:PORT with its data in DIRECTORY."""
+    os.makedirs(directory, exist_ok=True)
     config = os.path.join(directory, "config.toml")
     with open(config, "w") as f:
+        # the reference's documented settings, at its defaults but the
+        # address and the directories
         f.write(f'bind_address = "127.0.0.1:{port}"\n'
                 f'pid_file = "{directory}/styx.pid"\n'
+                "shutdown_timeout = 3\n"
+                'cors_allowed_origins = ["*"]\n'
+                "http_read_buffer_size = 1048576\n"
+                "http_write_buffer_size = 1048576\n"
+                "tcp_read_buffer_size = 1048576\n"
+                "tcp_write_buffer_size = 1048576\n"
+                "tcp_timeout = 30\n"
+                "websocket_read_buffer_size = 1048576\n"
+                "websocket_write_buffer_size = 1048576\n"
                 "[log_manager]\n"
-                f'data_directory = "{directory}/data"\n')
+                f'data_directory = "{directory}/data"\n'
+                "read_buffer_size = 1048576\n"
+                "write_buffer_size = 1048576\n")
     os.makedirs(os.path.join(directory, "data"), exist_ok=True)
     proc = subprocess.Popen([binary, "--config", config], stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT, cwd=directory)
@@ -179,6 +194,157 @@ def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0):
             g.append(tst_send_rate(tst_send, go_port, seconds, pipeline))
             o.append(tst_send_rate(tst_send, our_port, seconds, pipeline))
         return statistics.median(g), statistics.median(o), g, o
+    finally:
+        stop(go)
+        stop(ours)
+        subprocess.run(["rm", "-rf", tmp])
+
+
+# -- raw clients: the same bytes to either server ----------------------------
+
+def _create_log(port, name):
+    base = f"http://127.0.0.1:{port}"
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"{base}/logs/{name}", method="DELETE"))
+    except OSError:
+        pass
+    urllib.request.urlopen(urllib.request.Request(
+        f"{base}/logs", data=f"name={name}".encode(), method="POST",
+        headers={"content-type": "application/x-www-form-urlencoded"}))
+
+
+def _request(port, head):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(head)
+    return s
+
+
+def _read_head(s):
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            raise RuntimeError(f"connection closed in the response head: {head!r}")
+        head += chunk
+    return head
+
+
+def _drain(s, want=None):
+    buf, total = bytearray(1 << 20), 0
+    while want is None or total < want:
+        n = s.recv_into(buf)
+        if not n:
+            break
+        total += n
+    return total
+
+
+def _records(size, count, header):
+    """Chunks of COUNT records of SIZE bytes, each after its HEADER bytes."""
+    record = header + bytes(size)
+    per = max(1, (1 << 20) // len(record))
+    chunk = record * per
+    sent = 0
+    while sent < count:
+        k = min(per, count - sent)
+        yield chunk if k == per else record * k
+        sent += k
+
+
+def styx0(port, mode, size, count, name="raw"):
+    """
+    Seconds to produce COUNT records of SIZE bytes over styx/0 until the
+    final Ack (every record durable on both servers), or to consume them.
+    """
+    import struct
+    if mode == "produce":
+        _create_log(port, name)
+    method, query = ("POST", "") if mode == "produce" else ("GET", f"?whence=origin&count={count}")
+    s = _request(port, f"{method} /logs/{name}/records{query} HTTP/1.1\r\nHost: bench\r\n"
+                       "Connection: upgrade\r\nUpgrade: styx/0\r\nX-Styx-Timeout: 30\r\n\r\n"
+                       .encode())
+    t = time.perf_counter()
+    try:
+        if b" 101 " not in _read_head(s).split(b"\r\n", 1)[0]:
+            raise RuntimeError("no 101")
+        if mode == "produce":
+            for chunk in _records(size, count, struct.pack(">hi", 1, size)):
+                s.sendall(chunk)
+            s.shutdown(socket.SHUT_WR)
+            _drain(s)               # acks, the last one after the last fsync
+        else:
+            got = _drain(s, count * (size + 6))
+            if got < count * (size + 6):
+                raise RuntimeError(f"consumed {got} bytes of {count * (size + 6)}")
+        return time.perf_counter() - t
+    finally:
+        s.close()
+
+
+BINARY = "application/vnd.styx.binary-records"
+
+
+def http(port, mode, size, count, name="rawhttp"):
+    """Seconds to produce COUNT records of SIZE bytes in one binary-records
+    request (answered once all are durable), or to read them back in one
+    response."""
+    import struct
+    if mode == "produce":
+        _create_log(port, name)
+        length = count * (size + 4)
+        s = _request(port, f"POST /logs/{name}/records HTTP/1.1\r\nHost: bench\r\n"
+                           f"Content-Type: {BINARY}\r\nContent-Length: {length}\r\n"
+                           "Connection: close\r\n\r\n".encode())
+        t = time.perf_counter()
+        for chunk in _records(size, count, struct.pack(">i", size)):
+            s.sendall(chunk)
+        status = _read_head(s).split(b"\r\n", 1)[0]
+        _drain(s)
+    else:
+        s = _request(port, f"GET /logs/{name}/records?whence=origin&count={count} HTTP/1.1\r\n"
+                           f"Host: bench\r\nAccept: {BINARY}\r\nConnection: close\r\n\r\n"
+                           .encode())
+        t = time.perf_counter()
+        status = _read_head(s).split(b"\r\n", 1)[0]
+        got = _drain(s)
+        if got < count * (size + 4):
+            raise RuntimeError(f"read {got} bytes of {count * (size + 4)}")
+    elapsed = time.perf_counter() - t
+    s.close()
+    if b" 200 " not in status:
+        raise RuntimeError(f"{mode}: {status!r}")
+    return elapsed
+
+
+def compare_raw(go_server, runs, rounds=3):
+    """
+    The same bytes through styx/0 and HTTP to the Go server and to
+    C{twistd styx-server}, alternately; return {(path, phase, size):
+    (go rec/s median, ours median)}.
+    """
+    tmp = tempfile.mkdtemp(prefix="styx-go-raw-")
+    go_port, our_port = free_port(), free_port()
+    go = ours = None
+    try:
+        go = go_styx_server(go_server, go_port, os.path.join(tmp, "go"))
+        ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
+                      "--data", os.path.join(tmp, "ours"))
+        wait_port(our_port)
+        ports = {"go": go_port, "ours": our_port}
+        results = {}
+        for path, run in (("styx/0", styx0), ("HTTP", http)):
+            for size, count in runs:
+                for port in ports.values():     # a warm-up run each
+                    run(port, "produce", size, count // 10)
+                got = {side: {"produce": [], "consume": []} for side in ports}
+                for _ in range(rounds):
+                    for side, port in ports.items():
+                        for phase in ("produce", "consume"):
+                            got[side][phase].append(count / run(port, phase, size, count))
+                for phase in ("produce", "consume"):
+                    results[path, phase, size] = (statistics.median(got["go"][phase]),
+                                                  statistics.median(got["ours"][phase]))
+        return results
     finally:
         stop(go)
         stop(ours)

@@ -180,6 +180,17 @@ def compare_with_go(styx_cli, go_server, rounds):
             if (phase, size) in table:
                 g, o, _, _ = table[phase, size]
                 print(f"{phase:<8} {size:>5} | {g:>12,.0f} | {o:>12,.0f} | {o / g:>7.2f}")
+    from bench.gorefs import compare_raw
+    runs = [(10, 10_000_000), (100, 3_000_000), (1000, 1_000_000)]
+    table = compare_raw(go_server, runs, rounds)
+    print()
+    print("the same bytes from one Python socket client (bench/gorefs.py) to each server, "
+          f"{rounds} alternated runs, medians; produce timed to the last ack (styx/0) or "
+          "the response (HTTP): every record durable")
+    print(f"{'path':<7} {'phase':<8} {'size':>5} | {'Go rec/s':>12} | {'ours rec/s':>12} | "
+          f"{'ours/Go':>7}")
+    for (path, phase, size), (g, o) in table.items():
+        print(f"{path:<7} {phase:<8} {size:>5} | {g:>12,.0f} | {o:>12,.0f} | {o / g:>7.2f}")
     return 0
 
 

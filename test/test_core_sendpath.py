@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.interfaces import IPushProducer
+from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
 from zope.interface import implementer
@@ -170,6 +171,7 @@ class SocketSenderTests(unittest.TestCase):
         sender.write(b"last")
         self.assertIn("pause", producer.events)              # over the high water mark
         yield sender.when_drained()
+        yield deferLater(reactor, 0, lambda: None)    # resumed right after the waiters
         self.assertEqual(producer.events, ["pause", "resume"])
         self.assertEqual(sender.pending, 0)
         sender.close()
@@ -211,3 +213,131 @@ class SocketSenderTests(unittest.TestCase):
         yield sender.when_drained()      # fails quietly rather than raising
         self.assertIsNotNone(sender.failed)
         self.assertEqual(sender.fileno(), -1)
+
+    @defer.inlineCallbacks
+    def test_drained_waits_for_what_a_resumed_producer_writes(self):
+        """
+        A producer resumed because the queue emptied may write more and
+        then wait for the sender to drain (a response's last records, then
+        its end): that waiter fires only once those are sent too.
+        """
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor, high_water=64 * 1024)
+        fired = []
+
+        @implementer(IPushProducer)
+        class Last:
+            def pauseProducing(self):
+                pass
+
+            def resumeProducing(self):
+                sender.unregisterProducer()
+                sender.write(b"y" * 3_000_000)
+                sender.when_drained().addCallback(
+                    lambda _: fired.append(sender.pending))
+
+            def stopProducing(self):
+                pass
+
+        sender.registerProducer(Last())
+        sender.write(b"x" * 3_000_000)      # over the high water mark: pauses Last
+        yield client_reads(client, 6_000_000)
+        self.assertEqual(fired, [0])
+        sender.close()
+        server.transport.loseConnection()
+        received = yield client.done
+        self.assertEqual(received, b"x" * 3_000_000 + b"y" * 3_000_000)
+
+
+def client_reads(client, n):
+    """Fires once C{client} has received C{n} bytes."""
+    @defer.inlineCallbacks
+    def wait():
+        while len(client.received) < n:
+            yield deferLater(reactor, 0.01, lambda: None)
+    return wait()
+
+
+class StyxDirectSendTests(unittest.TestCase):
+    """
+    Consumers on plain TCP switch to a L{SocketSender} once the transport
+    has sent what it held: the bytes arrive whole and in order after the
+    101 (styx/0) or the headers (HTTP), with no start delay to hide a race.
+    """
+
+    timeout = 120
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        from streamproto.log import MemoryLogStore
+        from streamproto.styx import resource, stream
+        from streamproto.styx.resource import make_site
+
+        self.senders = []
+        senders = self.senders
+
+        class Counting(SocketSender):
+            def __init__(self, *a, **kw):
+                super().__init__(*a, **kw)
+                senders.append(self)
+
+        self.patch(stream, "SocketSender", Counting)
+        self.patch(resource, "SocketSender", Counting)
+        self.store = MemoryLogStore(reactor)
+        log = yield self.store.create("events")
+        self.records = [bytes([i % 256]) * 1000 for i in range(20_000)]
+        yield log.append(self.records)
+        self.port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
+            make_site(self.store))
+        self.addCleanup(self.port.stopListening)
+
+    def fetch(self, head):
+        """The whole answer to C{head}, read in a thread (a blocking socket)."""
+        from twisted.internet.threads import deferToThread
+
+        def run():
+            s = socket.create_connection(("127.0.0.1", self.port.getHost().port))
+            s.sendall(head)
+            out = bytearray()
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                out += chunk
+            s.close()
+            return bytes(out)
+        return deferToThread(run)
+
+    @defer.inlineCallbacks
+    def test_styx0(self):
+        import struct
+        answer = yield self.fetch(
+            b"GET /logs/events/records?count=20000 HTTP/1.1\r\nHost: x\r\n"
+            b"User-Agent: streamproto-styx/test\r\n"         # ours: no start delay
+            b"Connection: upgrade\r\nUpgrade: styx/0\r\n\r\n")
+        head, _, body = answer.partition(b"\r\n\r\n")
+        self.assertIn(b" 101 ", head.split(b"\r\n")[0])
+        expected = b"".join(struct.pack(">hi", 1, len(r)) + r for r in self.records)
+        self.assertEqual(body[:len(expected)], expected)
+        self.assertEqual(len(self.senders), 1)
+
+    @defer.inlineCallbacks
+    def test_http(self):
+        import struct
+        answer = yield self.fetch(
+            b"GET /logs/events/records?count=20000 HTTP/1.1\r\nHost: x\r\n"
+            b"Accept: application/vnd.styx.binary-records\r\nConnection: close\r\n\r\n")
+        head, _, rest = answer.partition(b"\r\n\r\n")
+        self.assertIn(b" 200 ", head.split(b"\r\n")[0])
+        body, pos = bytearray(), 0
+        while True:                                 # de-chunk
+            eol = rest.index(b"\r\n", pos)
+            n = int(rest[pos:eol], 16)
+            if n == 0:
+                break
+            body += rest[eol + 2:eol + 2 + n]
+            self.assertEqual(rest[eol + 2 + n:eol + 4 + n], b"\r\n")
+            pos = eol + 4 + n
+        expected = b"".join(struct.pack(">i", len(r)) + r for r in self.records)
+        self.assertEqual(bytes(body), expected)
+        self.assertEqual(len(self.senders), 1)

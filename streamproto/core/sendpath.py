@@ -177,6 +177,8 @@ class SocketSender:
             self._reactor.removeWriter(self)
 
     def _fire_drained(self):
+        if self._queue and self._fd is not None:
+            return      # written to again meanwhile (by a producer we resumed)
         waiters, self._drain_waiters = self._drain_waiters, []
         for d in waiters:
             d.callback(None)
@@ -200,10 +202,12 @@ class SocketSender:
             return None
         if not self._queue:
             self._stop_writing()
+            # the waiters first: a producer resumed next may write again (and
+            # a waiter it adds then must wait for that too)
+            self._fire_drained()
             if self._producer is not None and self._producer_paused:
                 self._producer_paused = False
                 self._producer.resumeProducing()
-            self._fire_drained()
         elif self._producer is not None and self._producer_paused \
                 and self.pending <= self.high_water // 2:
             self._producer_paused = False

@@ -195,6 +195,10 @@ class ServerService(service.MultiService):
         super().setServiceParent(parent)
         # twistd's application: a Componentized MultiService
         self._top = hasattr(parent, "setComponent")
+        if self._top:
+            # our own process: MiB buffers are reused, not faulted in anew
+            from streamproto.core.memory import reuse_large_buffers
+            reuse_large_buffers()
         if self.log_format == "json" and self._top:
             # twistd asks the application for its observer before logging starts
             from streamproto.core.ops import json_log_observer

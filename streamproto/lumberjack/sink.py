@@ -18,6 +18,8 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import Attribute, Interface, implementer
 
+from streamproto.log.batch import RecordBatch, lengths_array
+
 
 class IEventSink(Interface):
     """Durable storage for received events."""
@@ -65,9 +67,18 @@ class ConnectionInfo:
 
 
 def make_records(connection, events):
-    """The log records for C{events}: metadata spliced around the raw JSON."""
+    """
+    The log records for C{events}: metadata spliced around the raw JSON, as
+    one L{RecordBatch} (one join for all the bytes, no object per record:
+    the store appends it as it is).
+    """
     prefix = connection.record_prefix()
-    return [prefix + e + b"}" for e in events]
+    if not events:
+        return RecordBatch(0, lengths_array(), b"")
+    extra = len(prefix) + 1
+    lengths = lengths_array([n + extra for n in map(len, events)])
+    data = b"".join((prefix, (b"}" + prefix).join(events), b"}"))
+    return RecordBatch(0, lengths, data)
 
 
 @implementer(IEventSink)

@@ -39,6 +39,8 @@ from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogError, LogExists, RecordTooLarge
 from streamproto.log.public import PublicLogStore, check_public_name
 from streamproto.styx import access, formats
+from streamproto.core.ops import IOutputCounter
+from streamproto.core.sendpath import SocketSender
 from streamproto.styx.follow import LogFollower
 from streamproto.styx.errors import APIError, from_exception, render_error, render_json
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -507,9 +509,22 @@ class RecordStreamer:
         self._wait = None      # the long poll in progress
         self._waited = False
 
-    def start(self):
+    #: on plain TCP, send the body with L{SocketSender} rather than through
+    #: twisted.web's and the transport's buffers
+    direct_send = True
+    _sender = None
+    _direct = False
+    _chunked = False
+
+    def start(self, reactor=None):
         if self.metrics is not None:
             self.metrics.active_streams.labels("http_consume").inc()
+        transport = self.request.channel.transport if self.request.channel else None
+        if reactor is None:
+            from twisted.internet import reactor
+        self._reactor = reactor
+        self._direct = self.direct_send and transport is not None and \
+            SocketSender.usable(transport, reactor)
         self.request.registerProducer(self, True)
         self.request.notifyFinish().addErrback(self._lost)
         self._read_from(self.position)
@@ -524,6 +539,23 @@ class RecordStreamer:
             self._follower.pauseProducing()
         self._follower.start()
 
+    def _start_sender(self):
+        """
+        Send the rest of the body with a L{SocketSender}, framed here
+        (twisted.web writes the last chunk once it has drained).  Called
+        when the transport has just sent everything it held (it resumes
+        its producer only then), so nothing written through twisted.web
+        (the status line, the headers, the first records) can come after
+        bytes the sender sends.
+        """
+        self.request.unregisterProducer()
+        self._chunked = bool(self.request.chunked)
+        transport = self.request.channel.transport
+        counter = IOutputCounter(transport, None)
+        self._sender = SocketSender(transport, self._reactor,
+                                    on_sent=counter and counter.count_output)
+        self._sender.registerProducer(self)
+
     # IPushProducer
     def pauseProducing(self):
         self.paused = True
@@ -533,6 +565,8 @@ class RecordStreamer:
     def resumeProducing(self):
         if self.paused and not self.done:
             self.paused = False
+            if self._direct and self._sender is None and self.request.startedWriting:
+                self._start_sender()
             if self._follower is not None:
                 self._follower.resumeProducing()
 
@@ -548,6 +582,8 @@ class RecordStreamer:
         self._done()
         if self._follower is not None:
             self._follower.stop()
+        if self._sender is not None:
+            self._sender.close()
         wait, self._wait = self._wait, None
         if wait is not None:
             wait.cancel()
@@ -556,7 +592,10 @@ class RecordStreamer:
         if self.done:
             return
         n = len(batch)
-        self.request.write(self.encode(batch))
+        if self._sender is not None:
+            self._send_direct(batch)
+        else:
+            self.request.write(self.encode(batch))
         self.position = batch.next_position
         self.sent += n
         self.sent_bytes += batch.nbytes
@@ -564,6 +603,25 @@ class RecordStreamer:
             self.remaining -= n
         if self.metrics is not None:
             self.metrics.consumed(self.log.name, n, batch.nbytes)
+
+    def _send_direct(self, batch):
+        sender = self._sender
+        if self.encode is formats.encode_binary:
+            # frames straight from the read buffer (sendmsg iovecs)
+            size = batch.nbytes + 4 * len(batch)
+            body = None
+        else:
+            body = self.encode(batch)
+            size = len(body)
+        if self._chunked:
+            sender.write(b"%x\r\n" % size)
+        if body is None:
+            sender.write_records(batch.lengths, batch.data, b"")
+        else:
+            sender.write(body)
+        if self._chunked:
+            sender.write(b"\r\n")
+        self.request.sentLength += size     # the access log's byte count
 
     def _at_end(self):
         """The follower read everything asked for, or reached the synced end."""
@@ -596,7 +654,10 @@ class RecordStreamer:
             log.failure("consume of {log} failed at position {position}", failure,
                         log=self.log.name, position=self.position)
         self._done()
-        self.request.unregisterProducer()
+        if self._sender is not None:
+            self._sender.close()
+        else:
+            self.request.unregisterProducer()
         if request_gone(self.request):
             return
         if not self.request.startedWriting:
@@ -623,8 +684,19 @@ class RecordStreamer:
         if self.done:
             return
         self._done()
-        self.request.unregisterProducer()
-        self.request.finish()
+        if self._sender is None:
+            self.request.unregisterProducer()
+            self.request.finish()
+            return
+        # the body's last bytes go out before twisted.web's last chunk
+        sender = self._sender
+        sender.unregisterProducer()
+        sender.when_drained().addCallback(lambda _: self._finish_after(sender))
+
+    def _finish_after(self, sender):
+        sender.close()
+        if sender.failed is None and not request_gone(self.request):
+            self.request.finish()
 
 
 # -- the API -----------------------------------------------------------------

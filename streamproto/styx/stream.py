@@ -527,6 +527,7 @@ class ConsumerStream(_StyxStream):
     #: on plain TCP, send records with L{SocketSender} (sendmsg straight
     #: from the read buffer) rather than through the transport's buffer
     direct_send = True
+    _direct = False
 
     def __init__(self, log, position, count=-1, follow=False, timeout=DEFAULT_TIMEOUT,
                  remote_timeout=None, clock=None, metrics=None, read_bytes=DEFAULT_READ_BYTES,
@@ -556,14 +557,10 @@ class ConsumerStream(_StyxStream):
 
     def connectionMade(self):
         super().connectionMade()
-        if self.direct_send and SocketSender.usable(self.transport, self._clock):
-            # plain TCP: records go out from the read buffer by sendmsg
-            counter = IOutputCounter(self.transport, None)
-            self._sender = SocketSender(self.transport, self._clock,
-                                        on_sent=counter and counter.count_output)
-            self._sender.registerProducer(self)
-        else:
-            self.transport.registerProducer(self, True)
+        # plain TCP: records go out from the read buffer by sendmsg, once
+        # the transport has sent what it holds (see resumeProducing)
+        self._direct = self.direct_send and SocketSender.usable(self.transport, self._clock)
+        self.transport.registerProducer(self, True)
         if self._start_delay > 0:
             self._start_call = self._clock.callLater(self._start_delay, self._start)
         else:
@@ -578,6 +575,15 @@ class ConsumerStream(_StyxStream):
         self._follower.pauseProducing()
 
     def resumeProducing(self):
+        if self._direct and self._sender is None and self._state == "streaming":
+            # the transport resumes its producer only once it has sent all
+            # it held (the 101, the first records): from here on every byte
+            # goes through the sender, so none can overtake another
+            self.transport.unregisterProducer()
+            counter = IOutputCounter(self.transport, None)
+            self._sender = SocketSender(self.transport, self._clock,
+                                        on_sent=counter and counter.count_output)
+            self._sender.registerProducer(self)
         self._follower.resumeProducing()
 
     def stopProducing(self):
