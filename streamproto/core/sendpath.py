@@ -9,8 +9,9 @@ C{SEND_LIMIT} (128 KiB) at a time, one reactor turn each: three copies in
 user space before the kernel's.  L{SocketSender} sends records framed on the
 fly from the buffer the log read them into: one C{sendmsg} per up to 512
 records with the 6-byte frame headers and the payloads as separate iovecs
-(the C accelerator), so the only copy is the kernel's, as in the Go
-reference, and as big as the socket's send buffer allows.
+(the C accelerator): nothing is copied in user space between the log's
+read and the send, as in the Go reference, and each send is as big as the
+socket's send buffer allows.
 
 How it stays inside public APIs: it registers a duplicate of the
 connection's descriptor (C{os.dup} of C{ITCPTransport.getHandle()}) as an

@@ -20,10 +20,7 @@ import json
 import struct
 import zlib
 
-try:  # validates without building objects: ~8x faster than the stdlib
-    import msgspec as _msgspec
-except ImportError:  # pragma: no cover - optional accelerator
-    _msgspec = None
+import msgspec as _msgspec  # validates without building objects: ~8x faster than the stdlib
 
 VERSION_1 = 0x31
 VERSION_2 = 0x32
@@ -174,11 +171,9 @@ def _make_msgspec_check():
     return msgspec_check
 
 
-CHECKERS = {"stdlib": stdlib_check}
-if _msgspec is not None:
-    CHECKERS["msgspec"] = _make_msgspec_check()
+CHECKERS = {"stdlib": stdlib_check, "msgspec": _make_msgspec_check()}
 # (ujson is not used: it accepts e.g. [01] and raw control characters in strings)
-fast_check = CHECKERS.get("msgspec", stdlib_check)
+fast_check = CHECKERS["msgspec"]
 
 
 def validate_json(payload):

@@ -35,6 +35,7 @@ from twisted.internet.defer import Deferred, maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.tcp import set_no_delay
 from streamproto.core.errors import log_failure
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
@@ -49,22 +50,6 @@ DEFAULT_IDLE_TIMEOUT = 60.0
 DEFAULT_KEEPALIVE_INTERVAL = 5.0
 DEFAULT_FLUSH_BYTES = 4 * 1048576
 DEFAULT_MAX_BUFFERED = 256 * 1048576
-
-
-def set_no_delay(transport):
-    """
-    Turn Nagle's algorithm off (as Go does for every TCP connection): acks
-    are tiny and latency-bound, and with Nagle plus the peer's delayed ACK a
-    second ack in a row can wait ~40 ms.  Reaches under a TLS layer.
-    """
-    for candidate in (transport, getattr(transport, "transport", None)):
-        set_no_delay = getattr(candidate, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            try:
-                set_no_delay(True)
-            except OSError:  # not a TCP socket after all (e.g. a UNIX socket)
-                pass
-            return
 
 
 class LumberjackServerProtocol(Protocol):

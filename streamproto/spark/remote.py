@@ -17,6 +17,7 @@ import urllib.request
 
 from dataclasses import dataclass
 
+from streamproto.core.framing import TOO_LARGE, frame_records, scan_frames
 from streamproto.log.batch import RecordBatch, lengths_array
 
 BINARY_RECORDS = "application/vnd.styx.binary-records"
@@ -92,29 +93,12 @@ class BinaryRecordsDecoder:
         """
         buffer = self._buffer
         buffer += data
-        view = memoryview(buffer)
-        end = len(buffer)
-        offset = 0
-        lengths = lengths_array()
-        pieces = []
-        unpack = _SIZE.unpack_from
-        limit = self.max_record_size
-        try:
-            while offset + 4 <= end:
-                (size,) = unpack(buffer, offset)
-                if size < 0 or size > limit:
-                    raise BinaryRecordsError(f"bad record size {size} in binary-records stream")
-                stop = offset + 4 + size
-                if stop > end:
-                    break
-                lengths.append(size)
-                pieces.append(view[offset + 4:stop])
-                offset = stop
-            payload = b"".join(pieces)
-        finally:
-            pieces.clear()
-            view.release()
-        del buffer[:offset]
+        # the shared framing (C accelerated): sizes + one buffer of payloads
+        lengths, payload, end, status = scan_frames(buffer, 0, b"", self.max_record_size)
+        if status == TOO_LARGE:
+            (size,) = _SIZE.unpack_from(buffer, end)
+            raise BinaryRecordsError(f"bad record size {size} in binary-records stream")
+        del buffer[:end]
         batch = RecordBatch(self.position, lengths, payload)
         self.position += len(lengths)
         return batch
@@ -122,12 +106,8 @@ class BinaryRecordsDecoder:
 
 def encode_binary_records(records):
     """The binary-records body for C{records} (a sequence of bytes-like objects)."""
-    pack = _SIZE.pack
-    parts = []
-    for record in records:
-        parts.append(pack(len(record)))
-        parts.append(record)
-    return b"".join(parts)
+    records = list(records)
+    return frame_records(lengths_array(map(len, records)), b"".join(records), b"")
 
 
 class StyxHTTPClient:

@@ -28,10 +28,8 @@ from functools import lru_cache
 from itertools import accumulate, chain
 from typing import NamedTuple
 
-try:  # the optional C accelerator built with the package (streamproto/_speedups.c)
-    from streamproto import _speedups
-except ImportError:
-    _speedups = None
+from streamproto.core.framing import NEED_MORE, OTHER, TOO_LARGE
+from streamproto.core.framing import _speedups  # the optional C accelerator, or None
 
 RECORD = 1
 ACK = 2
@@ -53,13 +51,13 @@ _INT64_PAIR = struct.Struct(">qq")
 
 #: Below this many records the uniform-size scan costs more than it saves.
 _UNIFORM_MIN_RECORDS = 8
-#: A Record message is a [int16 1][int32 size][payload] frame: the
-#: accelerator's C{[prefix][u32 BE size][payload]} with this prefix.
-#: The bytes before each Record message's size: its type, big-endian.
+#: A Record message is a [int16 1][int32 size][payload] frame: the shared
+#: framing's C{[prefix][u32 BE size][payload]} with this prefix (its type,
+#: big-endian).
 RECORD_PREFIX = b"\x00\x01"
 _RECORD_PREFIX = RECORD_PREFIX
-# scan_frames statuses (streamproto.core.framing)
-_NEED_MORE, _OTHER, _TOO_LARGE = 0, 1, 2
+# the scan statuses are the shared framing's
+_NEED_MORE, _OTHER, _TOO_LARGE = NEED_MORE, OTHER, TOO_LARGE
 
 
 class ErrorCode(IntEnum):
