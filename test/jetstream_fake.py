@@ -84,8 +84,10 @@ class FakeJetStream:
     @ivar down: every call fails with L{NotAvailable}.
     @ivar hold: publish outcomes wait in C{held} until L{release}.
     @ivar faults: per publish, in order: C{"lose-ack"} (stored, then a
-        timeout), C{"timeout"} (not stored, a timeout), or a JetStream
-        C{err_code} (refused with it).
+        timeout), C{"timeout"} (not stored, a timeout), C{"late"} (a
+        timeout, then stored when L{apply_late} is called, as a new leader
+        applies what the old one had replicated: its expectations are
+        checked then), or a JetStream C{err_code} (refused with it).
     @ivar deliver: watchers get new messages at once (else on L{deliver_now}).
     """
 
@@ -101,6 +103,7 @@ class FakeJetStream:
         self.faults = deque()
         self.deliver = True
         self.published = []       # (subject, headers, body) in the order received
+        self.late = deque()       # publishes timed out, to be applied later
 
     def _check(self):
         if self.down:
@@ -205,7 +208,10 @@ class FakeJetStream:
     def publish(self, subject, headers, body, callback):
         self.published.append((subject, dict(headers), bytes(body)))
         fault = self.faults.popleft() if self.faults else None
-        if self.down or fault == "timeout":
+        if fault == "late":
+            self.late.append((subject, dict(headers), bytes(body)))
+            outcome = PublishOutcome(error=NotAvailable("no publish acknowledgement"))
+        elif self.down or fault == "timeout":
             outcome = PublishOutcome(error=NotAvailable("no publish acknowledgement"))
         elif fault == "lose-ack":
             self.store(subject, headers, body)
@@ -218,6 +224,18 @@ class FakeJetStream:
             self.held.append((callback, outcome))
         else:
             callback(outcome)
+
+    def apply_late(self):
+        """
+        Apply the C{"late"} publishes now.
+
+        @return: their outcomes (a late message that no longer meets its
+            expectations is not stored).
+        """
+        outcomes = []
+        while self.late:
+            outcomes.append(self.store(*self.late.popleft()))
+        return outcomes
 
     def release(self, n=None):
         """Hand over C{n} held outcomes (all by default), oldest first."""

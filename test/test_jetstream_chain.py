@@ -11,7 +11,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial import unittest
 
-from streamproto.log.errors import StoreUnavailable, WriteFailed
+from streamproto.log.errors import AppendConflict, StoreUnavailable, WriteFailed
 from streamproto.log.jetstream import JetStreamLogStore
 from test.jetstream_fake import FakeJetStream, InlineBridge
 
@@ -216,3 +216,152 @@ class ChainTests(unittest.SynchronousTestCase):
         loser = log_b if lost == "b" else log_a
         self.successResultOf(loser.append([b"again"], expected_position=1))
         self.assertEqual(len(self.records(log_a)), 2)
+
+
+class LateMessageTests(unittest.SynchronousTestCase):
+    """
+    A publish whose acknowledgement timed out can still be stored later: a
+    new stream leader applies what the old one had replicated.  An
+    exactly-once writer that resent its events meanwhile (its append
+    failed, it set up again on the event number the front-end knew) must
+    not get them stored twice: its resend expects the writer's attribute
+    as it was, and the store judges that where the message lands.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.io = FakeJetStream()
+
+    store = ChainTests.store
+    log = ChainTests.log
+    records = ChainTests.records
+    run_clock = ChainTests.run_clock
+
+    def lose_append(self, log, records, attributes, expected):
+        """An append that fails after its deadline with its message landing later."""
+        self.io.faults.append("late")
+        self.io.down = True
+        d = log.append(records, attributes, expected_attributes=expected)
+        self.run_clock(3)
+        self.failureResultOf(d, StoreUnavailable)
+        self.io.down = False
+        self.run_clock(2)
+        self.assertEqual(len(self.io.late), 1)
+
+    def test_late_message_then_resend(self):
+        """The late message lands first: the resend fails with AppendConflict."""
+        log = self.log(self.store(timeout=2.0))
+        self.successResultOf(log.append([b"e0"], {"w": 0}, expected_attributes={"w": None}))
+        self.lose_append(log, [b"e1"], {"w": 1}, {"w": 0})
+        self.assertEqual(log.attributes["w"], 0)    # what a writer sets up on
+        # the new leader applies it; this front-end has not seen it yet
+        self.io.deliver = False
+        self.assertEqual([o.error for o in self.io.apply_late()], [None])
+        resend = log.append([b"e1"], {"w": 1}, expected_attributes={"w": 0})
+        self.io.deliver = True
+        self.run_clock(1)
+        self.failureResultOf(resend, AppendConflict)
+        self.assertEqual(self.records(log), [b"e0", b"e1"])
+        self.assertEqual(log.attributes["w"], 1)
+
+    def test_resend_then_late_message(self):
+        """The resend lands first: the late message can no longer be stored."""
+        log = self.log(self.store(timeout=2.0))
+        self.successResultOf(log.append([b"e0"], {"w": 0}, expected_attributes={"w": None}))
+        self.lose_append(log, [b"e1"], {"w": 1}, {"w": 0})
+        self.successResultOf(log.append([b"e1"], {"w": 1}, expected_attributes={"w": 0}))
+        self.assertIsNotNone(self.io.apply_late()[0].error)
+        self.run_clock(1)
+        self.assertEqual(self.records(log), [b"e0", b"e1"])
+
+    def test_unconditional_resend_is_stored_twice(self):
+        """
+        What the expectation prevents: the same resend without it is stored
+        a second time after the late message (the test above can fail).
+        """
+        log = self.log(self.store(timeout=2.0))
+        self.successResultOf(log.append([b"e0"], {"w": 0}))
+        self.lose_append(log, [b"e1"], {"w": 1}, None)
+        self.io.deliver = False
+        self.io.apply_late()
+        resend = log.append([b"e1"], {"w": 1})
+        self.io.deliver = True
+        self.run_clock(1)
+        self.successResultOf(resend)
+        self.assertEqual(self.records(log), [b"e0", b"e1", b"e1"])
+
+    def test_merged_appends_judged_one_by_one(self):
+        """
+        Appends merged into one message are judged in order: one that no
+        longer holds is left out, the others go.
+        """
+        log = self.log(self.store())
+        self.io.hold = True
+        a = log.append([b"a"], {"w": 1}, expected_attributes={"w": None})
+        b = log.append([b"b"], {"w": 2}, expected_attributes={"w": 1})
+        c = log.append([b"c"], {"w": 2}, expected_attributes={"w": 1})
+        d = log.append([b"d"], {"v": 1}, expected_attributes={"w": 2})
+        self.io.hold = False
+        self.io.release()
+        self.run_clock(1)
+        self.successResultOf(a)
+        self.successResultOf(b)
+        self.failureResultOf(c, AppendConflict)
+        self.successResultOf(d)
+        self.assertEqual(self.records(log), [b"a", b"b", b"d"])
+
+
+class PravegaWriterTests(unittest.SynchronousTestCase):
+    """
+    The Pravega segment store's writers on the chain: the scenario a leader
+    kill produced in CI (an event stored twice), played deterministically.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.io = FakeJetStream()
+
+    store = ChainTests.store
+    run_clock = ChainTests.run_clock
+
+    def segment(self, segments, name):
+        return self.successResultOf(segments.get(name))
+
+    def test_resent_event_stored_once(self):
+        import uuid
+
+        from streamproto.pravega.codec import NULL_EVENT_NUMBER
+        from streamproto.pravega.segments import SegmentStore
+        segments = SegmentStore(self.store(timeout=2.0))
+        name = "scope/stream/0.#epoch.0"
+        self.successResultOf(segments.create(name))
+        writer = uuid.uuid4()
+        seg = self.segment(segments, name)
+        self.successResultOf(seg.append(b"event 1", writer, 1))
+        # event 2: the acknowledgement times out and the append fails...
+        self.io.faults.append("late")
+        self.io.down = True
+        d = seg.append(b"event 2", writer, 2)
+        self.run_clock(3)
+        self.failureResultOf(d, StoreUnavailable)
+        self.io.down = False
+        self.run_clock(2)
+        # ...the writer sets up again (a new connection, the segment
+        # reopened) on the event number the front-end knows...
+        seg = self.segment(segments, name)
+        self.assertEqual(seg.durable_event_number(writer, NULL_EVENT_NUMBER), 1)
+        # ...and resends event 2 while the new leader applies the old one
+        self.io.deliver = False
+        self.io.apply_late()
+        resent = seg.append(b"event 2", writer, 2)
+        self.io.deliver = True
+        self.run_clock(1)
+        self.failureResultOf(resent, AppendConflict)
+        # set up again: event 2 is there, the writer's resend is a duplicate
+        seg = self.segment(segments, name)
+        self.assertEqual(seg.durable_event_number(writer, NULL_EVENT_NUMBER), 2)
+        stored = b""
+        while len(stored) < seg.info()["write_offset"]:
+            data, _at_tail, _end = self.successResultOf(seg.read(len(stored), 1 << 20))
+            stored += bytes(data)
+        self.assertEqual(stored, b"event 1event 2")

@@ -129,6 +129,29 @@ class StoreBehaviour:
         self.assertEqual(self.successResultOf(log.read(0)).records(), [b"first", b"second"])
         self.assertEqual(log.attributes["v"], 2)
 
+    def test_conditional_attributes(self):
+        """
+        An append with C{expected_attributes} is written only while each
+        key still has the value it expects (None: unset), counting appends
+        issued before it and not yet synced; otherwise it fails with
+        L{AppendConflict}, writing nothing.
+        """
+        from streamproto.log.errors import AppendConflict
+        log = self.log()
+        first = log.append([b"e1"], {"w": 1}, expected_attributes={"w": None})
+        # issued right behind the first, expecting what the first sets
+        second = log.append([b"e2"], {"w": 2}, expected_attributes={"w": 1})
+        stale = log.append([b"e2 again"], {"w": 2}, expected_attributes={"w": 1})
+        unset = log.append([b"e1 again"], {"w": 1}, expected_attributes={"w": None})
+        other = log.append([b"x"], {"v": 7}, expected_attributes={"v": None, "w": 2})
+        self.successResultOf(first)
+        self.successResultOf(second)
+        self.failureResultOf(stale, AppendConflict)
+        self.failureResultOf(unset, AppendConflict)
+        self.assertEqual(self.successResultOf(other).first_position, 2)
+        self.assertEqual(self.successResultOf(log.read(0)).records(), [b"e1", b"e2", b"x"])
+        self.assertEqual((log.attributes["w"], log.attributes["v"]), (2, 7))
+
     def test_append_record_batch(self):
         from streamproto.log.batch import RecordBatch
         log = self.log()

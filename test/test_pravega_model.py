@@ -131,9 +131,10 @@ class SlowDiskStore(MemoryLogStore):
         def slow(log):
             real = log.append
 
-            def append(records, attributes=None):
+            def append(records, attributes=None, **conditions):
                 d = defer.Deferred()
-                self._clock.callLater(0.02, lambda: real(records, attributes).chainDeferred(d))
+                self._clock.callLater(
+                    0.02, lambda: real(records, attributes, **conditions).chainDeferred(d))
                 return d
             log.append = append
             return log

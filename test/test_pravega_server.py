@@ -4,6 +4,7 @@ TLS), on the in-memory log store, and on the file store for restarts.
 """
 
 import uuid
+from functools import partial
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -609,7 +610,7 @@ class AppendTests(SegmentTestBase):
         log = yield self.store.get(segments.log_name(SEG))
         real = log.append
 
-        def fail_once(records, attributes=None):
+        def fail_once(records, attributes=None, **conditions):
             log.append = real
             return defer.fail(WriteFailed("no space left"))
         log.append = fail_once
@@ -883,9 +884,9 @@ class HeldLogStore(MemoryLogStore):
         def wrap(log):
             real = log.append
 
-            def append(records, attributes=None):
+            def append(records, attributes=None, **conditions):
                 result = defer.Deferred()
-                self.held.append((real, records, attributes, result))
+                self.held.append((partial(real, **conditions), records, attributes, result))
                 return result
             log.append = append
             return log

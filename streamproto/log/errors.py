@@ -65,12 +65,29 @@ class WriteFailed(LogError):
 
 class AppendConflict(LogError):
     """
-    A conditional append (C{expected_position}) found the log ending
-    elsewhere: another writer (on this or another front-end) appended
-    first.  Nothing of it was written.
+    A conditional append (C{expected_position}, C{expected_attributes})
+    found the log ending elsewhere or its attributes changed: another
+    writer (on this or another front-end) appended first, or an earlier
+    append whose outcome was unknown was stored after all.  Nothing of it
+    was written.
     """
 
     code = "conflict"
+
+
+def attributes_conflict(name, attributes, expected):
+    """
+    The L{AppendConflict} of an append expecting C{expected} (key -> value,
+    None for unset) where the attributes are C{attributes}, or None when
+    every expectation holds.
+    """
+    if not expected:
+        return None
+    for key, value in expected.items():
+        if attributes.get(key) != value:
+            return AppendConflict(f"log {name}: attribute {key} is {attributes.get(key)}, "
+                                  f"not {value}")
+    return None
 
 
 class StoreUnavailable(LogError):

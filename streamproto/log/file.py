@@ -38,7 +38,7 @@ from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
-    PositionOutOfRange, RecordTooLarge, WriteFailed,
+    PositionOutOfRange, RecordTooLarge, WriteFailed, attributes_conflict,
 )
 from streamproto.log.format import (
     MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
@@ -307,7 +307,7 @@ class FileLog:
             start = stop
         return chunks
 
-    def append(self, records, attributes=None, expected_position=None):
+    def append(self, records, attributes=None, expected_position=None, expected_attributes=None):
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
@@ -315,6 +315,10 @@ class FileLog:
         if expected_position is not None and expected_position != self._w_pos:
             return fail(AppendConflict(f"log {self.name} ends at {self._w_pos}, "
                                        f"not {expected_position}"))
+        # against what is written (synced or not): appends are issued in order
+        conflict = attributes_conflict(self.name, self._attrs_written, expected_attributes)
+        if conflict is not None:
+            return fail(conflict)
         if isinstance(records, RecordBatch):
             # already lengths + one buffer (a decoder's output): no per-record work
             lengths, data = records.lengths, records.data

@@ -101,7 +101,7 @@ class ILog(Interface):
         "write error): no append is accepted after it."
     )
 
-    def append(records, attributes=None, expected_position=None):
+    def append(records, attributes=None, expected_position=None, expected_attributes=None):
         """
         Append records at the end of the log.
 
@@ -122,6 +122,14 @@ class ILog(Interface):
             several front-ends of one store may race on); otherwise fail
             with L{AppendConflict} and write nothing.  A conditional append
             must fit in one batch of the store.
+        @param expected_attributes: append only if, counting every append
+            issued before this one, each key of this dict has the value it
+            maps to (None: the key is unset); otherwise fail with
+            L{AppendConflict} and write nothing.  Judged where the append
+            takes its place in the log, again each time a store sends it
+            again: an exactly-once writer (a Pravega writer and its event
+            number) can then never be stored twice, even when an earlier
+            append whose outcome was unknown lands after all.
         @return: Deferred firing, after the fsync that covers these records,
             with an L{AppendResult}; fails with L{RecordTooLarge},
             L{LogFailed}, L{LogClosed}, L{AppendConflict}.

@@ -67,7 +67,7 @@ from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge, StoreUnavailable, WriteFailed,
+    RecordTooLarge, StoreUnavailable, WriteFailed, attributes_conflict,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.msgindex import BodyCache, MessageIndex, holds
@@ -130,10 +130,11 @@ class _Append:
     """One L{ILog.append} (or a marker) on its way."""
 
     __slots__ = ("lengths", "data", "attributes", "deferred", "deadline", "kind", "start",
-                 "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected")
+                 "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected",
+                 "expected_attributes")
 
     def __init__(self, lengths, data, attributes, deadline, kind=DATA, start=None,
-                 expected=None):
+                 expected=None, expected_attributes=None):
         self.lengths = lengths
         self.data = data
         self.attributes = attributes
@@ -148,6 +149,8 @@ class _Append:
         self.failed = False
         #: a conditional append's expected first position (alone in its message)
         self.expected = expected
+        #: the attributes it expects (judged each time its first chunk is sent)
+        self.expected_attributes = expected_attributes
 
 
 class _Chunk:
@@ -420,7 +423,7 @@ class JetStreamLog:
             self._complete(message)
 
     # -- appending -------------------------------------------------------
-    def append(self, records, attributes=None, expected_position=None):
+    def append(self, records, attributes=None, expected_position=None, expected_attributes=None):
         if self._closed:
             return fail(LogClosed(self.name))
         if self.failed is not None:
@@ -448,7 +451,8 @@ class JetStreamLog:
                                        f"message ({self.store.max_message_bytes} bytes)"))
         a = _Append(lengths, bytes(data) if isinstance(data, memoryview) else data,
                     dict(attributes) if attributes else None,
-                    self._clock.seconds() + self.store.timeout, expected=expected_position)
+                    self._clock.seconds() + self.store.timeout, expected=expected_position,
+                    expected_attributes=dict(expected_attributes) if expected_attributes else None)
         return self._enqueue(a)
 
     def _enqueue(self, a):
@@ -527,6 +531,12 @@ class JetStreamLog:
                 f"log {self.name} ends at {position}, not {first.expected}"))
             return
         kind = MARKER if first.kind == MARKER else DATA
+        if kind == DATA:
+            chunks = self._meeting_expectations(chunks, attrs)
+            if not chunks:
+                if not self._inflight:
+                    self._tail = None
+                return
         if kind == MARKER:
             lengths, data, count, nbytes = lengths_array(), b"", 0, 0
             snapshot = attrs
@@ -563,6 +573,33 @@ class JetStreamLog:
         self._inflight_bytes += len(body)
         self.store.bridge.call_soon(self.store.io.publish, self._subject(kind), headers, body,
                                     partial(self._published, message))
+
+    def _meeting_expectations(self, chunks, attrs):
+        """
+        C{chunks} without the appends whose C{expected_attributes} do not
+        hold where they now go (after the tail's C{attrs} and the chunks
+        before them); those fail with L{AppendConflict}.
+
+        Judged at every send, resends after a resynchronisation included:
+        when a message whose outcome was unknown turns up stored, an append
+        expecting the attributes it replaced is refused rather than stored
+        a second time (a Pravega writer's resent events).
+        """
+        kept = []
+        current = attrs
+        for chunk in chunks:
+            a = chunk.append
+            if chunk.index == 0 and a.expected_attributes:
+                conflict = attributes_conflict(self.name, current, a.expected_attributes)
+                if conflict is not None:
+                    self._fail_append(a, conflict)
+            if a.failed:
+                continue
+            kept.append(chunk)
+            if chunk.last and a.attributes:
+                current = dict(current)
+                current.update(a.attributes)
+        return kept
 
     def _published(self, message, outcome):
         """What JetStream answered to one of our publishes (reactor thread)."""

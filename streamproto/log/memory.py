@@ -13,7 +13,7 @@ from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     AppendConflict, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge,
+    RecordTooLarge, attributes_conflict,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
@@ -57,7 +57,7 @@ class MemoryLog:
         return dict(self._attributes)
 
     # -- writing ---------------------------------------------------------
-    def append(self, records, attributes=None, expected_position=None):
+    def append(self, records, attributes=None, expected_position=None, expected_attributes=None):
         if self._closed:
             return fail(LogClosed(self.name))
         if self.failed is not None:
@@ -65,6 +65,9 @@ class MemoryLog:
         if expected_position is not None and expected_position != self.end_position:
             return fail(AppendConflict(f"log {self.name} ends at {self.end_position}, "
                                        f"not {expected_position}"))
+        conflict = attributes_conflict(self.name, self._attributes, expected_attributes)
+        if conflict is not None:
+            return fail(conflict)
         if isinstance(records, RecordBatch):
             records = records.records()
         records = [bytes(r) for r in records]

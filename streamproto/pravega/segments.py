@@ -35,7 +35,9 @@ from twisted.internet.defer import CancelledError, Deferred, fail, inlineCallbac
 from twisted.logger import Logger
 
 from streamproto.log.config import MAX_NAME_LENGTH, LogConfig
-from streamproto.log.errors import LogClosed, LogExists, LogNotFound, PositionOutOfRange
+from streamproto.log.errors import (
+    AppendConflict, LogClosed, LogExists, LogNotFound, PositionOutOfRange,
+)
 
 PREFIX = "pravega_"
 _HASHED = PREFIX + "_h"
@@ -224,10 +226,32 @@ class Segment:
         if self.last_event_number(attribute_id, null) != expected_value:
             return succeed(False)
         key = attribute_key(attribute_id)
+        expected = self._expecting(key)
         self._issued[key] = new_value
         self.mtime = _now_ms()
-        return self._track(self.log_.append([], {key: new_value, "mtime": self.mtime}),
-                           lambda _: True)
+        d = self._track(self.log_.append([], {key: new_value, "mtime": self.mtime},
+                                         expected_attributes=expected),
+                        lambda _: True)
+
+        def changed(f):
+            # stored meanwhile through another front-end (or by an update
+            # whose outcome was unknown): the value differs after all
+            f.trap(AppendConflict)
+            return False
+        return d.addErrback(changed)
+
+    def _expecting(self, key):
+        """
+        What the log's attribute C{key} must still be when an append
+        setting it lands: its value counting appends issued but not yet
+        durable (None when unset).  Checked by the store where the append
+        takes its place, so that a writer's events are stored once even when
+        an append whose outcome was unknown (a timeout on a replicated
+        store) was stored after all and the writer resent them.
+        """
+        if key in self._issued:
+            return {key: self._issued[key]}
+        return {key: self.log_.attributes.get(key)}
 
     def settle(self):
         """@return: Deferred firing once every append issued so far is done."""
@@ -268,9 +292,11 @@ class Segment:
         self.issued_offset += len(data)
         end = self.issued_offset
         key = writer_key(writer_id)
+        expected = self._expecting(key)
         self._issued[key] = event_number
         self.mtime = _now_ms()
-        return self._track(self.log_.append(records, {key: event_number, "mtime": self.mtime}),
+        return self._track(self.log_.append(records, {key: event_number, "mtime": self.mtime},
+                                            expected_attributes=expected),
                            lambda _: end)
 
     def append_merged(self, data, marker):
@@ -291,7 +317,9 @@ class Segment:
         self.issued_offset += len(data)
         end = self.issued_offset
         self.mtime = _now_ms()
-        return self._track(self.log_.append(records, {marker: 1, "mtime": self.mtime}),
+        # never twice, even when a first try's outcome was unknown
+        return self._track(self.log_.append(records, {marker: 1, "mtime": self.mtime},
+                                            expected_attributes={marker: None}),
                            lambda _: end)
 
     def _track(self, d, on_success):

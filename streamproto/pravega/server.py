@@ -26,7 +26,7 @@ from zope.interface import implementer
 from streamproto.core.errors import log_failure
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL
-from streamproto.log.errors import CorruptLog, LogError, LogFailed
+from streamproto.log.errors import AppendConflict, CorruptLog, LogError, LogFailed
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
 from streamproto.pravega.segments import (
@@ -559,6 +559,16 @@ class PravegaServerProtocol(Protocol):
                 log_failure(self.log, f, "append to {segment} failed", segment=append.segment)
                 self.send(codec.ErrorMessage(append.request_id, append.segment,
                                              storage_failure_message(f.value), UNSPECIFIED))
+        elif f.check(AppendConflict) and not self.closed:
+            # the writer's event number in the log is not the one its
+            # events were checked against: an append whose outcome was
+            # unknown was stored after all, or another front-end took the
+            # writer.  Close: the writer sets up again on the stored event
+            # number and resends only what is not there
+            self.log.info("writer {writer} on {segment}: {error}; closing so that it "
+                          "resynchronises", writer=append.writer_id, segment=append.segment,
+                          error=f.value)
+            self._abort("event numbers changed", "append_conflict")
         elif not self.closed:
             # a transient storage error (a write that failed and was rolled
             # back, the store closing): close, so that the writer reconnects
