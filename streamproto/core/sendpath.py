@@ -37,6 +37,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from streamproto.core.framing import _speedups, frame_records
+from streamproto.core.observer import Observers
 
 #: Below this average record size the frames are built in one buffer (a
 #: fast C copy) rather than sent as two iovecs a record: tiny iovecs would
@@ -87,7 +88,7 @@ class SocketSender:
         self._writing = False
         self._producer = None
         self._producer_paused = False
-        self._drain_waiters = []
+        self._drain_waiters = Observers()
         self.failed = None
 
     @staticmethod
@@ -144,12 +145,10 @@ class SocketSender:
         """A Deferred that fires once everything queued is sent (or the
         sender failed: then with that failure's exception swallowed, since
         the connection is going anyway)."""
-        from twisted.internet.defer import succeed, Deferred
+        from twisted.internet.defer import succeed
         if not self._queue or self.failed is not None or self._fd is None:
             return succeed(None)
-        d = Deferred()
-        self._drain_waiters.append(d)
-        return d
+        return self._drain_waiters.when()
 
     def close(self):
         """Stop for good and close the duplicate descriptor (the
@@ -180,9 +179,7 @@ class SocketSender:
     def _fire_drained(self):
         if self._queue and self._fd is not None:
             return      # written to again meanwhile (by a producer we resumed)
-        waiters, self._drain_waiters = self._drain_waiters, []
-        for d in waiters:
-            d.callback(None)
+        self._drain_waiters.fire()
 
     # -- IWriteDescriptor --------------------------------------------------
     def fileno(self):

@@ -60,9 +60,9 @@ from itertools import accumulate
 from twisted.internet import defer
 from twisted.internet.defer import fail, succeed
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core.observer import SharedCall
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
@@ -236,7 +236,7 @@ class JetStreamLog:
         self._deadline_call = None
         self._unavailable_since = None
         self._watch = None
-        self._refreshing = None
+        self._refreshing = SharedCall(self._catch_up)
         self._msg_counter = itertools.count(1)
         self._retention_running = False
         self._last_retention = 0.0
@@ -798,18 +798,7 @@ class JetStreamLog:
 
     def _refresh(self):
         """Catch up with the leader (C{get()} of an open log): shared by concurrent callers."""
-        if self._refreshing is not None:
-            d = defer.Deferred()
-            self._refreshing.append(d)
-            return d
-        self._refreshing = []
-
-        def done(result):
-            waiting, self._refreshing = self._refreshing, None
-            for d in waiting:
-                d.callback(None)
-            return result
-        return self._catch_up().addBoth(done)
+        return self._refreshing()
 
     def _note_unavailable(self, error):
         since = self._unavailable_since
@@ -1289,11 +1278,11 @@ class JetStreamLogStore:
         self.writer_id = uuid.uuid4().hex[:12]
         self.closed = False
         self._logs = {}
-        self._opening = {}
+        self._opening = SharedCall(self._open)
         self._names = set()
         self._connected = False
-        self._connecting = False
-        self._start_waiters = []
+        # start() while connecting waits for that one attempt
+        self._connecting = SharedCall(self._connect_once)
         self._retention_call = None
 
     @property
@@ -1311,28 +1300,20 @@ class JetStreamLogStore:
         """Connect (once; again after a failure).  @return: Deferred firing when ready."""
         if self.closed:
             return fail(LogClosed("store closed"))
-        d = defer.Deferred()
         if self._connected:
-            d.callback(None)
-            return d
-        self._start_waiters.append(d)
-        if not self._connecting:
-            self._connecting = True
-            self._connect().addBoth(self._connect_done)
-        return d
+            return succeed(None)
+        return self._connecting()
 
-    def _connect_done(self, result):
-        self._connecting = False
-        waiters, self._start_waiters = self._start_waiters, []
-        if isinstance(result, Failure):
-            log.warn("JetStream store {servers}: {error}", servers=",".join(self.servers),
-                     error=result.getErrorMessage())
-            for d in waiters:
-                d.errback(result)
-            return None
+    def _connect_once(self):
+        return self._connect().addCallbacks(self._connect_done, self._connect_failed)
+
+    def _connect_done(self, _):
         self._connected = True
-        for d in waiters:
-            d.callback(None)
+
+    def _connect_failed(self, failure):
+        log.warn("JetStream store {servers}: {error}", servers=",".join(self.servers),
+                 error=failure.getErrorMessage())
+        return failure
 
     @defer.inlineCallbacks
     def _connect(self):
@@ -1469,23 +1450,8 @@ class JetStreamLogStore:
                 # knows it still reads; its appends fail on their own terms
                 pass
             return existing
-        opening = self._opening.get(name)
-        if opening is not None:
-            d = defer.Deferred()
-            opening.append(d)
-            result = yield d
-            return result
-        self._opening[name] = waiting = []
-        try:
-            log_ = yield self._open(name)
-        except Exception as e:
-            del self._opening[name]
-            for d in waiting:
-                d.errback(e)
-            raise
-        del self._opening[name]
-        for d in waiting:
-            d.callback(log_)
+        # callers while it opens share that one open
+        log_ = yield self._opening(name)
         return log_
 
     @defer.inlineCallbacks
@@ -1586,7 +1552,7 @@ class JetStreamLogStore:
         for log_ in logs:
             log_._close(LogClosed("store closed"))
         self._logs.clear()
-        if self._connected or self._connecting:
+        if self._connected or self._connecting.running:
             try:
                 yield self.bridge.call(self.io.close)
             except Exception:

@@ -28,6 +28,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
 from streamproto.core.errors import describe
+from streamproto.core.observer import OneShotObserver
 from streamproto.lumberjack.codec import Ack, FrameDecoder, ProtocolError, encode_batch
 from streamproto.core.tcp import set_no_delay
 
@@ -163,7 +164,7 @@ class LumberjackClient:
         self._retry_call = None
         self._timeout_call = None
         self._loss_reason = None    # why the last connection ended (for the log)
-        self._close_waiters = []
+        self._closed_event = OneShotObserver()
         self._failures = 0
         self._stopped = False
         self.events_acked = 0
@@ -206,8 +207,7 @@ class LumberjackClient:
         @return: a Deferred firing once disconnected.
         """
         self._stopped = True
-        done = Deferred()
-        self._close_waiters.append(done)
+        done = self._closed_event.when_fired()
         self._close()
         return done
 
@@ -319,9 +319,7 @@ class LumberjackClient:
     @_machine.output()
     def _finish(self):
         self._fail_pending()
-        waiters, self._close_waiters = self._close_waiters, []
-        for d in waiters:
-            d.callback(None)
+        self._closed_event.fire()
 
     _idle.upon(_work_queued, enter=_connecting, outputs=[_connect])
     _idle.upon(_close, enter=_closed, outputs=[_finish])

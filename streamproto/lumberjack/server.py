@@ -31,7 +31,7 @@ not acked yet are the client's to send again.
 from collections import deque
 
 from automat import MethodicalMachine
-from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.defer import maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
@@ -39,6 +39,7 @@ from streamproto.core.tcp import set_no_delay
 from streamproto.core.errors import log_failure
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
+from streamproto.core.observer import OneShotObserver
 from streamproto.core.tls import peer_identity
 from streamproto.lumberjack.codec import (
     DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_FRAME, DEFAULT_MAX_WINDOW, VERSION_2, Ack, Events,
@@ -88,7 +89,7 @@ class LumberjackServerProtocol(Protocol):
         self._idle_call = None
         self._keepalive_call = None
         self._shutting_down = False
-        self._gone = []             # Deferreds of gracefulShutdown, fired at connectionLost
+        self._gone = OneShotObserver()  # gracefulShutdown's: fired at connectionLost
 
     # -- Twisted's side -----------------------------------------------------------
     def connectionMade(self):
@@ -102,9 +103,7 @@ class LumberjackServerProtocol(Protocol):
 
     def connectionLost(self, reason):
         self._lost()
-        gone, self._gone = self._gone, []
-        for d in gone:
-            d.callback(None)
+        self._gone.fire()
 
     def gracefulShutdown(self):
         """
@@ -119,8 +118,7 @@ class LumberjackServerProtocol(Protocol):
         """
         if self._closed:
             return succeed(None)
-        d = Deferred()
-        self._gone.append(d)
+        d = self._gone.when_fired()
         if self._shutting_down:
             return d
         self._shutting_down = True

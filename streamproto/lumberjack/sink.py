@@ -14,10 +14,11 @@ and re-encoded); C{tls} is present only when the peer showed a certificate.
 
 import json
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import succeed
 from twisted.logger import Logger
 from zope.interface import Attribute, Interface, implementer
 
+from streamproto.core.observer import SharedCall
 from streamproto.log.batch import RecordBatch, lengths_array
 
 
@@ -96,29 +97,25 @@ class LogStoreSink:
         self.log_name = log_name
         self.config = config
         self._log = None
-        self._opening = []
+        # connections arriving while the log opens wait for that one open
+        self._open = SharedCall(self._open_log)
 
     def _get_log(self):
         if self._log is not None:
             return succeed(self._log)
-        d = Deferred()
-        self._opening.append(d)
-        if len(self._opening) == 1:
-            self.store.get_or_create(self.log_name, self.config).addCallbacks(
-                self._opened, self._open_failed)
-        return d
+        return self._open()
+
+    def _open_log(self):
+        return self.store.get_or_create(self.log_name, self.config).addCallbacks(
+            self._opened, self._open_failed)
 
     def _opened(self, log):
         self._log = log
-        waiting, self._opening = self._opening, []
-        for d in waiting:
-            d.callback(log)
+        return log
 
     def _open_failed(self, failure):
         self.log.failure("cannot open log {name}", failure, name=self.log_name)
-        waiting, self._opening = self._opening, []
-        for d in waiting:
-            d.errback(failure)
+        return failure
 
     def write(self, connection, events):
         records = make_records(connection, events)

@@ -30,13 +30,14 @@ The NATS client is asyncio: it runs on the bridge's loop thread
 """
 
 import json
+import random
 import re
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core.observer import SharedCall
 from streamproto.reliable.errors import StoreFailed, UnknownSession
 from streamproto.reliable.session import (
     DEFAULT_EXPIRY, ISessionStore, Message, _Session, _SessionTable, log_expiry,
@@ -45,6 +46,8 @@ from streamproto.reliable.session import (
 _KEY = re.compile(r"^[-_=.a-zA-Z0-9]{1,200}$")
 #: attempts of one change against other front-ends' changes
 ATTEMPTS = 8
+#: seconds: the first retry after a conflict waits up to this, each next one twice as long
+CONFLICT_BACKOFF = 0.005
 
 
 def _key(uuid):
@@ -85,8 +88,8 @@ class JetStreamSessionStore:
         self.io = NatsIO(self.servers, self.bridge, tls=tls, name="streamproto-reliable",
                          api_timeout=min(5.0, timeout))
         self._kv = None
-        self._starting = False
-        self._start_waiters = []
+        # start() while connecting waits for that one attempt
+        self._starting = SharedCall(self._start_once)
         # the entries this front-end touched: uuid -> (revision, _Session)
         self._known = {}
         # sessions whose connection here went away: re-read before use
@@ -105,29 +108,21 @@ class JetStreamSessionStore:
         """Connect and open (or create) the bucket (once; again after a failure)."""
         if self._kv is not None:
             return defer.succeed(None)
-        d = defer.Deferred()
-        self._start_waiters.append(d)
-        if not self._starting:
-            self._starting = True
-            self._call(self._open).addBoth(self._open_done)
-        return d
+        return self._starting()
 
-    def _open_done(self, result):
-        self._starting = False
-        waiters, self._start_waiters = self._start_waiters, []
-        if isinstance(result, Failure):
-            error = StoreFailed(f"session store {self.bucket} on {','.join(self.servers)}: "
-                                f"{result.getErrorMessage()}")
-            for d in waiters:
-                d.errback(error)
-            return
+    def _start_once(self):
+        return self._call(self._open).addCallbacks(self._open_done, self._open_failed)
+
+    def _open_failed(self, failure):
+        raise StoreFailed(f"session store {self.bucket} on {','.join(self.servers)}: "
+                          f"{failure.getErrorMessage()}")
+
+    def _open_done(self, _):
         if self._sweep is None and not self.closed:
             from twisted.internet.task import LoopingCall
             self._sweep = LoopingCall(self._sweep_expired)
             self._sweep.clock = self.clock
             self._sweep.start(self.expiry, now=False)
-        for d in waiters:
-            d.callback(None)
 
     def _call(self, coroutine_function, *args):
         return self.bridge.call(coroutine_function, *args)
@@ -254,6 +249,11 @@ class JetStreamSessionStore:
                                                     _encode(image))
                     self._known[uuid] = (new_revision, image)
             except _Conflict:
+                # another front-end wrote first.  Wait a random moment
+                # before reading again: two front-ends that keep racing in
+                # step would otherwise keep the one that must re-read losing
+                yield task.deferLater(self.clock, random.uniform(0, CONFLICT_BACKOFF * 2 ** attempt),
+                                      lambda: None)
                 continue
             return outcomes
         raise StoreFailed(f"session {uuid}: {ATTEMPTS} conflicting changes in a row")

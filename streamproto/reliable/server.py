@@ -25,6 +25,7 @@ from zope.interface import implementer
 
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
+from streamproto.core.observer import OneShotObserver
 from streamproto.reliable import codec
 from streamproto.reliable.errors import ProtocolError, ReliableError
 from streamproto.reliable.sequence import (
@@ -56,28 +57,6 @@ SERVER_NAME = "reliable-stream-server"
 MAX_HELD_MESSAGES = 1024
 
 
-class _Released:
-    """A one-shot event several parties can wait for."""
-
-    def __init__(self):
-        self._fired = False
-        self._waiters = []
-
-    def wait(self):
-        if self._fired:
-            return defer.succeed(None)
-        d = defer.Deferred()
-        self._waiters.append(d)
-        return d
-
-    def fire(self):
-        if not self._fired:
-            self._fired = True
-            waiters, self._waiters = self._waiters, []
-            for d in waiters:
-                d.callback(None)
-
-
 @implementer(IPushProducer)
 class ReliableStreamServerProtocol(Protocol):
     """
@@ -91,7 +70,7 @@ class ReliableStreamServerProtocol(Protocol):
     def __init__(self):
         self.phase = "initial"
         self.uuid = None
-        self.released = _Released()
+        self.released = OneShotObserver()   # fired once this connection let go of its session
         self._claimed = False        # in factory.active (stateful)
         self._session_taken = False  # got past the previous connection: owns the session
         self._paused = False
@@ -111,7 +90,7 @@ class ReliableStreamServerProtocol(Protocol):
         self._tokens_at = None
         self._stall_timer = None
         self._shutting_down = False
-        self._gone = []              # Deferreds of gracefulShutdown
+        self._gone = OneShotObserver()  # fired when the connection is gone (gracefulShutdown)
         self._unsent_count = 0       # messages queued since the last flush (metrics)
         self._stored_count = 0       # messages stored since the last flush (metrics)
         # messages read but not yet in effect (see _drain)
@@ -254,9 +233,7 @@ class ReliableStreamServerProtocol(Protocol):
         self._unsent_count = 0      # queued, never written
         self._count_flushed()
         self.log.debug("reliable-stream connection closed ({phase})", phase=was)
-        gone, self._gone = self._gone, []
-        for d in gone:
-            d.callback(None)
+        self._gone.fire()
 
     def gracefulShutdown(self):
         """
@@ -271,8 +248,7 @@ class ReliableStreamServerProtocol(Protocol):
         """
         if self.phase == "closed":
             return defer.succeed(None)
-        d = defer.Deferred()
-        self._gone.append(d)
+        d = self._gone.when_fired()
         self._shutting_down = True
         self._generating = False
         if self._in_flight == 0:
@@ -428,7 +404,7 @@ class ReliableStreamServerProtocol(Protocol):
         self.uuid = uuid
         self._claimed = True
         previous = self.factory.claim(uuid, self)
-        d = previous.wait()
+        d = previous.when_fired()
         d.addCallback(self._took_session, then, argument)
         d.addErrback(self._errback)
 
@@ -564,7 +540,7 @@ class ReliableStreamServerProtocol(Protocol):
         if not self._session_taken:
             # never got the session: release once the previous holder has
             previous = self.factory.previous_of(self)
-            previous.wait().addBoth(lambda _: self._release())
+            previous.when_fired().addBoth(lambda _: self._release())
             return
         self._drained = defer.Deferred()
         d = self._drained
@@ -636,8 +612,7 @@ class ReliableStreamFactory(Factory):
         previous = self.active.get(uuid)
         self.active[uuid] = proto
         if previous is None:
-            done = _Released()
-            done.fire()
+            done = _fired()
             self._previous[proto] = done
             return done
         self.log.info("session {uuid}: a new connection takes over", uuid=uuid)
@@ -669,6 +644,6 @@ def _error_code(text):
 
 
 def _fired():
-    r = _Released()
-    r.fire()
-    return r
+    released = OneShotObserver()
+    released.fire()
+    return released

@@ -31,6 +31,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.observer import Observers
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
@@ -346,7 +347,7 @@ class StyxProducer:
         self._inflight = deque()     # (count threshold, cumulative bytes, deferred)
         self._backlog = deque()      # (encoded, count, nbytes, deferred)
         self._backlog_bytes = 0
-        self._writable_waiters = []
+        self._writable_waiters = Observers()
         self._producer = None
         self._producer_paused = False
         self._closing = None
@@ -354,7 +355,7 @@ class StyxProducer:
         self._protocol = None
         self._timeout = timeout
         self._clock = clock
-        self._close_waiters = []
+        self._close_waiters = Observers()
         self._ended_with = None      # (error or None,) once the connection is gone
 
     @classmethod
@@ -430,9 +431,7 @@ class StyxProducer:
             return fail(self._error)
         if self.writable:
             return succeed(None)
-        d = Deferred()
-        self._writable_waiters.append(d)
-        return d
+        return self._writable_waiters.when()
 
     def registerProducer(self, producer, streaming=True):
         """C{producer} is paused while the window is full."""
@@ -484,9 +483,7 @@ class StyxProducer:
         for d in fire:
             d.callback(ack)
         if self.writable:
-            waiters, self._writable_waiters = self._writable_waiters, []
-            for d in waiters:
-                d.callback(None)
+            self._writable_waiters.fire()
         self._update_producer()
         self._maybe_closed()
 
@@ -505,8 +502,7 @@ class StyxProducer:
         if self._ended_with is not None:
             error = self._ended_with[0]
             return fail(error) if error is not None else succeed(self.last_ack)
-        d = Deferred()
-        self._close_waiters.append(d)
+        d = self._close_waiters.when()
         if self._closing is None:
             self._closing = True
             if self._error is None:
@@ -532,16 +528,14 @@ class StyxProducer:
             pending = [d for _, _, d in self._inflight] + [e[3] for e in self._backlog]
             self._inflight.clear()
             self._backlog.clear()
-            for d in pending + self._writable_waiters:
+            for d in pending:
                 d.errback(error)
-            self._writable_waiters = []
+            self._writable_waiters.fail(error)
         self._ended_with = (error,)
-        waiters, self._close_waiters = self._close_waiters, []
-        for d in waiters:
-            if error is not None:
-                d.errback(error)
-            else:
-                d.callback(self.last_ack)
+        if error is not None:
+            self._close_waiters.fail(error)
+        else:
+            self._close_waiters.fire(self.last_ack)
 
 
 class StyxConsumer:
