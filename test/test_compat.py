@@ -51,6 +51,34 @@ class CompatTests(SynchronousTestCase):
         channel.connectionLost(Failure(Exception("gone")))
         self.assertTrue(compat.request_gone(request))
 
+    def test_request_line(self):
+        """
+        The request line is known to the channel from the headers on (when
+        the request learns its body's length) until the body is complete.
+        """
+        seen = []
+
+        class Request(server.Request):
+            def gotLength(self, length):
+                seen.append(compat.request_line(self.channel))
+                super().gotLength(length)
+
+            def handleContentChunk(self, data):
+                seen.append(compat.request_line(self.channel))
+                super().handleContentChunk(data)
+
+        resource = _Hold()
+        site = server.Site(resource, requestFactory=Request)
+        channel = site.buildProtocol(None)
+        channel.makeConnection(StringTransport())
+        self.assertEqual(compat.request_line(channel), (b"", b""))
+        channel.dataReceived(b"POST /logs/a%20b/records?x=1 HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Length: 3\r\n\r\nab")
+        self.assertEqual(seen, [(b"POST", b"/logs/a%20b/records?x=1")] * 2)
+        channel.dataReceived(b"c")
+        self.assertEqual(len(resource.requests), 1)
+        self.assertEqual(compat.request_line(channel), (b"", b""))
+
     def test_take_buffered_data(self):
         """A pipelined request behind one in progress is held by the channel: we get it."""
         channel, resource = _channel()

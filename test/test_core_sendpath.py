@@ -270,7 +270,7 @@ class StyxDirectSendTests(unittest.TestCase):
     @defer.inlineCallbacks
     def setUp(self):
         from streamproto.log import MemoryLogStore
-        from streamproto.styx import resource, stream
+        from streamproto.styx import consume, stream
         from streamproto.styx.resource import make_site
 
         self.senders = []
@@ -282,7 +282,7 @@ class StyxDirectSendTests(unittest.TestCase):
                 senders.append(self)
 
         self.patch(stream, "SocketSender", Counting)
-        self.patch(resource, "SocketSender", Counting)
+        self.patch(consume, "SocketSender", Counting)
         self.store = MemoryLogStore(reactor)
         log = yield self.store.create("events")
         self.records = [bytes([i % 256]) * 1000 for i in range(20_000)]

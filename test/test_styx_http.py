@@ -983,7 +983,7 @@ class HoldingLog:
 class ProduceBackpressureTests(HTTPTestBase):
     @defer.inlineCallbacks
     def test_slow_fsync_stops_reading_the_body(self):
-        from streamproto.styx.resource import MAX_UNSYNCED_BYTES
+        from streamproto.styx.produce import MAX_UNSYNCED_BYTES
         yield self.make_log("events")
         holding = HoldingLog((yield self.memory.get("events")))
         self.patch(self.memory, "get", lambda name: defer.succeed(holding))

@@ -9,6 +9,11 @@ breaking a server at run time.
 - L{request_gone}: whether a C{twisted.web} request lost its connection
   (C{Request._disconnected}; C{notifyFinish} tells it once, asynchronously,
   but a streaming renderer needs to ask at any moment).
+- L{request_line}: the method and path of the request whose body an
+  C{HTTPChannel} is receiving (C{HTTPChannel._command}, C{_path}): the
+  request gets them only once its body is complete, but a request that
+  streams or refuses its body must route on them as soon as its length is
+  known.
 - L{take_buffered_data}: the bytes an C{HTTPChannel} read past a request's
   headers and holds for the next request (C{HTTPChannel._dataBuffer}), for
   a connection upgraded to another protocol (styx/0).
@@ -36,6 +41,16 @@ from twisted.internet.endpoints import SSL4ServerEndpoint
 def request_gone(request):
     """Whether C{request}'s connection was lost (it may not be finished)."""
     return bool(request._disconnected)
+
+
+def request_line(channel):
+    """
+    The method and the raw path (with its query) of the request C{channel}
+    is receiving, as bytes, from its headers on until its body is complete;
+    C{(b"", b"")} outside a request.
+    """
+    return (getattr(channel, "_command", b"") or b"",
+            getattr(channel, "_path", b"") or b"")
 
 
 def take_buffered_data(channel):

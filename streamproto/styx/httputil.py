@@ -1,0 +1,57 @@
+"""
+Small HTTP helpers of the Styx API, shared by the resource
+(L{streamproto.styx.resource}), the request class that streams produce
+bodies (L{streamproto.styx.produce}), CORS (L{streamproto.styx.cors}),
+consume (L{streamproto.styx.consume}) and backups
+(L{streamproto.styx.backup}).
+"""
+
+import urllib.parse
+
+from streamproto.core.compat import request_gone
+from streamproto.styx.errors import render_json
+
+
+def header(request, name):
+    """The first value of request header C{name} (bytes), or None."""
+    value = request.requestHeaders.getRawHeaders(name)
+    return value[0] if value else None
+
+
+def upgrade_protocol(request):
+    """C{b"styx/0"}, C{b"websocket"} or None, from the Upgrade header."""
+    value = header(request, b"upgrade")
+    if not value:
+        return None
+    tokens = [t.strip().lower() for t in value.split(b",")]
+    for proto in (b"styx/0", b"websocket"):
+        if proto in tokens:
+            return proto
+    return None
+
+
+def path_segments(path):
+    """C{b"/logs/a%20b/records?x"} -> C{["logs", "a b", "records"]}."""
+    path = path.split(b"?", 1)[0]
+    return [urllib.parse.unquote(s.decode("utf-8", "replace")) for s in path.split(b"/")[1:]]
+
+
+def respond_json(request, value, status=200):
+    """Answer C{value} as the reference's JSON, and finish the request."""
+    if request_gone(request):
+        return  # the client left while we worked; finish() would raise
+    body = render_json(value)
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Type", b"application/json")
+    request.setHeader(b"Content-Length", str(len(body)).encode())
+    request.write(body)
+    request.finish()
+
+
+def respond_empty(request, status=200):
+    """Answer with an empty body (no Content-Type, like the reference)."""
+    if request_gone(request):
+        return
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Length", b"0")
+    request.finish()
