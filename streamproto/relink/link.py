@@ -8,7 +8,8 @@ A L{Link} outlives its connections.  The protocol attaches it to a
 connection after the handshake (L{Link.attach}) and detaches it when the
 connection is lost (L{Link.detach}); what was not acknowledged is resent
 after the peer's C{resume}.  The link does no I/O itself: it writes through
-the callables given to C{attach} and reads what L{Link.data_received} is fed.
+the callables given to C{attach} and reads what L{Link.data_received} is fed
+(cut into packets by a L{codec.PacketDecoder}).
 """
 
 from twisted.internet.defer import Deferred, gatherResults
@@ -76,8 +77,8 @@ class Link:
         self._flush_call = None
         self._to_transmit = {}
         self._acks_due = {}
-        self._buffer = bytearray()
-        self._rpos = 0
+        #: cuts the bytes of the current connection into packets
+        self._decoder = self._new_decoder()
         self._total_buffered = 0
         self._paused = False
         self._over = {}         # in-channels over max_unconsumed (an ordered set)
@@ -116,8 +117,7 @@ class Link:
         self._pause = pause
         self.transmission_paused = False
         self.attached = True
-        self._buffer = bytearray()
-        self._rpos = 0
+        self._decoder = self._new_decoder()   # a new stream: no tail of the old one
         self._last_rx = self.clock.seconds()
         self._ping_sent_at = None
         if resumed:
@@ -406,6 +406,10 @@ class Link:
             ch.sent_ack[ack_type] = count
 
     # -- input ---------------------------------------------------------------
+    def _new_decoder(self):
+        # the peer's channels carry its messages and operations, ours its acks
+        return codec.PacketDecoder(self.peer_id_size, self.own_id_size, self.config.limits)
+
     def data_received(self, data):
         """
         Feed packet bytes.  @raise ProtocolError: the caller must log it and
@@ -415,42 +419,7 @@ class Link:
             return  # discarded (its connection is closing) or detached
         self._last_rx = self.clock.seconds()
         self._ping_sent_at = None
-        buf = self._buffer
-        if buf and len(buf) - self._rpos < 262144:
-            # a small incomplete tail: joining it to this read (one memcpy)
-            # lets the decoder slice bytes directly; big tails (a large
-            # message arriving in pieces) keep growing in place instead
-            data = bytes(memoryview(buf)[self._rpos:]) + data
-            del buf[:]
-            self._rpos = 0
-        if not buf and type(data) is bytes:
-            # the usual case, whole packets: decode the read itself, keep
-            # only an incomplete tail
-            packets, pos = codec.decode_packets(data, 0, len(data), self.peer_id_size,
-                                                self.own_id_size, self.config.limits)
-            if pos < len(data):
-                buf += memoryview(data)[pos:]
-                self._rpos = 0
-                self._check_buffer_bound()
-            self.packets_received(packets)
-            return
-        buf += data
-        packets, pos = codec.decode_packets(buf, self._rpos, len(buf), self.peer_id_size,
-                                            self.own_id_size, self.config.limits)
-        if pos == len(buf):
-            del buf[:]
-            self._rpos = 0
-        elif pos > 65536:
-            del buf[:pos]
-            self._rpos = 0
-        else:
-            self._rpos = pos
-        self._check_buffer_bound()
-        self.packets_received(packets)
-
-    def _check_buffer_bound(self):
-        if len(self._buffer) - self._rpos > self.config.limits.max_message_size + 65536:
-            raise ProtocolError("packet too large")
+        self.packets_received(self._decoder.feed(data))
 
     def packets_received(self, packets):
         deliveries = {}
