@@ -36,7 +36,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from streamproto.relink import codec  # noqa: E402
 from streamproto.relink.api import ChannelHandler  # noqa: E402
-from streamproto.relink.link import Link, LinkConfig  # noqa: E402
+from streamproto.relink.config import LinkConfig  # noqa: E402
+from streamproto.relink.link import Link  # noqa: E402
 
 
 class Counter(ChannelHandler):
@@ -170,7 +171,7 @@ sys.path.insert(0, sys.argv[1])
 from twisted.internet import reactor
 from twisted.internet.endpoints import TCP4ServerEndpoint
 from streamproto.relink.api import ChannelHandler, ListenerFactory, RelinkEndpoint
-from streamproto.relink.link import LinkConfig
+from streamproto.relink.config import LinkConfig
 config = LinkConfig(window=int(sys.argv[2]), max_queued=int(sys.argv[2]))
 ep = RelinkEndpoint("sink", ChannelHandler(), connector_id_size=4, listener_id_size=4,
                     config=config)

@@ -377,3 +377,109 @@ class SequencePacking(SynchronousTestCase):
         # sizes are little-endian u16 / u64, sequence numbers u32
         wire = codec.encode_sequence_packet(SEQUENCE_ACK, codec.RECEIVED, (1,), 0x01020304, 4)
         self.assertEqual(struct.unpack_from("<I", wire, 8)[0], 0x01020304)
+
+
+@st.composite
+def chunked(draw, wire):
+    """C{wire} cut at arbitrary points, each piece as bytes, bytearray or memoryview."""
+    cuts = sorted(draw(st.lists(st.integers(0, len(wire)), max_size=12)))
+    kinds = (bytes, bytearray, memoryview)
+    pieces = []
+    for start, end in zip([0] + cuts, cuts + [len(wire)]):
+        pieces.append(draw(st.sampled_from(kinds))(wire[start:end]))
+    return pieces
+
+
+def feed_all(decoder, pieces):
+    packets = []
+    for piece in pieces:
+        packets += decoder.feed(piece)
+    return packets
+
+
+class Decoder(SynchronousTestCase):
+    """
+    L{codec.PacketDecoder}: the packets of a stream do not depend on how it
+    is cut into reads, and it holds at most C{max_length} bytes of an
+    incomplete packet.
+    """
+
+    @settings(max_examples=300)
+    @given(packet_stream(), st.data())
+    def test_any_chunking_gives_the_whole_stream_packets(self, stream, data):
+        forward, reverse, packets = stream
+        wire = b"".join(codec.encode_packet(p, forward, reverse) for p in packets)
+        whole = codec.PacketDecoder(forward, reverse)
+        self.assertEqual(whole.feed(wire), packets)
+        self.assertEqual(whole.buffered, 0)
+        decoder = codec.PacketDecoder(forward, reverse)
+        self.assertEqual(feed_all(decoder, data.draw(chunked(wire))), packets)
+        self.assertEqual(decoder.buffered, 0)
+
+    @settings(max_examples=200)
+    @given(packet_stream(), st.data())
+    def test_incomplete_tail_is_held(self, stream, data):
+        forward, reverse, packets = stream
+        wires = [codec.encode_packet(p, forward, reverse) for p in packets]
+        wire = b"".join(wires)
+        cut = data.draw(st.integers(0, len(wire)))
+        decoder = codec.PacketDecoder(forward, reverse)
+        got = feed_all(decoder, data.draw(chunked(wire[:cut])))
+        # the packets that end at or before the cut
+        complete = whole = 0
+        while whole < len(wires) and complete + len(wires[whole]) <= cut:
+            complete += len(wires[whole])
+            whole += 1
+        self.assertEqual(got, packets[:whole])
+        self.assertEqual(decoder.buffered, cut - complete)
+        # the rest completes the stream
+        self.assertEqual(got + decoder.feed(wire[cut:]), packets)
+
+    def test_large_messages_in_small_reads(self):
+        # tails past 256 KiB grow in place (and are cut past 64 KiB decoded)
+        # instead of being joined to every read
+        messages = [(b"a" * 300000,), (b"b" * 7, b"c" * 70000), (b"",), (b"d" * 600001,)]
+        wire = b"".join(codec.encode_message((3,), m, 2) for m in messages)
+        for size in (1, 8, 4096, 65537, 262144, 300017, len(wire)):
+            decoder = codec.PacketDecoder(2, 2)
+            pieces = [wire[i:i + size] for i in range(0, len(wire), size)]
+            if size == 1:
+                pieces = pieces[:4096] + [wire[4096:]]   # enough to cross every path
+            got = feed_all(decoder, pieces)
+            self.assertEqual([p.parts for p in got], messages, size)
+            self.assertEqual(decoder.buffered, 0)
+
+    def test_default_bound(self):
+        limits = codec.Limits(max_message_size=1000)
+        decoder = codec.PacketDecoder(1, 2, limits)
+        self.assertEqual(decoder.max_length, 1000 + codec.HEADER_SLACK)
+        self.assertEqual((decoder.forward_id_size, decoder.reverse_id_size), (1, 2))
+
+    @settings(max_examples=200)
+    @given(st.lists(st.binary(max_size=60), min_size=1, max_size=12), st.integers(16, 64),
+           st.data())
+    def test_bound_in_bytes(self, payloads, max_length, data):
+        wires = [codec.encode_message((1,), (p,), 1) for p in payloads]
+        # packets of at most max_length bytes pass, however they are cut
+        fitting = b"".join(w for w in wires if len(w) <= max_length)
+        decoder = codec.PacketDecoder(1, 1, max_length=max_length)
+        got = feed_all(decoder, data.draw(chunked(fitting)))
+        self.assertEqual(len(got), sum(len(w) <= max_length for w in wires))
+        # more than max_length bytes of one packet are refused, however cut
+        big = codec.encode_message((1,), (bytes(max_length),), 1)
+        decoder = codec.PacketDecoder(1, 1, max_length=max_length)
+        pieces = data.draw(chunked(fitting + big[:max_length + 1]))
+        self.assertRaises(ProtocolError, feed_all, decoder, pieces)
+
+    @settings(max_examples=100)
+    @given(st.integers(0, 3), st.data())
+    def test_over_the_limits_refused_however_cut(self, which, data):
+        limits = codec.Limits(max_parts=2, max_part_size=10, max_message_size=24,
+                              max_multicast=2)
+        wire = [codec.encode_message((0,), [b"a"] * 3, 1),
+                codec.encode_message((0,), [b"a" * 11], 1),
+                codec.encode_message((0,), [b"a" * 10, b"b" * 10], 1),
+                codec.encode_channel_packet(CHANNEL_OP, codec.CLOSE, (1, 2, 3), 1)][which]
+        ok = codec.encode_message((0,), [b"ok"], 1)
+        decoder = codec.PacketDecoder(1, 1, limits)
+        self.assertRaises(ProtocolError, feed_all, decoder, data.draw(chunked(ok + wire)))

@@ -12,8 +12,8 @@ from streamproto.core.tls import client_endpoint
 from streamproto.log import MemoryLogStore, open_store
 from streamproto.relink import tap
 from streamproto.relink.api import Connector, ListenerFactory
+from streamproto.relink.config import LinkConfig
 from streamproto.relink.endpoints import server_endpoints
-from streamproto.relink.link import LinkConfig
 from test.test_relink_support import Recorder
 from test.tlsutil import certs
 

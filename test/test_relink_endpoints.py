@@ -9,8 +9,9 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.log import MemoryLogStore
+from streamproto.relink.config import LinkConfig
 from streamproto.relink.endpoints import EchoHandler, LogBridgeHandler
-from streamproto.relink.link import LinkConfig, LinkLost
+from streamproto.relink.errors import LinkLost
 from test.test_relink_support import Pair, Recorder
 
 

@@ -12,10 +12,10 @@ from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.relink import codec
+from streamproto.relink.channels import _unwrap
+from streamproto.relink.config import LinkConfig
 from streamproto.relink.endpoints import EchoHandler
-from streamproto.relink.link import (
-    ChannelBusy, ChannelClosing, LinkConfig, LinkError, LinkLost, _unwrap,
-)
+from streamproto.relink.errors import ChannelBusy, ChannelClosing, LinkError, LinkLost
 from test.test_relink_support import Pair, PausingTransport, Recorder
 
 

@@ -15,7 +15,7 @@ from zope.interface import implementer
 from streamproto.relink.api import (
     ChannelHandler, Connector, IChannelHandler, ListenerFactory, RelinkEndpoint,
 )
-from streamproto.relink.link import LinkConfig
+from streamproto.relink.config import LinkConfig
 from streamproto.relink.protocol import ConnectorProtocol
 
 

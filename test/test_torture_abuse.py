@@ -474,7 +474,7 @@ class RelinkAbuse(AbuseCase):
         echo handler stops consuming and the connector's window closes.
         """
         from streamproto.relink.api import Connector
-        from streamproto.relink.link import LinkConfig
+        from streamproto.relink.config import LinkConfig
         # the connector may offer far more than the server's bounds
         generous = LinkConfig(window_bytes=64 << 20, max_queued_bytes=64 << 20)
         c = Connector(client_endpoint(reactor, "127.0.0.1", self.srv.port), "echo",
@@ -577,8 +577,8 @@ class RelinkLinkFlood(AbuseCase):
     def setUp(self):
         super().setUp()
         from streamproto.relink.api import ListenerFactory
+        from streamproto.relink.config import LinkConfig
         from streamproto.relink.endpoints import server_endpoints
-        from streamproto.relink.link import LinkConfig
         config = LinkConfig(max_links=50, link_timeout=60)
         yield self.serve(lambda store: ListenerFactory(
             server_endpoints(store, id_size=4, config=config), config=config))

@@ -23,7 +23,9 @@ from zope.interface import Interface, implementer
 
 from streamproto.core import metrics
 from streamproto.relink.codec import ConnectorHandshake, ProtocolError
-from streamproto.relink.link import Link, LinkConfig, LinkLost
+from streamproto.relink.config import LinkConfig
+from streamproto.relink.errors import LinkLost
+from streamproto.relink.link import Link
 from streamproto.relink.protocol import ConnectorProtocol, ListenerProtocol
 
 #: the C{server} label of the relink server in the suite-wide metrics

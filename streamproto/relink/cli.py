@@ -25,7 +25,7 @@ from zope.interface import implementer
 from streamproto.core import cli as common
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
-from streamproto.relink.link import LinkConfig
+from streamproto.relink.config import LinkConfig
 
 PROG = "streamproto relink"
 CONVENTION = common.Convention(

@@ -601,6 +601,104 @@ def decode_packets(buf, offset, end, forward_id_size, reverse_id_size, limits=DE
     return packets, offset
 
 
+#: bytes allowed above C{Limits.max_message_size} in an incomplete packet: its
+#: header (channel ids of a multicast, part sizes of a long message)
+HEADER_SLACK = 65536
+
+#: an incomplete tail shorter than this is joined to the next read (one copy)
+#: so that the decoder slices bytes; a longer one grows in place instead
+_JOIN_TAIL = 262144
+
+
+class PacketDecoder:
+    """
+    Split one direction of a packet stream into L{Packet}s, whatever the
+    sizes of the pieces it arrives in: bytes in, whole packets out (the
+    framing half of Twisted's C{IntNStringReceiver}, without the dispatch,
+    the transport or the callbacks).
+
+    The usual read holds whole packets and is decoded where it lies, only
+    an incomplete tail is kept.  A small tail is joined to the next read so
+    that part payloads are sliced from bytes; a large one (a big message
+    arriving in pieces) keeps growing in one bytearray, of which the decoded
+    head is cut once it passes 64 KiB.
+
+    @ivar forward_id_size: the channel id size of messages and operations
+        in this stream (the sender's).
+    @ivar reverse_id_size: the channel id size of acknowledgements in this
+        stream (the receiver's).
+    @ivar limits: the L{Limits} packets are checked against.
+    @ivar max_length: the most bytes of an incomplete packet held between
+        reads (Twisted's C{MAX_LENGTH}); holding more is a L{ProtocolError}.
+    """
+
+    def __init__(self, forward_id_size, reverse_id_size, limits=DEFAULT_LIMITS,
+                 max_length=None):
+        """
+        @param max_length: defaults to C{limits.max_message_size} plus
+            L{HEADER_SLACK}.
+        """
+        self.forward_id_size = forward_id_size
+        self.reverse_id_size = reverse_id_size
+        self.limits = limits
+        if max_length is None:
+            max_length = limits.max_message_size + HEADER_SLACK
+        self.max_length = max_length
+        self._buffer = bytearray()
+        self._rpos = 0          # the start of the first undecoded byte in _buffer
+
+    @property
+    def buffered(self):
+        """Bytes of an incomplete packet held for the next L{feed}."""
+        return len(self._buffer) - self._rpos
+
+    def feed(self, data):
+        """
+        The packets completed by C{data} (bytes, bytearray or memoryview),
+        in stream order.
+
+        @return: a list of L{Packet} (empty while a packet is incomplete).
+        @raise ProtocolError: a malformed packet, or more than C{max_length}
+            bytes of an incomplete one; the stream cannot go on (packets
+            decoded in the same call are lost with it).
+        """
+        buf = self._buffer
+        if buf and len(buf) - self._rpos < _JOIN_TAIL:
+            # a small incomplete tail: joining it to this read (one memcpy)
+            # lets the decoder slice bytes directly; big tails (a large
+            # message arriving in pieces) keep growing in place instead
+            data = bytes(memoryview(buf)[self._rpos:]) + data
+            del buf[:]
+            self._rpos = 0
+        if not buf and type(data) is bytes:
+            # the usual case, whole packets: decode the read itself, keep
+            # only an incomplete tail
+            packets, pos = decode_packets(data, 0, len(data), self.forward_id_size,
+                                          self.reverse_id_size, self.limits)
+            if pos < len(data):
+                buf += memoryview(data)[pos:]
+                self._rpos = 0
+                self._check_length()
+            return packets
+        buf += data
+        packets, pos = decode_packets(buf, self._rpos, len(buf), self.forward_id_size,
+                                      self.reverse_id_size, self.limits)
+        if pos == len(buf):
+            del buf[:]
+            self._rpos = 0
+        elif pos > 65536:
+            del buf[:pos]
+            self._rpos = 0
+        else:
+            self._rpos = pos
+        self._check_length()
+        return packets
+
+    def _check_length(self):
+        if len(self._buffer) - self._rpos > self.max_length:
+            raise ProtocolError("packet too large")
+
+
 def describe(packet):
     """A short human-readable form of a packet, for logs."""
     kind = packet.kind

@@ -18,7 +18,8 @@ from zope.interface import implementer
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, ANONYMOUS, AuthorizationDenied, denied
 from streamproto.relink.api import SERVER_NAME, ChannelHandler, IChannelHandler, RelinkEndpoint
-from streamproto.relink.link import LinkConfig, LinkError
+from streamproto.relink.config import LinkConfig
+from streamproto.relink.errors import LinkError
 from streamproto.log.public import PublicLogStore
 
 DEFAULT_LOG_TEMPLATE = "relink-{channel}"

@@ -3,8 +3,8 @@ Thin Twisted protocols for both Relink roles.
 
 Both run the handshake as one automat state machine (on their common base)
 and then hand packet bytes to their L{streamproto.relink.link.Link}.
-Everything about links and channels lives in C{link.py}; everything about
-bytes in C{codec.py}.
+Everything about links lives in C{link.py} (their channels in
+C{channels.py}); everything about bytes in C{codec.py}.
 """
 
 from automat import MethodicalMachine
@@ -16,7 +16,7 @@ from zope.interface import implementer
 
 from streamproto.relink import codec
 from streamproto.relink.codec import ProtocolError
-from streamproto.relink.link import LinkLost
+from streamproto.relink.errors import LinkLost
 
 
 @implementer(IPushProducer)

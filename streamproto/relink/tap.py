@@ -11,8 +11,8 @@ from streamproto.core.tap import ServerOptions, positive_int, server_service
 from streamproto.log.config import validate_name
 from streamproto.log.public import check_public_name
 from streamproto.relink.api import ListenerFactory
+from streamproto.relink.config import LinkConfig
 from streamproto.relink.endpoints import DEFAULT_LOG_TEMPLATE, SERVER_WINDOW, server_endpoints
-from streamproto.relink.link import LinkConfig
 
 DEFAULT_PORT = "tcp:7350"
 
