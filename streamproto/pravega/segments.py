@@ -34,6 +34,7 @@ import uuid
 from twisted.internet.defer import CancelledError, Deferred, fail, inlineCallbacks, succeed
 from twisted.logger import Logger
 
+from streamproto.core.observer import Observers
 from streamproto.log.config import MAX_NAME_LENGTH, LogConfig
 from streamproto.log.errors import (
     AppendConflict, LogClosed, LogExists, LogNotFound, PositionOutOfRange,
@@ -188,7 +189,7 @@ class Segment:
         self.issued_offset = log.end_offset
         self._issued = {}           # writer key -> last event number sent to the log
         self._pending = 0
-        self._idle = []             # Deferreds waiting for no pending appends
+        self._idle = Observers()    # waiting for no pending appends
         self._tail_waiters = set()
         self.failed = None
         self.deleted = False
@@ -257,9 +258,7 @@ class Segment:
         """@return: Deferred firing once every append issued so far is done."""
         if not self._pending:
             return succeed(None)
-        d = Deferred()
-        self._idle.append(d)
-        return d
+        return self._idle.when()
 
     def _check_writable(self):
         if self.deleted:
@@ -328,9 +327,7 @@ class Segment:
         def done(result):
             self._pending -= 1
             if not self._pending:
-                idle, self._idle = self._idle, []
-                for w in idle:
-                    w.callback(None)
+                self._idle.fire()
             return result
 
         def failed(f):

@@ -16,12 +16,13 @@ level; C{send_many} is the bulk path (one Deferred for a batch).
 import itertools
 
 from twisted.application.internet import ClientService
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
 from streamproto.core import metrics
+from streamproto.core.observer import Observers
 from streamproto.relink.codec import ConnectorHandshake, ProtocolError
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.errors import LinkLost
@@ -308,7 +309,7 @@ class Connector:
         self.config = config or LinkConfig()
         self.clock = clock
         self.link = self._new_link()
-        self._linked_waiters = []
+        self._linked_waiters = Observers()
         self._service = None
         self._endpoint = endpoint
         self._retry_policy = retry_policy
@@ -346,12 +347,9 @@ class Connector:
 
     def when_linked(self):
         """A Deferred firing with the L{Link} once a handshake completed."""
-        d = Deferred()
         if self.link.attached:
-            d.callback(self.link)
-        else:
-            self._linked_waiters.append(d)
-        return d
+            return succeed(self.link)
+        return self._linked_waiters.when()
 
     def shutdown(self, timeout=None):
         """
@@ -402,9 +400,7 @@ class Connector:
             link.discard(reason)
             self.link = self._new_link()
             self.stop()
-            waiters, self._linked_waiters = self._linked_waiters, []
-            for d in waiters:
-                d.errback(reason)
+            self._linked_waiters.fail(reason)
             return None, False
         resumed = link.link_id != 0 and (link.epoch, link.link_id) == (epoch, link_id)
         if not resumed:
@@ -414,13 +410,9 @@ class Connector:
                 link.discard(LinkLost("the listener started a new link"))
                 link = self.link = self._new_link()
             link.epoch, link.link_id = epoch, link_id
-        waiters, self._linked_waiters = self._linked_waiters, []
-        self.clock.callLater(0, self._fire_linked, waiters, link)
+        # on the next turn: the caller attaches the link first
+        self.clock.callLater(0, self._linked_waiters.fire, link)
         return link, resumed
-
-    def _fire_linked(self, waiters, link):
-        for d in waiters:
-            d.callback(link)
 
     def connection_lost(self, protocol):
         if self.protocol is protocol:
