@@ -75,6 +75,17 @@ class AppendConflict(LogError):
     code = "conflict"
 
 
+def append_conflict(name, end_position, expected_position, attributes, expected_attributes):
+    """
+    The L{AppendConflict} of a conditional append (see L{ILog.append}) to a
+    log ending at C{end_position} with C{attributes}, both counting every
+    append issued before it; None when its conditions hold (or it has none).
+    """
+    if expected_position is not None and expected_position != end_position:
+        return AppendConflict(f"log {name} ends at {end_position}, not {expected_position}")
+    return attributes_conflict(name, attributes, expected_attributes)
+
+
 def attributes_conflict(name, attributes, expected):
     """
     The L{AppendConflict} of an append expecting C{expected} (key -> value,

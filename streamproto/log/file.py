@@ -37,8 +37,8 @@ from streamproto.core import metrics
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
-    AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
-    PositionOutOfRange, RecordTooLarge, WriteFailed, attributes_conflict,
+    CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
+    PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict,
 )
 from streamproto.log.format import (
     MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
@@ -312,11 +312,9 @@ class FileLog:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
             return fail(LogFailed(f"log {self.name} fail-stopped: {self.failed}"))
-        if expected_position is not None and expected_position != self._w_pos:
-            return fail(AppendConflict(f"log {self.name} ends at {self._w_pos}, "
-                                       f"not {expected_position}"))
         # against what is written (synced or not): appends are issued in order
-        conflict = attributes_conflict(self.name, self._attrs_written, expected_attributes)
+        conflict = append_conflict(self.name, self._w_pos, expected_position,
+                                   self._attrs_written, expected_attributes)
         if conflict is not None:
             return fail(conflict)
         if isinstance(records, RecordBatch):

@@ -12,8 +12,8 @@ from zope.interface import implementer
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
-    AppendConflict, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge, attributes_conflict,
+    LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
+    RecordTooLarge, append_conflict,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
@@ -62,10 +62,8 @@ class MemoryLog:
             return fail(LogClosed(self.name))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
-        if expected_position is not None and expected_position != self.end_position:
-            return fail(AppendConflict(f"log {self.name} ends at {self.end_position}, "
-                                       f"not {expected_position}"))
-        conflict = attributes_conflict(self.name, self._attributes, expected_attributes)
+        conflict = append_conflict(self.name, self.end_position, expected_position,
+                                   self._attributes, expected_attributes)
         if conflict is not None:
             return fail(conflict)
         if isinstance(records, RecordBatch):
