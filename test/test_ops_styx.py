@@ -19,7 +19,7 @@ from streamproto.styx import tap
 from streamproto.styx.codec import (
     ACK, ERROR, HEARTBEAT_TYPE, Ack, ErrorCode, ErrorMessage, StyxDecoder, encode_records,
 )
-from streamproto.styx.stream_client import _request_head
+from streamproto.styx.handshake import request_head as _request_head
 from test.netutil import RawClient, connect, free_port, start_process, wait_until
 from test.test_ops_support import RunningService, Samples, sample, stored_records
 

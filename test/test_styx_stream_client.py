@@ -12,8 +12,9 @@ from streamproto.styx.codec import (
     decode_all, encode_ack, encode_error, encode_records,
 )
 from streamproto.styx.errors import APIError
+from streamproto.styx.handshake import request_head as _request_head
 from streamproto.styx.stream_client import (
-    StyxConnectionLost, StyxConsumer, StyxProducer, StyxStreamError, _request_head,
+    StyxConnectionLost, StyxConsumer, StyxProducer, StyxStreamError,
     _StyxClientProtocol,
 )
 

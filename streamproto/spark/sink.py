@@ -22,6 +22,7 @@ import urllib.parse
 from pyspark.sql.datasource import WriterCommitMessage
 
 from streamproto.spark.remote import StyxHTTPClient, TLSFiles
+from streamproto.styx import handshake
 
 try:  # pyspark >= 4.0
     from pyspark.sql.datasource import DataSourceArrowWriter as _BatchWriterBase
@@ -119,26 +120,14 @@ class StyxStreamProducer:
             if url.scheme == "https":
                 context = (opts.tls or TLSFiles()).context()
                 sock = context.wrap_socket(sock, server_hostname=url.hostname)
-            path = (url.path.rstrip("/") + "/logs/" + urllib.parse.quote(opts.log, safe="")
-                    + "/records")
-            sock.sendall(
-                f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nUpgrade: styx/0\r\n"
-                f"Connection: Upgrade\r\nX-Styx-Timeout: {max(2, int(opts.timeout))}\r\n"
-                "Content-Length: 0\r\n\r\n".encode("ascii"))
+            sock.sendall(handshake.request_head("POST", url.netloc, opts.log,
+                                                timeout=max(2, int(opts.timeout)),
+                                                base_path=url.path))
             head, rest = self._read_head(sock)
-            status_line, _, headers = head.partition(b"\r\n")
-            parts = status_line.split(b" ", 2)
-            if len(parts) < 2 or parts[1] != b"101":
-                raise SinkError(f"styx/0 upgrade refused: {head[:300]!r}")
-            remote_timeout = 30.0
-            for line in headers.split(b"\r\n"):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"x-styx-timeout":
-                    try:
-                        remote_timeout = max(2.0, float(value.strip()))
-                    except ValueError:
-                        pass
-            self._heartbeat_every = remote_timeout / 2
+            if not handshake.upgraded(head.status, head.headers):
+                raise SinkError(f"styx/0 upgrade refused: HTTP {head.status} "
+                                f"{rest[:300]!r}")
+            self._heartbeat_every = max(2.0, handshake.remote_timeout(head.headers)) / 2
             self._last_sent = time.monotonic()
             if rest:
                 self._handle(self._decoder.feed(rest))
@@ -149,15 +138,17 @@ class StyxStreamProducer:
 
     @staticmethod
     def _read_head(sock):
-        data = b""
-        while b"\r\n\r\n" not in data:
+        """@return: the L{handshake.ResponseHead} and the bytes after it."""
+        head = handshake.ResponseHead()
+        rest = None
+        while rest is None:
             chunk = sock.recv(4096)
             if not chunk:
                 raise SinkError("connection closed during the styx/0 handshake")
-            data += chunk
-            if len(data) > 65536:
-                raise SinkError("styx/0 handshake answer too large")
-        head, _, rest = data.partition(b"\r\n\r\n")
+            try:
+                rest = head.feed(chunk)
+            except handshake.HandshakeError as e:
+                raise SinkError(f"styx/0 handshake: {e}") from None
         return head, rest
 
     def _handle(self, messages):

@@ -24,7 +24,7 @@ Example::
 
 import json
 from collections import deque
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionDone
@@ -39,14 +39,15 @@ from streamproto.styx.codec import (
     ErrorMessage, StyxDecoder, StyxProtocolError, encode_error, encode_records,
 )
 from streamproto.styx.errors import APIError
+from streamproto.styx.handshake import (
+    HandshakeError, ResponseHead, remote_timeout, request_head, upgraded,
+)
 
 _log = Logger()
 
 DEFAULT_TIMEOUT = 30
 #: Bytes of records written but not yet acked before writes are held back.
 DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
-#: The HTTP response head (101 or error) may not exceed this.
-MAX_RESPONSE_HEAD = 65536
 MAX_ERROR_BODY = 1024 * 1024
 
 
@@ -65,41 +66,6 @@ class StyxStreamError(Exception):
 
 class StyxConnectionLost(Exception):
     """The connection closed before the stream completed."""
-
-
-def _request_head(method, host, name, query, timeout, token=None):
-    path = "/logs/" + quote(name, safe="") + "/records"
-    if query:
-        path += "?" + urlencode(query)
-    lines = [
-        f"{method} {path} HTTP/1.1",
-        f"Host: {host}",
-        "Connection: upgrade",  # the Go server matches this exact spelling
-        "Upgrade: styx/0",
-        f"X-Styx-Timeout: {int(timeout)}",
-        "User-Agent: streamproto-styx",
-    ]
-    if token:
-        # a server's --auth-policy (doc/security.rst); a token is one line
-        lines.append("Authorization: Bearer " + "".join(token.split()))
-    if method == "POST":
-        lines.append("Content-Length: 0")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
-
-
-def _parse_head(head):
-    """@return: (status, {lowercase name: value})."""
-    lines = head.decode("latin-1").split("\r\n")
-    parts = lines[0].split(" ", 2)
-    if len(parts) < 2 or not parts[0].startswith("HTTP/"):
-        raise ValueError(f"not an HTTP response: {lines[0]!r}")
-    status = int(parts[1])
-    headers = {}
-    for line in lines[1:]:
-        if ":" in line:
-            key, value = line.split(":", 1)
-            headers[key.strip().lower()] = value.strip()
-    return status, headers
 
 
 def _dechunk(body):
@@ -141,7 +107,8 @@ class _StyxClientProtocol(Protocol):
         self._head = head
         self.timeout = timeout
         self._clock = clock
-        self._response = bytearray()
+        self._response_head = ResponseHead()
+        self._response = bytearray()    # an error body, after the head
         self._status = None
         self._headers = None
         self._decoder = StyxDecoder(MAX_WIRE_RECORD_SIZE, accept=accept)
@@ -163,25 +130,25 @@ class _StyxClientProtocol(Protocol):
             self._last_received = self._clock.seconds()
             self._feed(data)
             return
-        self._response += data
         if self._status is None:
-            end = self._response.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._response) > MAX_RESPONSE_HEAD:
-                    self._fail_handshake(APIError("unknown_error", "response head too large"))
-                return
             try:
-                self._status, self._headers = _parse_head(bytes(self._response[:end]))
-            except ValueError as e:
+                rest = self._response_head.feed(data)
+            except HandshakeError as e:
                 self._fail_handshake(APIError("unknown_error", str(e)))
                 return
-            del self._response[:end + 4]
+            if rest is None:
+                return
+            head = self._response_head
+            self._status, self._headers = head.status, head.headers
+            self._response += rest
             if self._status == 101:
-                if self._headers.get("upgrade", "").lower() != "styx/0":
+                if not upgraded(self._status, self._headers):
                     self._fail_handshake(APIError("unknown_error", "server did not switch to styx/0"))
                     return
                 self._switch()
                 return
+        else:
+            self._response += data
         self._maybe_error_body()
 
     def _maybe_error_body(self):
@@ -207,10 +174,7 @@ class _StyxClientProtocol(Protocol):
 
     def _switch(self):
         self.upgraded = True
-        try:
-            remote = int(self._headers.get("x-styx-timeout", "") or DEFAULT_TIMEOUT)
-        except ValueError:
-            remote = DEFAULT_TIMEOUT
+        remote = int(remote_timeout(self._headers, DEFAULT_TIMEOUT))
         self.remote_timeout = remote
         # heartbeat within both timeouts: the Go server closes after its own
         # tcp_timeout even when it announces a longer X-Styx-Timeout
@@ -369,7 +333,7 @@ class StyxProducer:
             L{APIError} if the server refuses the upgrade.
         """
         self = cls(name, timeout, window_bytes, reactor)
-        head = _request_head("POST", f"{host}:{port}", name, None, timeout, token)
+        head = request_head("POST", f"{host}:{port}", name, None, timeout, token)
         self._protocol = _StyxClientProtocol(self, head, (ACK, HEARTBEAT_TYPE, ERROR),
                                              timeout, reactor)
         d = _connect(reactor, host, port, tls, self._protocol)
@@ -577,7 +541,7 @@ class StyxConsumer:
         self = cls(name, on_records, reactor, batches)
         query = {"whence": whence, "position": str(position), "count": str(count),
                  "follow": "true" if follow else "false"}
-        head = _request_head("GET", f"{host}:{port}", name, query, timeout, token)
+        head = request_head("GET", f"{host}:{port}", name, query, timeout, token)
         self._protocol = _StyxClientProtocol(self, head, (RECORD, HEARTBEAT_TYPE, ERROR),
                                              timeout, reactor)
         self._protocol.batch_mode = batches
