@@ -206,3 +206,67 @@ class ReliableFailoverTests(unittest.TestCase):
         result = yield d
         check_stream(self, result, 2000)
         self.assertGreaterEqual(result.reconnects, 1)
+
+
+class StyxFailoverTests(unittest.TestCase):
+    timeout = 60
+
+    def setUp(self):
+        self.store = MemoryLogStore(reactor)
+
+    @defer.inlineCallbacks
+    def test_styx_http(self):
+        """
+        The Styx HTTP client over two front-ends (its pooled connection to
+        the killed one included): every write acknowledged, once, in order;
+        at most one write fails (the one on the connection the kill cut).
+        """
+        from twisted.protocols.policies import WrappingFactory
+        from twisted.web.client import HTTPConnectionPool
+
+        from streamproto.styx.api_client import StyxClient
+        from streamproto.styx.resource import make_site
+        wrappers, listening, ports = [], [], []
+        for _ in range(2):
+            wrapper = WrappingFactory(make_site(self.store))
+            port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(wrapper)
+            self.addCleanup(port.stopListening)
+            wrappers.append(wrapper)
+            listening.append(port)
+            ports.append(port.getHost().port)
+
+        @defer.inlineCallbacks
+        def kill(i):
+            # as a kill -9: no more listening, every connection cut
+            yield listening[i].stopListening()
+            for conn in list(wrappers[i].protocols):
+                conn.transport.abortConnection()
+        pool = HTTPConnectionPool(reactor, persistent=True)
+        self.addCleanup(pool.closeCachedConnections)
+        client = StyxClient([f"http://127.0.0.1:{p}" for p in ports], reactor, pool=pool)
+        yield client.create_log("events")
+        acked, failed = [], 0
+        for i in range(60):
+            while True:
+                # the caller's retry: a write on the pooled connection the
+                # kill cut fails once (its outcome unknown); the next
+                # attempt goes to the other front-end
+                try:
+                    yield client.write_record("events", b"%d" % i)
+                    break
+                except Exception:
+                    failed += 1
+                    self.assertLess(failed, 3)
+            acked.append(b"%d" % i)
+            if i == 20:
+                yield kill(0)
+        self.assertEqual(client.base_url, f"http://127.0.0.1:{ports[1]}")
+        self.assertEqual((yield client.read_records("events")), acked)
+
+    def test_styx_command_line_takes_several_servers(self):
+        from streamproto.styx import cli
+        args = cli.parse_args(["-s", "h1:1,h2:2", "-s", "h3", "logs", "list"])
+        client = cli._client(args, reactor)
+        self.addCleanup(client.close)
+        self.assertEqual(client.base_urls, ["http://h1:1", "http://h2:2", "http://h3:7123"])
+

@@ -190,3 +190,87 @@ class BackupTests(unittest.TestCase):
             yield port.stopListening()
             yield pool.closeCachedConnections()
             yield store.close()
+
+
+class FailoverTests(unittest.TestCase):
+    """
+    Several front-ends of one store: a request that cannot reach the
+    current one goes to the next, and the client stays there.
+    """
+    timeout = 30
+
+    def setUp(self):
+        from test.netutil import free_port
+        self.store = MemoryLogStore(task.Clock())
+        self.ports = []
+        for _ in range(2):
+            port = reactor.listenTCP(0, make_site(self.store), interface="127.0.0.1")
+            self.addCleanup(port.stopListening)
+            self.ports.append(port)
+        self.dead = f"http://127.0.0.1:{free_port()}"
+        self.urls = [f"http://127.0.0.1:{p.getHost().port}" for p in self.ports]
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(self.pool.closeCachedConnections)
+
+    @defer.inlineCallbacks
+    def test_dead_front_end_skipped(self):
+        """A front-end that refuses connections: writes and reads go to the next one."""
+        client = StyxClient(",".join([self.dead] + self.urls), reactor, pool=self.pool)
+        yield client.create_log("events")
+        self.assertEqual(client.base_url, self.urls[0])
+        yield client.write_records("events", [b"a", b"b"])
+        self.assertEqual((yield client.read_records("events")), [b"a", b"b"])
+
+    @defer.inlineCallbacks
+    def test_front_end_dies(self):
+        """The current front-end goes away between requests: the next one answers."""
+        client = StyxClient(self.urls, reactor, pool=self.pool)
+        yield client.create_log("events")
+        yield client.write_record("events", b"one")
+        yield self.ports[0].stopListening()
+        yield client.write_record("events", b"two")
+        self.assertEqual(client.base_url, self.urls[1])
+        self.assertEqual((yield client.read_records("events")), [b"one", b"two"])
+
+    @defer.inlineCallbacks
+    def test_all_dead(self):
+        """Every front-end unreachable: the connection error, after trying each once."""
+        from twisted.internet.error import ConnectError
+        for port in self.ports:
+            yield port.stopListening()
+        client = StyxClient([self.dead] + self.urls, reactor, pool=self.pool)
+        yield self.assertFailure(client.list_logs(), ConnectError)
+
+    @defer.inlineCallbacks
+    def test_lost_write_not_sent_again(self):
+        """
+        A write whose answer was lost may be stored: it is not sent to the
+        next front-end (the caller decides), while a read is.
+        """
+        from twisted.internet.protocol import Factory, Protocol
+        from twisted.web.client import ResponseFailed
+
+        class Hangup(Protocol):
+            def dataReceived(self, data):
+                self.transport.loseConnection()
+        hangup = reactor.listenTCP(0, Factory.forProtocol(Hangup), interface="127.0.0.1")
+        self.addCleanup(hangup.stopListening)
+        client = StyxClient([f"http://127.0.0.1:{hangup.getHost().port}", self.urls[0]],
+                            reactor, pool=self.pool)
+        yield self.store.create("events")
+        yield self.assertFailure(client.write_record("events", b"x"), ResponseFailed)
+        # not sent again; the next request goes to the next front-end
+        self.assertEqual(client.base_url, self.urls[0])
+        self.assertEqual((yield client.read_records("events")), [])
+        client.base_urls.reverse()     # the hang-up first again: a read moves on
+        self.assertEqual((yield client.read_records("events")), [])
+        self.assertEqual(client.base_url, self.urls[0])
+
+    def test_tls_options_per_host(self):
+        """A callable gives each front-end's TLS options by its own name."""
+        from streamproto.styx.api_client import _FixedTLSPolicy
+        asked = []
+        policy = _FixedTLSPolicy(lambda host: asked.append(host) or host.upper())
+        self.assertEqual(policy.creatorForNetloc(b"a.example", 443), "A.EXAMPLE")
+        self.assertEqual(_FixedTLSPolicy("same").creatorForNetloc(b"b", 1), "same")
+        self.assertEqual(asked, ["a.example"])

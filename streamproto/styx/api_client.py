@@ -17,7 +17,12 @@ import urllib.parse
 import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.internet.error import ConnectError, ConnectionLost
+from twisted.logger import Logger
+from twisted.web.client import (
+    Agent, HTTPConnectionPool, RequestNotSent, RequestTransmissionFailed,
+    ResponseNeverReceived,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IPolicyForHTTPS
 from zope.interface import implementer
@@ -45,13 +50,31 @@ class StyxAPIError(Exception):
 
 @implementer(IPolicyForHTTPS)
 class _FixedTLSPolicy:
-    """Use the same client TLS options (CA, client certificate) for every host."""
+    """
+    The client TLS options (CA, client certificate) given: the same for
+    every host, or those a callable gives for each host name.
+    """
 
     def __init__(self, options):
         self.options = options
 
     def creatorForNetloc(self, hostname, port):
-        return self.options
+        return tls_options_for(self.options, hostname)
+
+
+def tls_options_for(options, hostname):
+    """C{options} (see L{StyxClient}) for the server named C{hostname}."""
+    if callable(options):
+        name = hostname.decode("idna") if isinstance(hostname, bytes) else hostname
+        return options(name)
+    return options
+
+
+#: a request failing with one of these never reached the server: any
+#: request may go to the next front-end
+NOT_SENT = (ConnectError, RequestNotSent)
+#: these may have reached it: only reads go to the next front-end
+MAYBE_SENT = (ResponseNeverReceived, RequestTransmissionFailed, ConnectionLost)
 
 
 @implementer(IAgent)
@@ -77,23 +100,38 @@ def base_url(host):
 
 class StyxClient:
     """
-    @param base_url: e.g. C{http://localhost:7123} or C{https://host:7443}.
+    @param base_url: e.g. C{http://localhost:7123} or C{https://host:7443};
+        several front-ends of one store as a list or comma-separated.  A
+        request that cannot reach the current one goes to the next (and the
+        client stays there): any request when the connection failed, reads
+        also when it was lost before the answer.  A write whose answer was
+        lost is not sent again (it may be stored: the caller decides, as
+        with any timeout); it fails, and the next request goes to the next
+        front-end.
     @param reactor: the reactor (default: the global one).
     @param pool: an L{HTTPConnectionPool} to share; a persistent one is
         made otherwise (close it with L{close}).
     @param tls_options: client TLS options for https URLs (see
         L{streamproto.core.tls.client_tls_options}: server verification with
-        service_identity, optional client certificate).
+        service_identity, optional client certificate), or a callable
+        giving them for a host name (several front-ends, each verified by
+        its own name).
     @param token: a bearer token sent with every request (a server's
         C{--auth-policy}, doc/security.rst), or None.
     """
+
+    log = Logger()
 
     def __init__(self, base_url=DEFAULT_URL, reactor=None, pool=None, tls_options=None,
                  agent=None, token=None):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
-        self.base_url = base_url.rstrip("/")
+        urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+        self.base_urls = [u.strip().rstrip("/") for u in urls if u.strip()]
+        if not self.base_urls:
+            raise ValueError("no server URL")
+        self._current = 0
         self.tls_options = tls_options
         #: the bearer token sent with every request (None: none)
         self.token = token
@@ -114,6 +152,15 @@ class StyxClient:
             return self.pool.closeCachedConnections()
         return defer.succeed(None)
 
+    @property
+    def base_url(self):
+        """The front-end requests go to now."""
+        return self.base_urls[self._current]
+
+    def tls_options_for(self, hostname):
+        """The client TLS options for the server named C{hostname} (or None)."""
+        return tls_options_for(self.tls_options, hostname)
+
     # plumbing -------------------------------------------------------------
     def _url(self, *segments, query=None):
         path = "/".join(urllib.parse.quote(s, safe="") for s in segments)
@@ -121,6 +168,31 @@ class StyxClient:
         if query:
             url += "?" + urllib.parse.urlencode(query)
         return url
+
+    @defer.inlineCallbacks
+    def _request(self, method, *segments, query=None, read=False, **kwargs):
+        """
+        C{method} on C{segments} at the current front-end, moving on to the
+        next ones when it cannot be reached (see L{StyxClient}).
+
+        @param read: the request changes nothing (it may be sent twice).
+        """
+        for attempt in range(len(self.base_urls)):
+            url = self._url(*segments, query=query)
+            try:
+                response = yield self.http.request(method, url, **kwargs)
+                return response
+            except NOT_SENT + MAYBE_SENT as e:
+                if len(self.base_urls) == 1:
+                    raise
+                # the next requests go to the next front-end in any case
+                self._current = (self._current + 1) % len(self.base_urls)
+                if attempt == len(self.base_urls) - 1 or not (isinstance(e, NOT_SENT) or read):
+                    self.log.info("{url} failed ({error}): the next request goes to {next}",
+                                  url=url, error=e.__class__.__name__, next=self.base_url)
+                    raise
+                self.log.info("{url} failed ({error}): trying {next}", url=url,
+                              error=e.__class__.__name__, next=self.base_url)
 
     @staticmethod
     @defer.inlineCallbacks
@@ -151,7 +223,7 @@ class StyxClient:
     # logs -----------------------------------------------------------------
     def list_logs(self):
         """@return: Deferred list of log-info dicts."""
-        return self._json(self.http.get(self._url("logs")))
+        return self._json(self._request("GET", "logs", read=True))
 
     def create_log(self, name, **config):
         """
@@ -160,16 +232,16 @@ class StyxClient:
         """
         form = {"name": name}
         form.update({k: str(int(v)) for k, v in config.items() if v is not None})
-        return self._json(self.http.post(self._url("logs"), data=form))
+        return self._json(self._request("POST", "logs", data=form))
 
     def get_log(self, name):
-        return self._json(self.http.get(self._url("logs", name)))
+        return self._json(self._request("GET", "logs", name, read=True))
 
     def delete_log(self, name):
-        return self._empty(self.http.delete(self._url("logs", name)))
+        return self._empty(self._request("DELETE", "logs", name))
 
     def truncate_log(self, name):
-        return self._empty(self.http.post(self._url("logs", name, "truncate")))
+        return self._empty(self._request("POST", "logs", name, "truncate"))
 
     @defer.inlineCallbacks
     def backup_log(self, name, sink=None):
@@ -177,7 +249,7 @@ class StyxClient:
         @param sink: a callable taking each chunk of the tar.gz as it
             arrives; without one the Deferred fires with the whole archive.
         """
-        response = yield self.http.get(self._url("logs", name, "backup"))
+        response = yield self._request("GET", "logs", name, "backup", read=True)
         response = yield self._check(response)
         if sink is None:
             return (yield response.content())
@@ -186,14 +258,14 @@ class StyxClient:
 
     def restore_log(self, name, archive):
         """@param archive: the tar.gz as bytes or a file object."""
-        return self._empty(self.http.post(
-            self._url("logs", "restore", query={"name": name}), data=archive,
+        return self._empty(self._request(
+            "POST", "logs", "restore", query={"name": name}, data=archive,
             headers={"Content-Type": "application/gzip"}))
 
     def metrics(self):
         """@return: Deferred text of C{/metrics}."""
-        return self.http.get(self._url("metrics")).addCallback(self._check).addCallback(
-            lambda r: r.text())
+        return self._request("GET", "metrics", read=True).addCallback(
+            self._check).addCallback(lambda r: r.text())
 
     # records ------------------------------------------------------------
     def write_record(self, name, record):
@@ -202,8 +274,8 @@ class StyxClient:
 
         @return: Deferred C{{"position": synced end, "count": 1}}.
         """
-        return self._json(self.http.post(
-            self._url("logs", name, "records"), data=bytes(record),
+        return self._json(self._request(
+            "POST", "logs", name, "records", data=bytes(record),
             headers={"Content-Type": formats.OCTET_STREAM}))
 
     def write_records(self, name, records, fmt=formats.BINARY):
@@ -219,8 +291,8 @@ class StyxClient:
                 raise ValueError("the octet-stream format carries exactly one record")
             return self.write_record(name, records[0])
         body = formats.encode_records(fmt, list(records))
-        return self._json(self.http.post(
-            self._url("logs", name, "records"), data=body,
+        return self._json(self._request(
+            "POST", "logs", name, "records", data=body,
             headers={"Content-Type": fmt.media_type()}))
 
     @staticmethod
@@ -239,10 +311,9 @@ class StyxClient:
 
         @return: Deferred bytes, or None at the end of the log.
         """
-        response = yield self.http.get(
-            self._url("logs", name, "records",
-                      query={"whence": whence, "position": str(position)}),
-            headers={"Accept": formats.OCTET_STREAM})
+        response = yield self._request(
+            "GET", "logs", name, "records", query={"whence": whence, "position": str(position)},
+            headers={"Accept": formats.OCTET_STREAM}, read=True)
         response = yield self._check(response)
         body = yield response.content()
         if not body and not response.headers.hasHeader(b"content-type"):
@@ -266,10 +337,9 @@ class StyxClient:
         headers = {"Accept": fmt.media_type()}
         if timeout is not None:
             headers["X-Styx-Timeout"] = str(int(timeout))
-        response = yield self.http.get(
-            self._url("logs", name, "records",
-                      query=self._read_query(whence, position, count, follow)),
-            headers=headers)
+        response = yield self._request(
+            "GET", "logs", name, "records",
+            query=self._read_query(whence, position, count, follow), headers=headers, read=True)
         response = yield self._check(response)
         decoder = fmt.decoder(max_record_size or 0x7FFFFFFF)
         collected = []

@@ -170,8 +170,21 @@ def _client(args, reactor):
     from streamproto.styx.api_client import StyxClient
     # a server's --auth-policy: the bearer token comes from the environment,
     # never the command line (where ps and shell histories show it)
-    return StyxClient(args.server.url(), reactor, tls_options=args.tls_options,
+    servers = getattr(args, "servers", None) or [args.server]
+    tls = args.tls_options
+    if tls is not None and len(servers) > 1:
+        # several front-ends: each verified by its own name
+        by_host = {s.host: CONVENTION.tls_options(args, s) for s in servers}
+        by_host[args.server.host] = args.tls_options
+        tls = by_host.get
+    return StyxClient([s.url() for s in servers], reactor, tls_options=tls,
                       token=os.environ.get(TOKEN_ENV) or None)
+
+
+def _stream_tls(client):
+    """The TLS options of the front-end the HTTP client is on now (for styx/0)."""
+    from urllib.parse import urlsplit
+    return client.tls_options_for(urlsplit(client.base_url).hostname)
 
 
 # -- commands ----------------------------------------------------------------
@@ -279,7 +292,7 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     producer = None
     if stream is not None:
         producer = await _stream_errors(stream.StyxProducer.connect_url(
-            reactor, client.base_url, args.name, tls=client.tls_options, token=client.token))
+            reactor, client.base_url, args.name, tls=_stream_tls(client), token=client.token))
     fmt = formats.BINARY if args.binary else formats.lines(args.line_ending)
     decoder = fmt.decoder(0x7FFFFFFF)
     unbuffered = args.unbuffered or _is_tty(stdin)
@@ -378,7 +391,7 @@ async def consume(reactor, args, client, stdout=None, err=None, jitter=random.ra
 
     async def styx0():
         consumer = await _stream_errors(stream.StyxConsumer.connect_url(
-            reactor, client.base_url, args.name, write, tls=client.tls_options,
+            reactor, client.base_url, args.name, write, tls=_stream_tls(client),
             token=client.token, whence="origin", position=state["position"], count=remaining(),
             follow=args.follow))
         connected["now"] = True
