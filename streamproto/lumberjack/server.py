@@ -34,10 +34,12 @@ from automat import MethodicalMachine
 from twisted.internet.defer import maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from streamproto.core.tcp import set_no_delay
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.core.observer import OneShotObserver
@@ -54,6 +56,7 @@ DEFAULT_FLUSH_BYTES = 4 * 1048576
 DEFAULT_MAX_BUFFERED = 256 * 1048576
 
 
+@implementer(IGracefulShutdown)
 class LumberjackServerProtocol(Protocol):
     """
     One connection from a writer (Filebeat, go-lumber, logstash-forwarder, ...).

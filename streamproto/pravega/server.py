@@ -27,6 +27,7 @@ from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.log.errors import AppendConflict, CorruptLog, LogError, LogFailed
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
@@ -175,7 +176,7 @@ class _WriterState:
         self.failed = False     # told the writer its log failed: drop what it sends
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IGracefulShutdown)
 class PravegaServerProtocol(Protocol):
     log = Logger()
 

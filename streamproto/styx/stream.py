@@ -26,6 +26,7 @@ from zope.interface import implementer
 
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import redirect_channel_input, set_read_size, take_buffered_data
 from streamproto.core.ops import IOutputCounter
 from streamproto.core.sendpath import SocketSender
@@ -91,7 +92,7 @@ def error_code_for(failure_or_exception):
     return ErrorCode.UNKNOWN
 
 
-@implementer(IHalfCloseableProtocol)
+@implementer(IHalfCloseableProtocol, IGracefulShutdown)
 class _StyxStream(Protocol):
     """
     What producer and consumer streams share: the decoder, heartbeats, the
