@@ -9,7 +9,9 @@ from twisted.application import service
 from twisted.internet import defer, protocol, reactor
 from twisted.logger import ILogObserver
 from twisted.trial import unittest
+from zope.interface import implementer
 
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.ops import HealthResource, TrackingFactory, store_problems
 from streamproto.core.tap import ServerOptions, server_service
 from streamproto.log import MemoryLogStore
@@ -25,6 +27,7 @@ class Echo(protocol.Protocol):
         self.transport.write(data)
 
 
+@implementer(IGracefulShutdown)
 class Polite(Echo):
     """Says goodbye its own way on shutdown."""
 
@@ -34,9 +37,18 @@ class Polite(Echo):
         return defer.succeed(None)
 
 
+@implementer(IGracefulShutdown)
 class Stuck(Echo):
     def gracefulShutdown(self):
         return defer.Deferred()  # never finishes: the deadline must abort it
+
+
+class Undeclared(Echo):
+    """A method of that name, without the interface: not called."""
+
+    def gracefulShutdown(self):
+        self.transport.write(b"bye")
+        return defer.Deferred()
 
 
 class Client(protocol.Protocol):
@@ -122,6 +134,15 @@ class TrackingTests(unittest.TestCase):
         c = yield self.echoed_client(Echo, "t-plain")
         yield self.top.stopService()
         yield c.closed
+
+    @defer.inlineCallbacks
+    def test_drain_asks_the_interface(self):
+        """Only an L{IGracefulShutdown} provider is asked to shut down; a
+        protocol that merely has a method of that name is closed plainly."""
+        c = yield self.echoed_client(Undeclared, "t-undeclared")
+        yield self.top.stopService()
+        yield c.closed
+        self.assertEqual(c.received, b"x")
 
     @defer.inlineCallbacks
     def test_drain_deadline_aborts(self):

@@ -176,6 +176,26 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         self.clock.advance(30)
         self.assertFalse(self.transport.disconnecting)
 
+    def test_timeout_counts_from_resume(self):
+        """Time spent not reading is not the client's silence: once reading
+        resumes the client has the whole timeout again."""
+        self.stream.max_pending_bytes = 1
+        pending = []
+        self.log.append = lambda records, attributes=None: pending.append(
+            defer.Deferred()) or pending[-1]
+        self.stream.dataReceived(encode_record(b"xy"))
+        self.assertTrue(self.transport.reading_paused)
+        self.clock.advance(30)
+        from streamproto.log import AppendResult
+        pending[0].callback(AppendResult(0, 1, 2))
+        self.assertFalse(self.transport.reading_paused)
+        self.clock.advance(9.9)
+        self.assertNotIn(ErrorMessage(ErrorCode.TIMEOUT), sent_messages(self.transport))
+        self.assertFalse(self.transport.disconnecting)
+        self.clock.advance(0.2)
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(sent_messages(self.transport)[-1], ErrorMessage(ErrorCode.TIMEOUT))
+
     def test_unknown_type(self):
         """Records before the bad message are kept and acked, then the error."""
         self.stream.dataReceived(encode_records([b"ok1", b"ok2"]) + b"\x00\x09junk")

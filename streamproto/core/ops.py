@@ -22,6 +22,7 @@ from twisted.web.server import Site
 from zope.interface import Interface, alsoProvides, implementer
 
 from streamproto.core import metrics
+from streamproto.core.interfaces import IGracefulShutdown, IReadiness
 from streamproto.core.tls import peer_identity
 
 
@@ -117,9 +118,9 @@ class TrackingFactory(WrappingFactory):
     Wraps a server factory: see the module docstring.
 
     On L{drain}, every connection's protocol gets a chance to finish: if it
-    has a C{gracefulShutdown()} method (returning a Deferred that fires when
-    its in-flight work is acknowledged and it has said goodbye the protocol's
-    way), that is called; otherwise the connection is closed once its
+    provides L{IGracefulShutdown}, its C{gracefulShutdown()} is called (its
+    Deferred fires when its in-flight work is acknowledged and it has said
+    goodbye the protocol's way); otherwise the connection is closed once its
     pending writes are flushed.  Connections still open at the deadline are
     aborted.
     """
@@ -152,10 +153,10 @@ class TrackingFactory(WrappingFactory):
         for conn in connections:
             closed = defer.Deferred()
             conn._drained = closed
-            shutdown = getattr(conn.wrappedProtocol, "gracefulShutdown", None)
+            protocol = conn.wrappedProtocol
             try:
-                if shutdown is not None:
-                    defer.maybeDeferred(shutdown).addErrback(
+                if IGracefulShutdown.providedBy(protocol):
+                    defer.maybeDeferred(protocol.gracefulShutdown).addErrback(
                         lambda f: self.log.failure("graceful shutdown failed", f))
                 else:
                     conn.loseConnection()
@@ -220,7 +221,9 @@ def add_readiness_check(check):
 def store_problems(stores):
     """
     Why the server is not ready (empty when it is): each store's
-    L{ILogStore.problems}, then every registered readiness check.
+    L{IReadiness.problems<streamproto.core.interfaces.IReadiness.problems>}
+    (an L{ILogStore<streamproto.log.interfaces.ILogStore>} is one), then
+    every registered readiness check.
     """
     problems = []
     for store in stores:
@@ -231,9 +234,17 @@ def store_problems(stores):
 
 
 def metrics_site(stores):
-    """A twisted.web Site serving /metrics, /health, /ready and the status page at /."""
+    """
+    A twisted.web Site serving /metrics, /health, /ready and the status page at /.
+
+    @param stores: the L{IReadiness} providers C{/ready} asks (the server's
+        L{ILogStore<streamproto.log.interfaces.ILogStore>}s).
+    @raise TypeError: for a store that does not provide L{IReadiness} (at
+        start-up, not at the first C{/ready}).
+    """
     from prometheus_client.twisted import MetricsResource
 
+    stores = [IReadiness(store) for store in stores]
     root = resource.Resource()
     root.putChild(b"metrics", MetricsResource())
     health = HealthResource(lambda: store_problems(stores))

@@ -44,7 +44,7 @@ from streamproto.log.format import (
     MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
     encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
 )
-from streamproto.log.interfaces import ILog, ILogStore, log_problems
+from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, log_problems
 from streamproto.log.result import AppendResult
 from streamproto.log.segments import (
     FileIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
@@ -762,7 +762,7 @@ class FileLog:
                 self._io.close(seg.fd)
 
 
-@implementer(ILogStore)
+@implementer(ILogStore, ILogDirectories)
 class FileLogStore:
     """
     A directory of logs, one subdirectory each.  Logs are opened (and

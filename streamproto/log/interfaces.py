@@ -16,9 +16,15 @@ ever see synced records.
 
 from zope.interface import Attribute, Interface
 
+from streamproto.core.interfaces import IReadiness
 
-class ILogStore(Interface):
-    """A collection of named logs."""
+
+class ILogStore(IReadiness):
+    """
+    A collection of named logs.  Its L{IReadiness.problems} says why it
+    cannot serve (a closed store, a data directory that cannot be written,
+    a log that fail-stopped), for C{/ready}.
+    """
 
     def names():
         """
@@ -62,21 +68,28 @@ class ILogStore(Interface):
             their C{info()} without opening every log on disk).
         """
 
-    def problems():
-        """
-        Why the store cannot serve now, for C{/ready}: one line each, with
-        the cause (a closed store, a data directory that cannot be written
-        and why, a log that fail-stopped and why).  Empty when it can.
-
-        @return: a list of strings (synchronous: a health check must answer
-            even when the store's I/O is stuck).
-        """
-
     def close():
         """
         Wait for pending fsyncs, then close every log.
 
         @return: Deferred firing when every log is closed.
+        """
+
+
+class ILogDirectories(Interface):
+    """
+    An L{ILogStore} whose logs are directories on a file system (the file
+    store), which backups and restores need: a backup archives a log's
+    directory, a restore unpacks one into the store's.  A store without
+    them (memory, JetStream) does not provide this.
+    """
+
+    path = Attribute("The store's data directory (absolute): one subdirectory per log.")
+
+    def log_path(name):
+        """
+        @return: the directory of log C{name} (whether or not it exists).
+        @raise InvalidLogName: for a name that cannot be a log's.
         """
 
 

@@ -16,10 +16,10 @@ L{PublicLogStore} is the view the public APIs get.
 """
 
 from twisted.internet.defer import fail
-from zope.interface import implementer
+from zope.interface import alsoProvides, implementer
 
 from streamproto.log.errors import InvalidLogName, LogNotFound
-from streamproto.log.interfaces import ILogStore
+from streamproto.log.interfaces import ILogDirectories, ILogStore
 
 #: prefixes of the names reserved for the servers' internal state
 RESERVED_PREFIXES = ("__", "pravega_")
@@ -55,6 +55,9 @@ class PublicLogStore:
 
     def __init__(self, store):
         self.store = store
+        if ILogDirectories.providedBy(store):
+            # its path (through __getattr__) and log_path, for backups
+            alsoProvides(self, ILogDirectories)
 
     def names(self):
         return [name for name in self.store.names() if not is_internal(name)]

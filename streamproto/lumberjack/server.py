@@ -34,9 +34,12 @@ from automat import MethodicalMachine
 from twisted.internet.defer import maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from streamproto.core.tcp import set_no_delay
 from streamproto.core.errors import log_failure
+from streamproto.core.idle import IdleTimeout
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.core.observer import OneShotObserver
@@ -53,6 +56,7 @@ DEFAULT_FLUSH_BYTES = 4 * 1048576
 DEFAULT_MAX_BUFFERED = 256 * 1048576
 
 
+@implementer(IGracefulShutdown)
 class LumberjackServerProtocol(Protocol):
     """
     One connection from a writer (Filebeat, go-lumber, logstash-forwarder, ...).
@@ -86,7 +90,7 @@ class LumberjackServerProtocol(Protocol):
         self._paused = False
         self._closed = False
         self._in_advance = False
-        self._idle_call = None
+        self._idle = IdleTimeout(factory.clock, factory.idle_timeout, self._idle_expired)
         self._keepalive_call = None
         self._shutting_down = False
         self._gone = OneShotObserver()  # gracefulShutdown's: fired at connectionLost
@@ -97,9 +101,7 @@ class LumberjackServerProtocol(Protocol):
         self.peer = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
         set_no_delay(self.transport)
         self.factory.connections.add(self)
-        timeout = self.factory.idle_timeout
-        if timeout:
-            self._idle_call = self.factory.clock.callLater(timeout, self._idle_expired)
+        self._idle.start()
 
     def connectionLost(self, reason):
         self._lost()
@@ -149,8 +151,7 @@ class LumberjackServerProtocol(Protocol):
     def dataReceived(self, data):
         if self._closed:
             return
-        if self._idle_call is not None:
-            self._idle_call.reset(self.factory.idle_timeout)
+        self._idle.reset()
         self.decoder.feed(data)
         self._advance()
 
@@ -427,8 +428,7 @@ class LumberjackServerProtocol(Protocol):
     @_machine.output()
     def _rearm_idle(self):
         # storage is slow, the client is waiting for us: not idle
-        self._idle_call = self.factory.clock.callLater(
-            self.factory.idle_timeout, self._idle_expired)
+        self._idle.start()
 
     @_machine.output()
     def _log_bad_input(self, code, message):
@@ -438,7 +438,6 @@ class LumberjackServerProtocol(Protocol):
 
     @_machine.output()
     def _log_idle(self):
-        self._idle_call = None
         metrics.ERRORS.labels(self.factory.server_name, "idle_timeout").inc()
         self.log.warn("lumberjack: closing {peer}: {code}: {message}", peer=self.peer,
                       code="idle_timeout",
@@ -467,10 +466,10 @@ class LumberjackServerProtocol(Protocol):
         self._closed = True
         self._writing = False
         self.factory.connections.discard(self)
-        for call in (self._idle_call, self._keepalive_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._idle_call = self._keepalive_call = None
+        self._idle.cancel()
+        if self._keepalive_call is not None and self._keepalive_call.active():
+            self._keepalive_call.cancel()
+        self._keepalive_call = None
         self._pending = []
         self._backlog.clear()
 

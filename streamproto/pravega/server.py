@@ -24,8 +24,10 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from streamproto.core.errors import log_failure
+from streamproto.core.idle import IdleTimeout
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.log.errors import AppendConflict, CorruptLog, LogError, LogFailed
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
@@ -174,7 +176,7 @@ class _WriterState:
         self.failed = False     # told the writer its log failed: drop what it sends
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IGracefulShutdown)
 class PravegaServerProtocol(Protocol):
     log = Logger()
 
@@ -188,7 +190,7 @@ class PravegaServerProtocol(Protocol):
         self._pause_reasons = set()
         self._outstanding_bytes = 0
         self._reads = set()             # Deferreds of reads in flight
-        self._idle_timer = None
+        self._idle = IdleTimeout(factory.clock, factory.idle_timeout, self._idle_expired)
         self._shutdown = None           # Deferred while shutting down gracefully
         self._send_waiters = []         # reads waiting for room in the send buffer
         self._read_counters = {}        # segment -> codec.EventCounter of a reader
@@ -202,12 +204,11 @@ class PravegaServerProtocol(Protocol):
         self.peer = str(self.transport.getPeer())
         self.transport.registerProducer(self, True)
         self._producing = True
-        self._arm_idle()
+        self._idle.start()
 
     def connectionLost(self, reason):
         self.closed = True
-        if self._idle_timer is not None and self._idle_timer.active():
-            self._idle_timer.cancel()
+        self._idle.cancel()
         for d in list(self._reads):
             d.cancel()
         self._queue.clear()
@@ -260,16 +261,12 @@ class PravegaServerProtocol(Protocol):
             self.transport.resumeProducing()
         self.transport.loseConnection()
 
-    def _arm_idle(self):
-        timeout = self.factory.idle_timeout
-        if timeout:
-            self._idle_timer = self.factory.clock.callLater(timeout, self._idle)
-
-    def _idle(self):
+    def _idle_expired(self):
         if self.closed:
             return
         if self._reads or self._outstanding_bytes or self._busy:
-            self._arm_idle()
+            # the client is waiting for us (a read, an append being stored): not idle
+            self._idle.start()
             return
         self.log.info("closing idle connection from {peer}", peer=self.peer)
         self.factory.metric_error("idle_timeout")
@@ -330,8 +327,7 @@ class PravegaServerProtocol(Protocol):
     def dataReceived(self, data):
         if self.closed:
             return
-        if self._idle_timer is not None and self._idle_timer.active():
-            self._idle_timer.reset(self.factory.idle_timeout)
+        self._idle.reset()
         try:
             commands = self.decoder.feed(data)
         except codec.ProtocolError as e:

@@ -37,6 +37,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
 from streamproto.reliable.errors import StoreFailed, UnknownSession
 from streamproto.reliable.session import (
@@ -60,7 +61,7 @@ class _Conflict(Exception):
     """Another front-end changed the entry first."""
 
 
-@implementer(ISessionStore)
+@implementer(ISessionStore, IReadiness)
 class JetStreamSessionStore:
     """
     @param servers: C{nats://}/C{tls://} URLs of the cluster.

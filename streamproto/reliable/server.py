@@ -25,6 +25,7 @@ from zope.interface import implementer
 
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.observer import OneShotObserver
 from streamproto.reliable import codec
 from streamproto.reliable.errors import ProtocolError, ReliableError
@@ -57,7 +58,7 @@ SERVER_NAME = "reliable-stream-server"
 MAX_HELD_MESSAGES = 1024
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IGracefulShutdown)
 class ReliableStreamServerProtocol(Protocol):
     """
     One connection.  Phases: C{initial} (waiting for the first line),

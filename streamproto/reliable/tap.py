@@ -11,7 +11,9 @@ import os
 
 from twisted.application import service
 from twisted.logger import Logger
+from zope.interface import implementer
 
+from streamproto.core.interfaces import IReadiness
 from streamproto.core.stores import cannot_start
 from streamproto.log.interfaces import log_problems
 from streamproto.core.auth import ALLOW_ALL
@@ -81,11 +83,14 @@ class _FailedSessions:
         return {"status": f"failed ({self.failure})"}
 
 
+@implementer(IReadiness)
 class SessionStoreHealth:
     """
     The session store as C{/ready} sees stores
     (L{streamproto.core.ops.store_problems}): not ready once closed or once
-    a commit failed (the store then refuses every call until reopened).
+    a commit failed (the store then refuses every call until reopened), nor
+    for the store's own L{IReadiness.problems} when it has them (a JetStream
+    bucket disconnected).
     """
 
     def __init__(self, sessions):
@@ -98,8 +103,8 @@ class SessionStoreHealth:
     def problems(self):
         if getattr(self.sessions, "closed", False):
             return ["store closed"]
-        own = getattr(self.sessions, "problems", None)      # a JetStream bucket's
-        return (own() if own is not None else []) + log_problems(self.open_logs())
+        own = IReadiness(self.sessions, None)      # a JetStream bucket
+        return (own.problems() if own is not None else []) + log_problems(self.open_logs())
 
 
 def make_store(options, clock=None):

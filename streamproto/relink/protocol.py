@@ -14,6 +14,7 @@ from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.relink import codec
 from streamproto.relink.codec import ProtocolError
 from streamproto.relink.errors import LinkLost
@@ -310,6 +311,7 @@ class _LinkedConnection(Protocol):
         self.lost()
 
 
+@implementer(IGracefulShutdown)
 class ListenerProtocol(_LinkedConnection):
     """
     The accepting side.  C{factory} is a L{streamproto.relink.api.ListenerFactory}.

@@ -25,6 +25,7 @@ from twisted.web.static import NoRangeStaticProducer
 from streamproto.core.compat import request_gone
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogExists
+from streamproto.log.interfaces import ILogDirectories
 from streamproto.log.public import check_public_name
 from streamproto.styx.errors import APIError
 from streamproto.styx.httputil import respond_empty
@@ -35,16 +36,15 @@ log = Logger(namespace="streamproto.styx.resource")
 
 def store_directory(store):
     """
-    The data directory of a file-backed C{store}.
+    The data directory of a file-backed C{store} (an L{ILogDirectories}).
 
     @raise APIError: C{not_supported} for a store without one.
     """
-    # not part of ILogStore: only the file store has a directory
-    path = getattr(store, "path", None)
-    if not path:
+    directories = ILogDirectories(store, None)
+    if directories is None:
         raise APIError("not_supported",
                        "api: backup and restore need a file-backed log store")
-    return str(path)
+    return str(directories.path)
 
 
 @defer.inlineCallbacks

@@ -25,6 +25,8 @@ from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from streamproto.core.errors import log_failure
+from streamproto.core.idle import IdleTimeout
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import redirect_channel_input, set_read_size, take_buffered_data
 from streamproto.core.ops import IOutputCounter
 from streamproto.core.sendpath import SocketSender
@@ -90,7 +92,7 @@ def error_code_for(failure_or_exception):
     return ErrorCode.UNKNOWN
 
 
-@implementer(IHalfCloseableProtocol)
+@implementer(IHalfCloseableProtocol, IGracefulShutdown)
 class _StyxStream(Protocol):
     """
     What producer and consumer streams share: the decoder, heartbeats, the
@@ -123,12 +125,14 @@ class _StyxStream(Protocol):
         self._decoder = StyxDecoder(
             min(log.config.max_record_size, MAX_WIRE_RECORD_SIZE), accept=self._accept)
         self._error_code = None
-        self._idle_call = None
+        #: the server's timeout: no message (heartbeats count) for that long
+        #: closes with TIMEOUT; paused while we are not reading (the peer
+        #: cannot be blamed for that silence)
+        self._idle = IdleTimeout(self._clock, self.timeout, self._timed_out)
         self._heartbeat_call = None
         self._abort_call = None
         #: fires (with None) once the connection is gone
         self.closed = Deferred()
-        self._last_received = 0.0
         self._last_sent = 0.0
         self._reading_paused = False
         #: the peer half-closed: it sends nothing more
@@ -294,9 +298,8 @@ class _StyxStream(Protocol):
 
     def connectionMade(self):
         self._count_stream(1)
-        now = self._clock.seconds()
-        self._last_received = self._last_sent = now
-        self._idle_call = self._clock.callLater(self.timeout, self._check_idle)
+        self._last_sent = self._clock.seconds()
+        self._idle.start()
         self._heartbeat_call = self._clock.callLater(self.heartbeat_interval,
                                                      self._check_heartbeat)
 
@@ -310,7 +313,7 @@ class _StyxStream(Protocol):
     def dataReceived(self, data):
         if self._state != "streaming":
             return
-        self._last_received = self._clock.seconds()
+        self._idle.reset()
         try:
             # lengths + one buffer, handed to the store as is: no per-record work
             lengths, payload, others = self._decoder.feed_batch(data)
@@ -329,7 +332,7 @@ class _StyxStream(Protocol):
                           role=self.role, log=self._log.name, code=message.code)
                 self.finish()
                 return
-            # heartbeats only refresh _last_received
+            # heartbeats only reset the idle timeout
         if error is not None:
             _log.info("styx/0 {role} on {log}: protocol error {code}: {error}",
                       role=self.role, log=self._log.name, code=error.code.name, error=str(error))
@@ -373,19 +376,10 @@ class _StyxStream(Protocol):
         else:
             self.transport.write(data)
 
-    def _check_idle(self):
-        self._idle_call = None
-        now = self._clock.seconds()
-        if self._reading_paused:
-            # we are not reading: the peer cannot be blamed for silence
-            self._last_received = now
-        elapsed = now - self._last_received
-        if elapsed >= self.timeout:
-            _log.info("styx/0 {role} on {log}: no message for {t} s, closing",
-                      role=self.role, log=self._log.name, t=self.timeout)
-            self.finish(ErrorCode.TIMEOUT)
-            return
-        self._idle_call = self._clock.callLater(self.timeout - elapsed, self._check_idle)
+    def _timed_out(self):
+        _log.info("styx/0 {role} on {log}: no message for {t} s, closing",
+                  role=self.role, log=self._log.name, t=self.timeout)
+        self.finish(ErrorCode.TIMEOUT)
 
     def _check_heartbeat(self):
         self._heartbeat_call = None
@@ -398,7 +392,8 @@ class _StyxStream(Protocol):
                                                      self._check_heartbeat)
 
     def _stop_timers(self):
-        for name in ("_idle_call", "_heartbeat_call", "_abort_call"):
+        self._idle.cancel()
+        for name in ("_heartbeat_call", "_abort_call"):
             call = getattr(self, name)
             if call is not None and call.active():
                 call.cancel()
@@ -407,12 +402,13 @@ class _StyxStream(Protocol):
     def _pause_reading(self):
         if not self._reading_paused:
             self._reading_paused = True
+            self._idle.pause()
             self.transport.pauseProducing()
 
     def _resume_reading(self):
         if self._reading_paused:
             self._reading_paused = False
-            self._last_received = self._clock.seconds()
+            self._idle.resume()
             self.transport.resumeProducing()
 
 

@@ -23,7 +23,9 @@ from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerPr
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
+from zope.interface import implementer
 
+from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.styx.errors import APIError
 from streamproto.styx.follow import LogFollower
 
@@ -81,6 +83,7 @@ class _GoingAway:
             self.transport.loseConnection()
 
 
+@implementer(IGracefulShutdown)
 class ProduceProtocol(_GoingAway, WebSocketServerProtocol):
     """Every message is a record; appended in batches, durable before the
     closing handshake completes."""
@@ -204,6 +207,7 @@ class ProduceProtocol(_GoingAway, WebSocketServerProtocol):
         self._fire_gone()
 
 
+@implementer(IGracefulShutdown)
 class ConsumeProtocol(_GoingAway, WebSocketServerProtocol):
     """Every record is one binary message."""
 
