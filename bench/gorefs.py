@@ -154,9 +154,32 @@ def _acked(port):
         return json.load(r)["ACKed"]
 
 
-def tst_send_rate(tst_send, port, seconds, pipeline=0):
-    """Events/s go-lumber's C{tst-send} gets acked by the server on PORT,
-    measured over SECONDS after a two-second start (from its expvar count)."""
+def cpu_seconds(pid):
+    """User + system CPU seconds of process PID so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class SendRun:
+    """One C{tst-send} run: events acked per second, and per CPU-second of each side."""
+
+    def __init__(self, rate, server_cpu, sender_cpu, seconds):
+        self.rate = rate
+        #: events acked per CPU-second the server spent
+        self.server_efficiency = rate * seconds / server_cpu if server_cpu else float("inf")
+        #: share of one core the sender (tst-send) used: near 1.0, it is the bottleneck
+        self.sender_load = sender_cpu / seconds
+
+    def __repr__(self):
+        return (f"{self.rate:,.0f}/s (server {self.server_efficiency:,.0f}/cpu-s, "
+                f"sender {self.sender_load:.0%})")
+
+
+def tst_send_rate(tst_send, port, seconds, pipeline=0, server_pid=None):
+    """Go-lumber's C{tst-send} against the server on PORT, measured over
+    SECONDS after a two-second start (its expvar count of acked events, and
+    the CPU both processes used meanwhile): a L{SendRun}."""
     vars_port = free_port()
     proc = subprocess.Popen([tst_send, "-c", f"127.0.0.1:{port}",
                              "-httpprof", f"127.0.0.1:{vars_port}",
@@ -165,10 +188,14 @@ def tst_send_rate(tst_send, port, seconds, pipeline=0):
     try:
         wait_port(vars_port)
         time.sleep(2)
+        s0 = cpu_seconds(server_pid) if server_pid else 0.0
+        c0 = cpu_seconds(proc.pid)
         t0, a0 = time.monotonic(), _acked(vars_port)
         time.sleep(seconds)
         t1, a1 = time.monotonic(), _acked(vars_port)
-        return (a1 - a0) / (t1 - t0)
+        s1 = cpu_seconds(server_pid) if server_pid else 0.0
+        c1 = cpu_seconds(proc.pid)
+        return SendRun((a1 - a0) / (t1 - t0), s1 - s0, c1 - c0, t1 - t0)
     finally:
         stop(proc)
 
@@ -177,7 +204,7 @@ def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0):
     """
     Alternate C{tst-send} between go-lumber's C{tst-lj -v2} (acks without
     storing) and C{twistd lumberjack-server} (file store, acks after
-    fsync); return (go median, ours median, go runs, our runs).
+    fsync); return (go runs, our runs), lists of L{SendRun}.
     """
     tmp = tempfile.mkdtemp(prefix="lumberjack-go-compare-")
     go_port, our_port = free_port(), free_port()
@@ -191,9 +218,9 @@ def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0):
         wait_port(our_port)
         g, o = [], []
         for _ in range(rounds):
-            g.append(tst_send_rate(tst_send, go_port, seconds, pipeline))
-            o.append(tst_send_rate(tst_send, our_port, seconds, pipeline))
-        return statistics.median(g), statistics.median(o), g, o
+            g.append(tst_send_rate(tst_send, go_port, seconds, pipeline, go.pid))
+            o.append(tst_send_rate(tst_send, our_port, seconds, pipeline, ours.pid))
+        return g, o
     finally:
         stop(go)
         stop(ours)

@@ -31,6 +31,7 @@ import os
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -236,13 +237,23 @@ def main():
             parser.error("--go-send and --go-server go together")
         from bench.gorefs import compare_lumberjack
         rounds = max(args.rounds, 3)
-        go, ours, g, o = compare_lumberjack(args.go_send, args.go_server, args.seconds,
-                                            rounds, args.go_pipeline)
+        g, o = compare_lumberjack(args.go_send, args.go_server, args.seconds,
+                                  rounds, args.go_pipeline)
+        median = statistics.median
+        go, ours = median(r.rate for r in g), median(r.rate for r in o)
+        go_eff = median(r.server_efficiency for r in g)
+        our_eff = median(r.server_efficiency for r in o)
         print(f"go-lumber tst-send (batches of 2048, zlib 3, pipeline {args.go_pipeline}), "
               f"{rounds} alternated runs of {args.seconds:g} s, medians")
-        print(f"  tst-lj (acks, stores nothing):                {go:>10,.0f} events/s  {g}")
-        print(f"  twistd lumberjack-server (fsync, then ack):   {ours:>10,.0f} events/s  {o}")
-        print(f"  ours / go-lumber: {ours / go:.2f}")
+        print(f"  tst-lj (acks, stores nothing):               {go:>10,.0f} events/s, "
+              f"{go_eff:>10,.0f} per server CPU-second  {g}")
+        print(f"  twistd lumberjack-server (fsync, then ack):  {ours:>10,.0f} events/s, "
+              f"{our_eff:>10,.0f} per server CPU-second  {o}")
+        print(f"  ours / go-lumber: {ours / go:.2f} events/s, {our_eff / go_eff:.2f} events per "
+              "server CPU-second")
+        print(f"  tst-send's own load: {median(r.sender_load for r in g):.0%} of a core against "
+              f"tst-lj, {median(r.sender_load for r in o):.0%} against ours (near 100%: the "
+              "sender bounds events/s, not the server)")
         return
     if args.serve:
         serve(args.serve)
