@@ -254,3 +254,38 @@ class ProtocolTrials(unittest.TestCase):
         def refused(outcome):
             return hasattr(outcome, "check")
         yield self.no_quorum(attempt, refused, "pravega")
+
+    # -- reliable streams: sessions in the cluster's KV bucket ----------------
+    @defer.inlineCallbacks
+    def test_reliable(self):
+        """
+        A reliable stream whose session lives in the cluster (a KV bucket,
+        R3): kill -9 of the bucket's leader mid-stream, the stream goes on
+        and the client gets every message once, in order (resuming if the
+        server had to close).
+        """
+        from streamproto.reliable.client import StatefulClient
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        from streamproto.reliable.server import ReliableStreamFactory
+        from test.test_reliable_e2e import check_stream
+        sessions = JetStreamSessionStore(self.cluster.urls, prefix="proto", replicas=3,
+                                         timeout=5.0)
+        self.addCleanup(sessions.close)
+        yield sessions.start()
+        port = yield self.listen(ReliableStreamFactory(sessions, rate=2000))
+        count = 24000
+        started = time.monotonic()
+        d = StatefulClient(TCP4ClientEndpoint(reactor, "127.0.0.1", port), count,
+                           ack_every=16).run()
+        yield sleep(2)
+        info = yield sessions._call(sessions.io.stream_info, f"KV_{sessions.bucket}")
+        leader = int(info["cluster"]["leader"][1:])
+        self.cluster.kill(leader)
+        result = yield d
+        took = time.monotonic() - started
+        self.cluster.start_node(leader, wait=False)
+        print(f"\nreliable: kill -9 of the session bucket's leader n{leader}: {count} messages "
+              f"in {took:.1f} s (about {count / 2000:.0f} s at the stream's rate), "
+              f"{result.reconnects} reconnects")
+        check_stream(self, result, count)
+

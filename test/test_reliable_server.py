@@ -351,6 +351,34 @@ class ErrorTests(ServerTestsBase):
         self.assertError(c, "internal error")
         self.flushLoggedErrors(OSError)
 
+    def test_store_unavailable_drops_without_error(self):
+        """
+        A session store that does not answer (a cluster electing a leader)
+        is transient: what was stored goes out, then the connection closes
+        with no error line, so that the client resumes the session later
+        (an error line would end its stream for good).
+        """
+        from streamproto.reliable.errors import StoreUnavailable
+        store = self.store
+
+        class Unavailable(MemorySessionStore):
+            calls = 0
+
+            def put(self, uuid, transformer):
+                Unavailable.calls += 1
+                if Unavailable.calls > 2:
+                    return defer.fail(StoreUnavailable("session store: nats: timeout"))
+                return MemorySessionStore.put(self, uuid, transformer)
+        self.store = Unavailable(self.clock)
+        self.addCleanup(setattr, self, "store", store)
+        c = self.connect(self.make_factory())
+        c.send({"uuid": U, "params": {"count": 5}})
+        self.clock.advance(1)
+        self.assertTrue(c.closed)
+        lines = c.messages()
+        self.assertFalse([m for m in lines if "error" in m], lines)
+        self.assertEqual([m["id"] for m in lines if "id" in m], [1, 2])
+
     def test_error_keeps_other_connections(self):
         good = self.connect().send({"uuid": U, "params": {"count": 3}})
         bad = self.connect().send(b"garbage\n")

@@ -47,6 +47,14 @@ class StoreFailed(SessionError):
     """The durable store failed a commit and refuses further work until reopened."""
 
 
+class StoreUnavailable(StoreFailed):
+    """
+    The session store did not answer in time (a cluster electing a leader,
+    or without a quorum): transient.  What it stored stays; a client that
+    reconnects resumes its session once the store answers again.
+    """
+
+
 class RemoteError(ReliableError):
     """The server sent C{{"error": ...}} (raised on the client side)."""
 

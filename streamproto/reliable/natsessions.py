@@ -39,7 +39,7 @@ from zope.interface import implementer
 
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
-from streamproto.reliable.errors import StoreFailed, UnknownSession
+from streamproto.reliable.errors import StoreFailed, StoreUnavailable, UnknownSession
 from streamproto.reliable.session import (
     DEFAULT_EXPIRY, ISessionStore, Message, _Session, _SessionTable, log_expiry,
 )
@@ -115,7 +115,7 @@ class JetStreamSessionStore:
         return self._call(self._open).addCallbacks(self._open_done, self._open_failed)
 
     def _open_failed(self, failure):
-        raise StoreFailed(f"session store {self.bucket} on {','.join(self.servers)}: "
+        raise StoreUnavailable(f"session store {self.bucket} on {','.join(self.servers)}: "
                           f"{failure.getErrorMessage()}")
 
     def _open_done(self, _):
@@ -204,7 +204,8 @@ class JetStreamSessionStore:
                     outcomes = yield self._apply(uuid, [op for op, _ in batch])
                 except Exception as e:  # noqa: BLE001 - the batch fails as one
                     if not isinstance(e, (StoreFailed, UnknownSession)):
-                        e = StoreFailed(f"session store: {e}")
+                        # the cluster did not answer (or not in time)
+                        e = StoreUnavailable(f"session store: {e}")
                     outcomes = [(False, e)] * len(batch)
                 for (_, d), (ok, value) in zip(batch, outcomes):
                     if ok:
@@ -257,7 +258,7 @@ class JetStreamSessionStore:
                                       lambda: None)
                 continue
             return outcomes
-        raise StoreFailed(f"session {uuid}: {ATTEMPTS} conflicting changes in a row")
+        raise StoreUnavailable(f"session {uuid}: {ATTEMPTS} conflicting changes in a row")
 
     @defer.inlineCallbacks
     def _load(self, uuid, fresh=False):

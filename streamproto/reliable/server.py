@@ -28,7 +28,7 @@ from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.observer import OneShotObserver
 from streamproto.reliable import codec
-from streamproto.reliable.errors import ProtocolError, ReliableError
+from streamproto.reliable.errors import ProtocolError, ReliableError, StoreUnavailable
 from streamproto.reliable.sequence import (
     DoublingSequence,
     StreamFinished,
@@ -322,10 +322,28 @@ class ReliableStreamServerProtocol(Protocol):
         self._flush()
 
     def _errback(self, failure):
-        if failure.check(ReliableError):
+        if failure.check(StoreUnavailable):
+            self._drop(failure.getErrorMessage())
+        elif failure.check(ReliableError):
             self._fail(str(failure.value))
         else:
             self._fail("internal error", failure)
+
+    def _drop(self, why):
+        """
+        Send what was queued (stored already), then close without an error
+        line: the session store did not answer, the session itself is
+        intact, and a client resumes it after a dropped connection (an
+        error line would end the stream for good).
+        """
+        if self.phase == "closed" or self._close_after_flush:
+            return
+        metrics.ERRORS.labels(self.factory.server_name, "store_unavailable").inc()
+        self.log.warn("reliable-stream: closing {peer} for it to resume later: {why}",
+                      peer=self.transport.getPeer(), why=why)
+        self._close_after_flush = True
+        self._generating = False
+        self._flush()
 
     # IPushProducer: the transport pauses us when the peer reads slowly
 
