@@ -275,6 +275,17 @@ class StreamTests(unittest.SynchronousTestCase):
         self.clock.advance(0.1)
         self.assertTrue(self.transport.disconnected)         # aborted
 
+    def test_answered_ping_keeps_the_peer(self):
+        """A peer that answers every Ping (and says nothing else) stays."""
+        stream = self.produce()
+        for _ in range(5):
+            self.clock.advance(10)
+            [ping] = self.server_events()
+            self.assertIsInstance(ping, Ping)
+            stream.dataReceived(self.client.send(ping.response()))
+        self.assertFalse(self.transport.disconnecting)
+        self.assertFalse(self.transport.disconnected)
+
     def test_our_pause_is_not_the_peers_silence(self):
         """A producer we stopped reading (the disk is behind) is not pinged."""
         held = []

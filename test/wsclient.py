@@ -12,7 +12,7 @@ from twisted.internet import defer, reactor
 from twisted.internet.protocol import Factory, Protocol
 from wsproto import ConnectionType, WSConnection
 from wsproto.connection import ConnectionState
-from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message,
+from wsproto.events import (AcceptConnection, BytesMessage, CloseConnection, Message, Ping,
                             RejectConnection, RejectData, Request, TextMessage)
 
 #: Seconds to wait for the server's side of the closing handshake (the
@@ -102,6 +102,9 @@ class WebSocketClient(Protocol):
                     self.received.append((b"".join(self._message),
                                           isinstance(event, BytesMessage)))
                     self._message = []
+            elif isinstance(event, Ping):
+                if self._ws.state is ConnectionState.OPEN:
+                    self.transport.write(self._ws.send(event.response()))
             elif isinstance(event, CloseConnection):
                 self.close_code, self.close_reason = event.code, event.reason
                 if self._ws.state is ConnectionState.REMOTE_CLOSING:

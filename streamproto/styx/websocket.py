@@ -136,7 +136,7 @@ class _WebSocketStream(Protocol):
         self._ws = Connection(ConnectionType.SERVER, [_MessageSizeLimit(max_message_size)])
         self._message = []
         self._last_heard = clock.seconds()
-        self._pinged = False
+        self._pinged_at = None   # when the unanswered Ping went out
         self._reading_paused = False
         self._idle_call = None
         self._close_call = None
@@ -284,19 +284,21 @@ class _WebSocketStream(Protocol):
             # our own pause, or a closing handshake (timed by close()):
             # not the peer's silence
             self._last_heard = now
+        if self._pinged_at is not None:
+            if self._last_heard < self._pinged_at:
+                _log.info("WebSocket peer silent for {seconds:.0f} s: dropped",
+                          seconds=now - self._last_heard)
+                self._idle_call = None
+                self._abort()
+                return
+            self._pinged_at = None      # answered (anything will do)
         quiet = now - self._last_heard
-        if quiet < self.timeout:
-            self._pinged = False
-            delay = self.timeout - quiet
-        elif not self._pinged:
-            self._pinged = True
+        if quiet >= self.timeout:
+            self._pinged_at = now
             self.transport.write(self._ws.send(Ping(b"")))
             delay = self.timeout
         else:
-            _log.info("WebSocket peer silent for {seconds:.0f} s: dropped", seconds=quiet)
-            self._idle_call = None
-            self._abort()
-            return
+            delay = self.timeout - quiet
         self._idle_call = self.clock.callLater(delay, self._idle_check)
 
     def _disconnect(self):
