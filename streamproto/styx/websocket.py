@@ -13,18 +13,17 @@ has them:
   following, the server closes with 1000.
 
 Bounds: a message larger than the log's C{max_record_size} is refused with
-Close 1009 (message too big) as soon as its first excess byte arrives; a
+Close 1009 (message too big) as soon as its frame headers announce it; a
 producer outrunning the disk stops being read (TCP backpressure); a
 consumer holds at most one batch of the log while its socket is full.
 Storage errors close with 1011.
 
 The frames are wsproto's (sans-IO RFC 6455, what C{twisted.web.websocket}
-is built on); the Twisted side is L{_WebSocketStream}.  Twisted 26.10's own
-C{twisted.web.websocket} does not fit: its connection answers a Close at
-once (the closing handshake could not be the produce ack), hands a message
-over only once it is whole (no bound: a frame announcing 2**62 bytes is
-buffered for ever), cannot pause reading, has no idle ping, and its
-client sends no extra headers (C{Authorization}, the method override).
+is built on); the Twisted side is L{_WebSocketStream}.  Twisted 26.10's
+C{twisted.web.websocket} itself does not fit: it answers a Close at once
+(the closing handshake could not be the produce ack) and buffers a message
+whole, without bound, before handing it over (doc/styx-stream.rst, "Why
+wsproto").
 """
 
 from twisted.internet.protocol import Protocol
