@@ -9,7 +9,6 @@ import json
 import os
 
 import treq
-from autobahn.twisted.websocket import WebSocketClientFactory
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString, wrapClientTLS
 from twisted.trial import unittest
@@ -23,8 +22,8 @@ from streamproto.styx.resource import make_site
 from streamproto.styx.stream_client import StyxConsumer, StyxProducer, StyxStreamError
 from test import authutil
 from test.authutil import denied_count
-from test.test_styx_websocket import Client as WebSocketClient
 from test.tlsutil import certs
+from test.wsclient import connect as websocket_connect
 
 POLICY = """
 [tokens]
@@ -255,13 +254,10 @@ class StyxAuthTests(unittest.TestCase):
             headers["Authorization"] = f"Bearer {token}"
         if produce:
             headers["X-HTTP-Method-Override"] = "POST"
-        factory = WebSocketClientFactory(
-            f"wss://localhost:{port}/logs/events/records?whence=start", headers=headers)
-        factory.protocol = WebSocketClient
-        factory.setProtocolOptions(closeHandshakeTimeout=15, openHandshakeTimeout=15)
         tls = certs().client_options_for(cn) if cn else certs().client_options(with_cert=False)
         endpoint = wrapClientTLS(tls, TCP4ClientEndpoint(reactor, "127.0.0.1", port))
-        return endpoint.connect(factory)
+        return websocket_connect(
+            endpoint, f"wss://localhost:{port}/logs/events/records?whence=start", headers)
 
     @defer.inlineCallbacks
     def assertWebSocketRefused(self, status, **kwargs):
@@ -275,11 +271,11 @@ class StyxAuthTests(unittest.TestCase):
     def test_websocket(self):
         client = yield self.websocket(token="dash-token")
         yield client.opened
-        client.sendClose()
+        client.close()
         yield client.closed
         client = yield self.websocket(cn="alice")
         yield client.opened
-        client.sendClose()
+        client.close()
         yield client.closed
         yield self.assertWebSocketRefused(401)
         yield self.assertWebSocketRefused(403, cn="bob")

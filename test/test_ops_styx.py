@@ -201,15 +201,11 @@ class StyxWebSocketShutdownTests(unittest.TestCase):
     timeout = 30
 
     def connect(self, port, query="", headers=None):
-        from autobahn.twisted.websocket import WebSocketClientFactory
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
-        from test.test_styx_websocket import Client
-        factory = WebSocketClientFactory(f"ws://127.0.0.1:{port}/logs/events/records{query}",
-                                         headers=headers or {})
-        factory.protocol = Client
-        factory.setProtocolOptions(closeHandshakeTimeout=15, openHandshakeTimeout=15)
-        d = TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(factory)
+        from test.wsclient import connect
+        d = connect(TCP4ClientEndpoint(reactor, "127.0.0.1", port),
+                    f"ws://127.0.0.1:{port}/logs/events/records{query}", headers)
         return d.addCallback(lambda client: client.opened)
 
     @defer.inlineCallbacks
@@ -227,11 +223,11 @@ class StyxWebSocketShutdownTests(unittest.TestCase):
         sent = []
 
         def send_more():
-            if producer.closed.called or producer.state != producer.STATE_OPEN:
+            if producer.closed.called or not producer.is_open:
                 return
             for _ in range(20):
                 sent.append(b"ws %06d" % len(sent))
-                producer.sendMessage(sent[-1], isBinary=True)
+                producer.send(sent[-1])
             reactor.callLater(0.001, send_more)
         send_more()
         yield wait_until(lambda: len(follower.received) >= 100)
