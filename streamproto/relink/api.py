@@ -132,6 +132,9 @@ class RelinkEndpoint:
         """
         Match a handshake: @return: C{(link, resumed)}; link None when the
         old link was required and is gone.  @raise ProtocolError: mismatch.
+
+        @param connection: the L{streamproto.relink.connection_state.IConnectionEffects}
+            of the connection that would carry the link.
         """
         if (hs.connector_id_size, hs.listener_id_size) != (self.connector_id_size,
                                                            self.listener_id_size):
@@ -147,7 +150,7 @@ class RelinkEndpoint:
             if old is not None and old is not connection and link.attached:
                 # the connector came back before we noticed the old connection die
                 link.detach()
-                old.transport.abortConnection()
+                old.abort_connection()
             self._cancel_expiry(link.link_id)
             self._connections[link.link_id] = connection
             return link, True
