@@ -207,7 +207,7 @@ class ManyConnectionsTests(ServerCase):
         self.assertEqual(set(answers), {b"2A\x00\x00\x00\x01"})
         # every connection is still open, holding almost nothing
         self.assertEqual(len(self.factory.connections), count)
-        self.assertTrue(all(p.decoder.buffered == 0 and not p._pending
+        self.assertTrue(all(p.decoder.buffered == 0 and not p.state.pending_events
                             for p in self.factory.connections))
         records = yield self.records()
         self.assertEqual(len(records), count)
