@@ -56,8 +56,13 @@ class GracefulShutdownTests(unittest.SynchronousTestCase):
 
     def test_styx_websockets(self):
         from streamproto.styx.websocket import ConsumeProtocol, ProduceProtocol
-        self.assertProvides(ProduceProtocol())
-        self.assertProvides(ConsumeProtocol())
+        from twisted.internet.task import Clock
+
+        from streamproto.log import MemoryLogStore
+        clock = Clock()
+        log = self.successResultOf(MemoryLogStore(clock).create("events"))
+        self.assertProvides(ProduceProtocol(log, clock))
+        self.assertProvides(ConsumeProtocol(log, 0, -1, False, clock))
 
 
 class ReadinessTests(unittest.SynchronousTestCase):
