@@ -181,6 +181,21 @@ class ChainTests(unittest.SynchronousTestCase):
             self.assertLessEqual(len(self.io.held), 3)
         self.assertEqual([self.successResultOf(d).first_position for d in ds], list(range(10)))
 
+    def test_no_expected_last_msg_id(self):
+        """
+        Publishes expect the last sequence only, never the last message id:
+        nats-server replicas check that one when they apply an entry, and a
+        replica restarted and caught up from a snapshot does not know the
+        last id ("last msgid mismatch", a critical write error: it never
+        catches up, and one more node lost is no quorum).
+        """
+        from streamproto.log.natsformat import EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE
+        log = self.log(self.store())
+        for i in range(3):
+            self.successResultOf(log.append([b"%d" % i]))
+        self.assertTrue(all(EXPECTED_LAST_SEQUENCE in h for _, h, _ in self.io.published))
+        self.assertFalse([h for _, h, _ in self.io.published if EXPECTED_LAST_MSG_ID in h])
+
     def test_attributes_stored_with_the_data(self):
         """Attributes go in the same message as the records (one publish)."""
         log = self.log(self.store())

@@ -12,11 +12,11 @@ Appends: one chain per log
     Appends are queued in order and sent as messages, several small appends
     merged into one message and a large one split (at most
     C{max_message_bytes} each), up to C{max_inflight} messages in flight.
-    Each message carries the positions it was given and two expectations:
-    C{Nats-Expected-Last-Sequence} (checked by the stream leader before it
-    proposes) and C{Nats-Expected-Last-Msg-Id}, the id of the message it
-    follows (checked when the quorum applies it).  So a message is stored
-    only right after the message its positions were computed from: positions
+    Each message carries the positions it was given and one expectation,
+    C{Nats-Expected-Last-Sequence}: the stream leader checks it before it
+    proposes, and the replicas apply an entry only at the sequence the
+    leader proposed it for.  So a message is stored only right after the
+    message its positions were computed from: positions
     stay contiguous even with several front-ends appending to one log, and a
     message can never be stored after one of its predecessors failed.
     An append is acknowledged once JetStream acknowledged every message
@@ -72,7 +72,7 @@ from streamproto.log.errors import (
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.msgindex import BodyCache, MessageIndex, holds
 from streamproto.log.natsformat import (
-    ATTRS, DATA, DEFAULT_PREFIX, EXPECTED_LAST_MSG_ID, EXPECTED_LAST_SEQUENCE, HEADER_OVERHEAD,
+    ATTRS, DATA, DEFAULT_PREFIX, EXPECTED_LAST_SEQUENCE, HEADER_OVERHEAD,
     MARKER, MAX_STREAM_NAME, MSG_ID, BatchInfo, MessageFormatError, check_prefix, decode_body,
     decode_info, encode_body, encode_headers, log_name, split_points, stream_name, subject,
     subjects_filter,
@@ -230,7 +230,6 @@ class JetStreamLog:
         self._resync_running = False
         self._unresolved = {}          # msg id -> message whose outcome is unknown
         self._ghosts = {}              # msg id -> message reported failed, maybe stored later
-        self._skip_msg_id_check = False
         self._pumping = False
         self._pending = set()          # appends not settled yet
         self._deadline_call = None
@@ -562,8 +561,12 @@ class JetStreamLog:
                                  first.start if kind == MARKER else None)
         headers[MSG_ID] = msg_id
         headers[EXPECTED_LAST_SEQUENCE] = str(seq)
-        if last_id and not self._skip_msg_id_check:
-            headers[EXPECTED_LAST_MSG_ID] = last_id
+        # the expected last sequence alone orders the chain.  Not also the
+        # expected last message id: nats-server replicas check it when they
+        # apply an entry, and one restarted and caught up from a snapshot
+        # does not know the last id: "last msgid mismatch", a critical write
+        # error, and that replica never catches up (one more node lost is
+        # then no quorum).  Seen in test_jetstream_protocols.
         info = BatchInfo(seq + 1, kind, position, offset, count, nbytes, crc, snapshot,
                          first.start if kind == MARKER else None, msg_id)
         message = _Message(chunks, info, body, lengths, self._clock.seconds())
@@ -630,12 +633,7 @@ class JetStreamLog:
             self._unresolved[message.info.msg_id] = message
         else:
             message.outcome = "failed"
-            if error.err_code == WRONG_LAST_MSG_ID and error.description.rstrip().endswith(":"):
-                # the leader lost track of the last message id (it only keeps
-                # it within the duplicate window after a restart): the
-                # sequence expectation alone orders the next message
-                self._skip_msg_id_check = True
-            elif error.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+            if error.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
                 # refused for its own sake (too large, no space...): this
                 # append fails; the chain resynchronises for the others
                 for chunk in message.chunks:
@@ -659,7 +657,6 @@ class JetStreamLog:
                 break
         if not self._inflight and not self._resyncing:
             self._tail = None
-        self._skip_msg_id_check = False
         self._maybe_resync()
         self._pump()
 
