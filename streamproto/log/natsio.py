@@ -83,7 +83,7 @@ class PublishOutcome(NamedTuple):
 
     seq: int = 0
     duplicate: bool = False
-    error: Exception | None = None
+    error: JetStreamError | None = None
 
 
 #: attempts per server of the first connection (0.25 s apart)
