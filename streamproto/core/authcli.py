@@ -11,6 +11,7 @@ that it stays out of the shell's history and the process list.
 
 import secrets
 import sys
+from typing import TextIO
 
 from streamproto.core.auth import PolicyError, hash_token, load_policy
 
@@ -20,7 +21,8 @@ USAGE = ("usage: streamproto auth hash-token [TOKEN] | new-token | check FILE\n"
          "  check       parse a policy file; exit status 1 and the reason if it is invalid\n")
 
 
-def main(argv, stdout=None, stdin=None, stderr=None):
+def main(argv: list[str], stdout: TextIO | None = None, stdin: TextIO | None = None,
+         stderr: TextIO | None = None) -> int:
     stdout = stdout or sys.stdout
     stderr = stderr or sys.stderr
     stdin = stdin or sys.stdin

@@ -33,17 +33,23 @@ breaking a server at run time.
   64 KiB by default), for streams that take bulk input.
 """
 
+from collections.abc import Callable
+
+from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import ssl
 from twisted.internet.abstract import FileDescriptor
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import SSL4ServerEndpoint
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.web.http import HTTPChannel, Request
 
 
-def request_gone(request):
+def request_gone(request: Request) -> bool:
     """Whether C{request}'s connection was lost (it may not be finished)."""
     return bool(request._disconnected)
 
 
-def request_line(channel):
+def request_line(channel: HTTPChannel) -> tuple[bytes, bytes]:
     """
     The method and the raw path (with its query) of the request C{channel}
     is receiving, as bytes, from its headers on until its body is complete;
@@ -53,7 +59,7 @@ def request_line(channel):
             getattr(channel, "_path", b"") or b"")
 
 
-def take_buffered_data(channel):
+def take_buffered_data(channel: HTTPChannel) -> list[bytes]:
     """Remove and return the bytes C{channel} holds for later requests."""
     buffered = getattr(channel, "_dataBuffer", None)
     if not buffered:
@@ -62,13 +68,14 @@ def take_buffered_data(channel):
     return list(buffered)
 
 
-def redirect_channel_input(channel, receive):
+def redirect_channel_input(channel: HTTPChannel, receive: Callable[[bytes], object]) -> None:
     """Send whatever C{channel} still parses from its current read to C{receive(bytes)}."""
-    channel.rawDataReceived = receive
-    channel.lineReceived = lambda line: receive(line + b"\r\n")
+    channel.rawDataReceived = receive  # type: ignore[method-assign,assignment]
+    channel.lineReceived = (  # type: ignore[method-assign]
+        lambda line: receive(line + b"\r\n"))
 
 
-def endpoint_tls_options(endpoint):
+def endpoint_tls_options(endpoint: IStreamServerEndpoint) -> ssl.CertificateOptions | None:
     """The C{CertificateOptions} of an C{ssl:} server endpoint, or None."""
     if not isinstance(endpoint, SSL4ServerEndpoint):
         return None
@@ -76,13 +83,15 @@ def endpoint_tls_options(endpoint):
     return options if isinstance(options, ssl.CertificateOptions) else None
 
 
-def fail_at_start(listener):
+def fail_at_start(listener: StreamServerEndpointService) -> StreamServerEndpointService:
     """Make a C{StreamServerEndpointService} raise at start when it cannot listen."""
     listener._raiseSynchronously = True
     return listener
 
 
-def listening_port(listener):
+def listening_port(
+    listener: StreamServerEndpointService,
+) -> Deferred[IListeningPort] | None:
     """
     The Deferred firing with a C{StreamServerEndpointService}'s listening
     port once it listens, or None before it started.
@@ -90,7 +99,7 @@ def listening_port(listener):
     return getattr(listener, "_waitingForPort", None)
 
 
-def set_read_size(transport, nbytes):
+def set_read_size(transport: object, nbytes: int) -> bool:
     """
     Make the socket below C{transport} (through protocol wrappers and a TLS
     layer) read up to C{nbytes} at a time.  A no-op for transports without

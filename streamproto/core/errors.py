@@ -5,6 +5,9 @@ failures (C{ResponseNeverReceived.reasons}) and OpenSSL in lists of tuples;
 printed as they are, users see C{[<twisted.python.failure.Failure ...>]}.
 """
 
+from typing import Any
+
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 #: what a TLS verification failure means, for someone who never asked for TLS details
@@ -16,14 +19,14 @@ _HINTS = {
 }
 
 
-def describe(error):
+def describe(error: BaseException | Failure) -> str:
     """
     C{error} (an exception or a L{Failure}) as one readable line: nested
     reasons unwrapped, OpenSSL's error tuples turned into their texts, and
     a hint for the TLS failures users meet most.
     """
     if isinstance(error, Failure):
-        error = error.value
+        error = error.value  # type: ignore[assignment]  # a Failure always has its value
     reasons = getattr(error, "reasons", None)
     if isinstance(reasons, list) and reasons:
         return "; ".join(dict.fromkeys(describe(r) for r in reasons))
@@ -35,16 +38,16 @@ def describe(error):
     return text
 
 
-def _openssl_text(error):
+def _openssl_text(error: BaseException) -> str | None:
     """The texts of an C{OpenSSL.SSL.Error}'s C{[(lib, func, reason), ...]}, or None."""
-    args = getattr(error, "args", ())
+    args: tuple[Any, ...] = getattr(error, "args", ())
     if len(args) == 1 and isinstance(args[0], list) and args[0] and all(
             isinstance(t, tuple) and len(t) == 3 for t in args[0]):
         return "TLS error: " + ", ".join(str(t[2]) for t in args[0] if t[2])
     return None
 
 
-def log_failure(logger, failure, format, **kwargs):
+def log_failure(logger: Logger, failure: Failure, format: str, **kwargs: Any) -> None:
     """
     Put C{failure} in the server's log: the log store's own errors (it says
     why: full, unavailable, fail-stopped) as one error line, anything else

@@ -10,9 +10,13 @@ resend of unacknowledged batches) happens on the new connection as after
 any reconnection.
 """
 
+from collections.abc import Iterable
+
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectError
-from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 
@@ -34,7 +38,8 @@ class FailoverEndpoint:
 
     log = Logger()
 
-    def __init__(self, endpoints, names=None):
+    def __init__(self, endpoints: Iterable[IStreamClientEndpoint],
+                 names: Iterable[str] | None = None) -> None:
         self.endpoints = list(endpoints)
         if not self.endpoints:
             raise ValueError("a FailoverEndpoint needs at least one endpoint")
@@ -42,24 +47,26 @@ class FailoverEndpoint:
         #: index of the address to try first (the last that worked)
         self.current = 0
 
-    def connect(self, factory):
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
         return self._attempt(factory, 0, [])
 
-    def _attempt(self, factory, tried, errors):
+    def _attempt(self, factory: IProtocolFactory, tried: int,
+                 errors: list[str]) -> Deferred[IProtocol]:
         index = self.current
         d = self.endpoints[index].connect(factory)
 
-        def connected(protocol):
+        def connected(protocol: IProtocol) -> IProtocol:
             if tried:
                 self.log.info("connected to {name} (after {n} address(es) failed)",
                               name=self.names[index], n=tried)
             return protocol
 
-        def failed(failure):
+        def failed(failure: Failure) -> Deferred[IProtocol]:
             errors.append(f"{self.names[index]}: {failure.getErrorMessage()}")
             self.current = (index + 1) % len(self.endpoints)
             if tried + 1 >= len(self.endpoints):
-                raise AllAddressesFailed("; ".join(errors))
+                # ConnectError.__init__ is untyped in Twisted
+                raise AllAddressesFailed("; ".join(errors))  # type: ignore[no-untyped-call]
             self.log.info("{name} failed ({error}); trying {next}", name=self.names[index],
                           error=failure.getErrorMessage(), next=self.names[self.current])
             return self._attempt(factory, tried + 1, errors)

@@ -12,15 +12,30 @@ does it without per-record Python; the pure-Python versions here behave
 identically and are tested against it.
 """
 
+from __future__ import annotations
+
 import struct
 from array import array
+from collections.abc import Iterable
+from typing import Protocol
 
-from streamproto.log.batch import lengths_array
+from streamproto.log.batch import BytesLike, lengths_array
 
 try:
-    from streamproto import _speedups
+    # "as": sendpath uses it through this module (one import attempt)
+    from streamproto import _speedups as _speedups
 except ImportError:  # no compiler at install time: pure Python
-    _speedups = None
+    _speedups = None  # type: ignore[assignment]
+
+
+class _Batch(Protocol):
+    """What L{frame_batch} needs of a batch (a L{streamproto.log.batch.RecordBatch})."""
+
+    @property
+    def lengths(self) -> array[int]: ...
+
+    @property
+    def data(self) -> BytesLike: ...
 
 _U32 = struct.Struct(">I")
 
@@ -32,10 +47,10 @@ OTHER = 1
 TOO_LARGE = 2
 
 
-def frame_records_py(lengths, data, prefix=b""):
+def frame_records_py(lengths: Iterable[int], data: BytesLike, prefix: bytes = b"") -> bytes:
     if sum(lengths) != len(data):
         raise ValueError("lengths do not add up to the data size")
-    parts = []
+    parts: list[bytes | memoryview] = []
     append = parts.append
     pos = 0
     pack = _U32.pack
@@ -49,9 +64,10 @@ def frame_records_py(lengths, data, prefix=b""):
     return b"".join(parts)
 
 
-def scan_frames_py(buf, start, prefix, max_size, max_records=-1):
+def scan_frames_py(buf: BytesLike, start: int, prefix: bytes, max_size: int,
+                   max_records: int = -1) -> tuple[bytes, bytes, int, int]:
     lengths = lengths_array()
-    parts = []
+    parts: list[memoryview] = []
     view = memoryview(buf)
     n = len(buf)
     pos = start
@@ -80,7 +96,7 @@ def scan_frames_py(buf, start, prefix, max_size, max_records=-1):
     return lengths.tobytes(), b"".join(parts), pos, status
 
 
-def frame_records(lengths, data, prefix=b""):
+def frame_records(lengths: array[int], data: BytesLike, prefix: bytes = b"") -> bytes:
     """Records (sizes C{lengths}, payloads C{data} concatenated) as one
     buffer of C{[prefix][u32 BE size][payload]} frames."""
     if _speedups is not None:
@@ -88,12 +104,13 @@ def frame_records(lengths, data, prefix=b""):
     return frame_records_py(lengths, data, prefix)
 
 
-def frame_batch(batch, prefix=b""):
+def frame_batch(batch: _Batch, prefix: bytes = b"") -> bytes:
     """All records of C{batch} as one buffer of frames."""
     return frame_records(batch.lengths, batch.data, prefix)
 
 
-def scan_frames(buf, start=0, prefix=b"", max_size=0x7FFFFFFF, max_records=-1):
+def scan_frames(buf: BytesLike, start: int = 0, prefix: bytes = b"", max_size: int = 0x7FFFFFFF,
+                max_records: int = -1) -> tuple[array[int], bytes, int, int]:
     """
     Scan consecutive frames in C{buf[start:]}.
 

@@ -24,11 +24,14 @@ protocol owns instead::
 """
 
 import math
+from collections.abc import Callable
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 __all__ = ["IdleTimeout"]
 
 
-def _bounded(seconds):
+def _bounded(seconds: float | None) -> float | None:
     """
     C{seconds} as a timeout: None for "never" (None, 0 or infinity: the
     command lines' "0 turns it off"), else a positive float.
@@ -62,7 +65,8 @@ class IdleTimeout:
         nothing).
     """
 
-    def __init__(self, clock, seconds, expired):
+    def __init__(self, clock: IReactorTime, seconds: float | None,
+                 expired: Callable[[], object]) -> None:
         """
         @param clock: an L{twisted.internet.interfaces.IReactorTime}.
         @param seconds: the timeout; None, 0 or infinity turn it off.
@@ -72,58 +76,59 @@ class IdleTimeout:
         self.seconds = _bounded(seconds)
         self._clock = clock
         self._expired = expired
-        self._call = None
+        self._call: IDelayedCall | None = None
         self._paused = False
         self._cancelled = False
 
     @property
-    def running(self):
+    def running(self) -> bool:
         """Whether the countdown is on (started, not paused, expired or cancelled)."""
         return self._call is not None and self._call.active()
 
-    def start(self):
+    def start(self) -> None:
         """
         Start the countdown, a full period from now (restart it if it is
         running).  Nothing when off, paused or cancelled.
         """
         if self.seconds is None or self._paused or self._cancelled:
             return
-        if self.running:
+        if self._call is not None and self._call.active():  # running
             self._call.reset(self.seconds)
         else:
             self._call = self._clock.callLater(self.seconds, self._expire)
 
-    def reset(self):
+    def reset(self) -> None:
         """
         Activity: a running countdown starts again from now.  Nothing
         otherwise (off, not started, paused, expired, cancelled), so that
         input arriving after the timeout decided to close does not revive it.
         """
         call = self._call
-        if call is not None and call.active():
+        # a call exists only while seconds is set (see start)
+        if call is not None and call.active() and self.seconds is not None:
             call.reset(self.seconds)
 
-    def pause(self):
+    def pause(self) -> None:
         """Stop counting (until L{resume})."""
         self._paused = True
         self._stop()
 
-    def resume(self):
+    def resume(self) -> None:
         """Count again, a full period from now (nothing if not paused)."""
         if self._paused:
             self._paused = False
             self.start()
 
-    def cancel(self):
+    def cancel(self) -> None:
         """Stop for good: L{start}, L{resume} and L{reset} do nothing after."""
         self._cancelled = True
         self._stop()
 
-    def _stop(self):
+    def _stop(self) -> None:
         call, self._call = self._call, None
         if call is not None and call.active():
             call.cancel()
 
-    def _expire(self):
+    def _expire(self) -> None:
         self._call = None
         self._expired()

@@ -5,6 +5,7 @@ for C{/ready}.  Declared with C{@implementer} so that a provider is found
 by L{Interface.providedBy}, not by probing for a method's name.
 """
 
+from twisted.internet.defer import Deferred
 from zope.interface import Interface
 
 __all__ = ["IGracefulShutdown", "IReadiness"]
@@ -18,7 +19,7 @@ class IGracefulShutdown(Interface):
     is closed once its pending writes are flushed.
     """
 
-    def gracefulShutdown():
+    def gracefulShutdown() -> Deferred[None]:
         """
         The server is stopping: read no more, finish (and acknowledge, the
         protocol's way) what was received, say goodbye, close.  Called once
@@ -38,7 +39,7 @@ class IReadiness(Interface):
     view of another kind of store (the reliable-stream session store).
     """
 
-    def problems():
+    def problems() -> list[str]:
         """
         Why the store cannot serve now, for C{/ready}: one line each, with
         the cause (a closed store, a data directory that cannot be written

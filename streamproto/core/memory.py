@@ -27,10 +27,10 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
 _log = Logger()
-_done = []
+_done: list[bool] = []
 
 
-def reuse_large_buffers():
+def reuse_large_buffers() -> bool:
     """
     Make glibc keep freed MiB buffers for reuse (see the module docstring).
     Idempotent; a no-op (returning False) where the C library is not glibc.

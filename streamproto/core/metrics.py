@@ -8,8 +8,16 @@ L{streamproto.core.ops.TrackingFactory}; the log store is observed through
 L{observe_store} at scrape time.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from streamproto.log.interfaces import ILogStore
 
 CONNECTIONS_OPEN = Gauge(
     "streamproto_connections_open", "Connections open now.", ["server"])
@@ -44,10 +52,10 @@ RETENTION_DELETIONS = Counter(
 class StoreCollector:
     """Per-log sizes and positions, read from the open stores at scrape time."""
 
-    def __init__(self):
-        self.stores = []
+    def __init__(self) -> None:
+        self.stores: list[ILogStore] = []
 
-    def collect(self):
+    def collect(self) -> Iterable[Metric]:
         size = GaugeMetricFamily("streamproto_log_size_bytes", "Bytes on disk per log.",
                                  labels=["log"])
         records = GaugeMetricFamily("streamproto_log_records", "Readable records per log.",
@@ -70,12 +78,12 @@ STORES = StoreCollector()
 REGISTRY.register(STORES)
 
 
-def observe_store(store):
+def observe_store(store: ILogStore) -> None:
     """Report C{store}'s open logs in the metrics (until L{forget_store})."""
     if store not in STORES.stores:
         STORES.stores.append(store)
 
 
-def forget_store(store):
+def forget_store(store: ILogStore) -> None:
     if store in STORES.stores:
         STORES.stores.remove(store)

@@ -18,51 +18,62 @@ it.  Waiters added while the waiters are being fired wait for the next
 occurrence (they never see the one being delivered twice).
 """
 
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar, cast
+
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 
 __all__ = ["Observers", "OneShotObserver", "SharedCall"]
 
+_T = TypeVar("_T")
 
-class Observers:
-    """Deferreds waiting for the next occurrence of an event."""
 
-    def __init__(self):
-        self._waiting = []
+class Observers(Generic[_T]):
+    """
+    Deferreds waiting for the next occurrence of an event, whose result is
+    a C{_T} (C{Observers[None]}: the event says nothing more).
+    """
 
-    def __len__(self):
+    def __init__(self) -> None:
+        self._waiting: list[Deferred[_T]] = []
+
+    def __len__(self) -> int:
         return len(self._waiting)
 
-    def when(self):
+    def when(self) -> Deferred[_T]:
         """
         @return: a Deferred firing with the result given to the next
             L{fire} (or failing with the next L{fail}'s reason).
         """
-        d = Deferred(self._forget)
+        d: Deferred[_T] = Deferred(self._forget)
         self._waiting.append(d)
         return d
 
-    def _forget(self, d):
+    def _forget(self, d: Deferred[_T]) -> None:
         try:
             self._waiting.remove(d)
         except ValueError:
             pass
 
-    def fire(self, result=None):
-        """Fire every waiter with C{result} (a L{Failure} errbacks them)."""
+    def fire(self, result: _T | Failure | None = None) -> None:
+        """
+        Fire every waiter with C{result} (a L{Failure} errbacks them).
+        Without one (None) for an event whose result is None.
+        """
         waiting, self._waiting = self._waiting, []
         for d in waiting:
             if isinstance(result, Failure):
                 d.errback(result)
             else:
-                d.callback(result)
+                d.callback(cast(_T, result))
 
-    def fail(self, reason):
+    def fail(self, reason: BaseException | Failure) -> None:
         """Errback every waiter with C{reason} (an exception or a L{Failure})."""
         self.fire(reason if isinstance(reason, Failure) else Failure(reason))
 
 
-class OneShotObserver:
+class OneShotObserver(Generic[_T]):
     """
     An event that happens once.  L{fire} delivers its result to every
     waiter; L{when_fired} after that fires at once with the same result.
@@ -70,23 +81,23 @@ class OneShotObserver:
 
     _unfired = object()
 
-    def __init__(self):
-        self._observers = Observers()
-        self._result = self._unfired
+    def __init__(self) -> None:
+        self._observers: Observers[_T] = Observers()
+        self._result: _T | Failure | None | object = self._unfired
 
     @property
-    def fired(self):
+    def fired(self) -> bool:
         return self._result is not self._unfired
 
-    def when_fired(self):
+    def when_fired(self) -> Deferred[_T]:
         """@return: a Deferred firing with the event's result."""
         if not self.fired:
             return self._observers.when()
         if isinstance(self._result, Failure):
             return fail(self._result)
-        return succeed(self._result)
+        return succeed(cast(_T, self._result))
 
-    def fire(self, result=None):
+    def fire(self, result: _T | Failure | None = None) -> None:
         """The event happened (a later call is ignored: it happens once)."""
         if self.fired:
             return
@@ -94,7 +105,7 @@ class OneShotObserver:
         self._observers.fire(result)
 
 
-class SharedCall:
+class SharedCall(Generic[_T]):
     """
     One call of C{function} at a time per arguments: while one runs,
     callers with equal arguments share its result instead of starting
@@ -102,32 +113,34 @@ class SharedCall:
     after it finished runs C{function} again.
     """
 
-    def __init__(self, function):
+    def __init__(self, function: Callable[..., Deferred[_T] | _T]) -> None:
         self._function = function
-        self._running = {}      # arguments -> Observers of the call running
+        # arguments -> Observers of the call running
+        self._running: dict[object, Observers[_T]] = {}
 
     @property
-    def running(self):
+    def running(self) -> bool:
         """Whether a call is running (with any arguments)."""
         return bool(self._running)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Deferred[_T]:
         key = (args, tuple(sorted(kwargs.items())))
         running = self._running.get(key)
         if running is not None:
             return running.when()
         self._running[key] = running = Observers()
         d = running.when()
+        outcome: Deferred[_T]
         try:
-            outcome = self._function(*args, **kwargs)
+            called = self._function(*args, **kwargs)
         except Exception:
             outcome = fail()
-        if not isinstance(outcome, Deferred):
-            outcome = succeed(outcome)
+        else:
+            outcome = called if isinstance(called, Deferred) else succeed(called)
         outcome.addBoth(self._done, key, running)
         return d
 
-    def _done(self, result, key, running):
+    def _done(self, result: _T | Failure, key: object, running: Observers[_T]) -> None:
         del self._running[key]
         running.fire(result)
         return None

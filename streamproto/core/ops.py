@@ -9,16 +9,24 @@ structured log event per connection open and close (peer, TLS identity,
 bytes, reason), and a graceful drain on shutdown.
 """
 
+from __future__ import annotations
+
 import datetime
 import json
 import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TextIO
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IHalfCloseableProtocol, IProtocolNegotiationFactory
-from twisted.logger import ILogObserver, Logger, formatEvent
+from twisted.internet.interfaces import (
+    IHalfCloseableProtocol, IProtocolFactory, IProtocolNegotiationFactory, IReactorTime,
+    ITransport,
+)
+from twisted.logger import ILogObserver, Logger, LogEvent, formatEvent
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
 from twisted.web import resource
-from twisted.web.server import Site
+from twisted.web.server import Request, Site
 from zope.interface import Interface, alsoProvides, implementer
 
 from streamproto.core import metrics
@@ -30,7 +38,7 @@ class IOutputCounter(Interface):
     """A connection wrapper that counts its output, told of bytes sent past it
     (by a L{streamproto.core.sendpath.SocketSender})."""
 
-    def count_output(nbytes):
+    def count_output(nbytes: int) -> None:
         """C{nbytes} more were sent on the connection."""
 
 
@@ -42,54 +50,62 @@ class TrackedConnection(ProtocolWrapper):
     its final ack).
     """
 
-    def readConnectionLost(self):
+    factory: TrackingFactory
+    transport: ITransport
+    #: fired when the connection is gone, while the factory drains
+    _drained: defer.Deferred[None]
+    opened: float
+    bytes_in: int
+    bytes_out: int
+
+    def readConnectionLost(self) -> None:
         p = IHalfCloseableProtocol(self.wrappedProtocol, None)
         if p is not None:
             p.readConnectionLost()
         else:
             self.transport.loseConnection()
 
-    def writeConnectionLost(self):
+    def writeConnectionLost(self) -> None:
         # our side finished sending (a half-close the protocol asked for):
         # tell the protocol if it cares, and keep reading either way
         p = IHalfCloseableProtocol(self.wrappedProtocol, None)
         if p is not None:
             p.writeConnectionLost()
 
-    def makeConnection(self, transport):
+    def makeConnection(self, transport: ITransport) -> None:
         self.opened = time.monotonic()
         self.bytes_in = self.bytes_out = 0
-        super().makeConnection(transport)
+        super().makeConnection(transport)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
-    def connectionMade(self):
+    def connectionMade(self) -> None:
         f = self.factory
         f.log.info("{server}: connection from {peer}", server=f.name,
                    peer=_peer(self.transport))
         metrics.CONNECTIONS_OPEN.labels(f.name).inc()
         metrics.CONNECTIONS_TOTAL.labels(f.name).inc()
-        super().connectionMade()
+        super().connectionMade()  # type: ignore[no-untyped-call]  # untyped in Twisted
 
-    def dataReceived(self, data):
+    def dataReceived(self, data: bytes) -> None:
         self.bytes_in += len(data)
         self.factory.bytes_in.inc(len(data))
         self.wrappedProtocol.dataReceived(data)
 
-    def write(self, data):
+    def write(self, data: bytes) -> None:
         self.bytes_out += len(data)
         self.factory.bytes_out.inc(len(data))
         self.transport.write(data)
 
-    def count_output(self, nbytes):
+    def count_output(self, nbytes: int) -> None:
         self.bytes_out += nbytes
         self.factory.bytes_out.inc(nbytes)
 
-    def writeSequence(self, data):
+    def writeSequence(self, data: Sequence[bytes]) -> None:
         n = sum(map(len, data))
         self.bytes_out += n
         self.factory.bytes_out.inc(n)
         self.transport.writeSequence(data)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         f = self.factory
         metrics.CONNECTIONS_OPEN.labels(f.name).dec()
         f.log.info("{server}: connection from {peer} closed after {seconds:.1f}s "
@@ -98,16 +114,16 @@ class TrackedConnection(ProtocolWrapper):
                    seconds=time.monotonic() - self.opened, bytes_in=self.bytes_in,
                    bytes_out=self.bytes_out, tls=self.tls_identity,
                    reason=reason.getErrorMessage())
-        super().connectionLost(reason)
+        super().connectionLost(reason)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
     @property
-    def tls_identity(self):
+    def tls_identity(self) -> dict[str, str] | None:
         return peer_identity(self.transport)
 
 
-def _peer(transport):
+def _peer(transport: ITransport | None) -> str:
     try:
-        peer = transport.getPeer()
+        peer: Any = transport.getPeer()  # type: ignore[union-attr]  # None: "?" below
         return f"{peer.host}:{peer.port}"
     except Exception:  # noqa: BLE001 - a transport without addresses (tests)
         return "?"
@@ -128,8 +144,10 @@ class TrackingFactory(WrappingFactory):
     protocol = TrackedConnection
     log = Logger()
 
-    def __init__(self, wrapped, name):
-        super().__init__(wrapped)
+    protocols: dict[TrackedConnection, int]
+
+    def __init__(self, wrapped: IProtocolFactory, name: str) -> None:
+        super().__init__(wrapped)  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.name = name
         self.bytes_in = metrics.BYTES_IN.labels(name)
         self.bytes_out = metrics.BYTES_OUT.labels(name)
@@ -139,19 +157,19 @@ class TrackingFactory(WrappingFactory):
             # "internal error" alert.  acceptableProtocols() is forwarded by __getattr__.
             alsoProvides(self, IProtocolNegotiationFactory)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # the wrapped factory's public attributes (store, options) stay reachable
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self.wrappedFactory, name)
 
-    def drain(self, clock, timeout):
+    def drain(self, clock: IReactorTime, timeout: float) -> defer.Deferred[None]:
         connections = list(self.protocols)
         if not connections:
             return defer.succeed(None)
-        waits = []
+        waits: list[defer.Deferred[None]] = []
         for conn in connections:
-            closed = defer.Deferred()
+            closed: defer.Deferred[None] = defer.Deferred()
             conn._drained = closed
             protocol = conn.wrappedProtocol
             try:
@@ -159,22 +177,26 @@ class TrackingFactory(WrappingFactory):
                     defer.maybeDeferred(protocol.gracefulShutdown).addErrback(
                         lambda f: self.log.failure("graceful shutdown failed", f))
                 else:
-                    conn.loseConnection()
+                    conn.loseConnection()  # type: ignore[no-untyped-call]  # untyped in Twisted
             except Exception:
                 self.log.failure("{server}: error while draining", server=self.name)
             waits.append(closed)
         done = defer.DeferredList(waits)
 
-        def deadline():
+        def deadline() -> None:
             for conn in list(self.protocols):
                 self.log.warn("{server}: aborting {peer} at the shutdown deadline",
                               server=self.name, peer=_peer(conn.transport))
-                conn.transport.abortConnection()
+                conn.transport.abortConnection()  # type: ignore[attr-defined]  # a TCP one
         timer = clock.callLater(timeout, deadline)
-        return done.addBoth(lambda _: timer.active() and timer.cancel())
 
-    def unregisterProtocol(self, p):
-        super().unregisterProtocol(p)
+        def stop_timer(_: object) -> None:
+            if timer.active():
+                timer.cancel()
+        return done.addBoth(stop_timer)
+
+    def unregisterProtocol(self, p: TrackedConnection) -> None:
+        super().unregisterProtocol(p)  # type: ignore[no-untyped-call]  # untyped in Twisted
         closed = getattr(p, "_drained", None)
         if closed is not None and not closed.called:
             closed.callback(None)
@@ -185,11 +207,11 @@ class HealthResource(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, ready_check):
-        super().__init__()
+    def __init__(self, ready_check: Callable[[], list[str]]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.ready_check = ready_check
 
-    def render_GET(self, request):
+    def render_GET(self, request: Request) -> bytes:
         path = request.path.rstrip(b"/")
         request.setHeader(b"content-type", b"application/json")
         if path.endswith(b"/ready"):
@@ -201,10 +223,10 @@ class HealthResource(resource.Resource):
 
 #: other reasons not to be ready: callables returning lists of problems
 #: (see L{add_readiness_check})
-_READINESS_CHECKS = []
+_READINESS_CHECKS: list[Callable[[], list[str]]] = []
 
 
-def add_readiness_check(check):
+def add_readiness_check(check: Callable[[], list[str]]) -> Callable[[], None]:
     """
     Make C{/ready} also report C{check()} (a list of problems, empty when
     fine): a server part that fail-stopped on its own (the Pravega
@@ -212,20 +234,20 @@ def add_readiness_check(check):
     """
     _READINESS_CHECKS.append(check)
 
-    def remove():
+    def remove() -> None:
         if check in _READINESS_CHECKS:
             _READINESS_CHECKS.remove(check)
     return remove
 
 
-def store_problems(stores):
+def store_problems(stores: Iterable[IReadiness]) -> list[str]:
     """
     Why the server is not ready (empty when it is): each store's
     L{IReadiness.problems<streamproto.core.interfaces.IReadiness.problems>}
     (an L{ILogStore<streamproto.log.interfaces.ILogStore>} is one), then
     every registered readiness check.
     """
-    problems = []
+    problems: list[str] = []
     for store in stores:
         problems += store.problems()
     for check in list(_READINESS_CHECKS):
@@ -233,7 +255,7 @@ def store_problems(stores):
     return problems
 
 
-def metrics_site(stores):
+def metrics_site(stores: Iterable[object]) -> Site:
     """
     A twisted.web Site serving /metrics, /health, /ready and the status page at /.
 
@@ -244,10 +266,10 @@ def metrics_site(stores):
     """
     from prometheus_client.twisted import MetricsResource
 
-    stores = [IReadiness(store) for store in stores]
+    ready = [IReadiness(store) for store in stores]
     root = resource.Resource()
     root.putChild(b"metrics", MetricsResource())
-    health = HealthResource(lambda: store_problems(stores))
+    health = HealthResource(lambda: store_problems(ready))
     root.putChild(b"health", health)
     root.putChild(b"ready", health)
     from streamproto.core.statuspage import install_status_page
@@ -267,18 +289,18 @@ class JSONLinesObserver:
     unrendered, which those tools cannot read.
     """
 
-    def __init__(self, stream):
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
-    def __call__(self, event):
+    def __call__(self, event: LogEvent) -> None:
         self._stream.write(format_json_line(event))
         self._stream.flush()
 
 
-def format_json_line(event):
+def format_json_line(event: LogEvent) -> str:
     """One log event as a line of JSON (with its newline)."""
     when = event.get("log_time")
-    record = {
+    record: dict[str, Any] = {
         "timestamp": datetime.datetime.fromtimestamp(
             when if when is not None else time.time(), datetime.timezone.utc
         ).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -296,7 +318,7 @@ def format_json_line(event):
     return json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
 
 
-def _jsonable(value):
+def _jsonable(value: object) -> object:
     """C{value} when JSON can carry it as it is, else its text."""
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
@@ -306,7 +328,7 @@ def _jsonable(value):
     return str(value)
 
 
-def json_log_observer(stream):
+def json_log_observer(stream: TextIO) -> JSONLinesObserver:
     """One JSON object per line: C{--log-format json} (see L{JSONLinesObserver})."""
     return JSONLinesObserver(stream)
 

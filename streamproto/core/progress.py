@@ -2,6 +2,8 @@
 
 import sys
 import time
+from collections.abc import Callable
+from typing import TextIO
 
 
 class Progress:
@@ -10,7 +12,8 @@ class Progress:
     and only when C{stream} is a TTY.  L{finish} prints the final totals.
     """
 
-    def __init__(self, label, total=None, stream=None, clock=time.monotonic):
+    def __init__(self, label: str, total: int | None = None, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.label = label
         self.total = total
         self.stream = stream or sys.stderr
@@ -21,7 +24,7 @@ class Progress:
         self.nbytes = 0
         self.enabled = hasattr(self.stream, "isatty") and self.stream.isatty()
 
-    def update(self, count, nbytes=0):
+    def update(self, count: int, nbytes: int = 0) -> None:
         self.count = count
         self.nbytes = nbytes
         now = self.clock()
@@ -30,7 +33,7 @@ class Progress:
             self.stream.write("\r" + self.line(now) + "\x1b[K")
             self.stream.flush()
 
-    def line(self, now=None):
+    def line(self, now: float | None = None) -> str:
         now = self.clock() if now is None else now
         elapsed = max(now - self.start, 1e-9)
         rate = self.count / elapsed
@@ -44,7 +47,7 @@ class Progress:
             bar = ""
         return f"{self.label}: {bar}{self.count} records, {rate:,.0f}/s, {mb:,.1f} MB/s"
 
-    def finish(self):
+    def finish(self) -> None:
         if self.enabled:
             self.stream.write("\r" + self.line() + "\x1b[K\n")
             self.stream.flush()

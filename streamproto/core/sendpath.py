@@ -28,13 +28,23 @@ must be encrypted in user space anyway) and transports without a socket
 keep C{transport.write}: L{SocketSender.usable} tells which.
 """
 
-import os
+from __future__ import annotations
 
+import os
+import socket
+from array import array
+from collections.abc import Callable
+from typing import cast
+
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
-    IReactorFDSet, ISSLTransport, ITCPTransport, IWriteDescriptor,
+    IPushProducer, IReactorFDSet, ISSLTransport, ISystemHandle, ITCPTransport, IWriteDescriptor,
 )
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
+
+from streamproto.log.batch import BytesLike
 
 from streamproto.core.framing import _speedups, frame_records
 from streamproto.core.observer import Observers
@@ -53,7 +63,7 @@ class _Frames:
 
     __slots__ = ("lengths", "data", "prefix", "index", "skip", "nbytes")
 
-    def __init__(self, lengths, data, prefix):
+    def __init__(self, lengths: array[int], data: BytesLike, prefix: bytes) -> None:
         self.lengths = lengths
         self.data = data
         self.prefix = prefix
@@ -76,23 +86,25 @@ class SocketSender:
         peer went away), or None.
     """
 
-    def __init__(self, transport, reactor, high_water=2 * 1024 * 1024, on_sent=None):
+    def __init__(self, transport: ISystemHandle, reactor: IReactorFDSet,
+                 high_water: int = 2 * 1024 * 1024,
+                 on_sent: Callable[[int], object] | None = None) -> None:
         self._transport = transport
         self._reactor = reactor
-        self._fd = os.dup(transport.getHandle().fileno())
+        self._fd: int | None = os.dup(cast(socket.socket, transport.getHandle()).fileno())
         self.high_water = high_water
         self._on_sent = on_sent
-        self._queue = []
+        self._queue: list[memoryview | _Frames] = []
         self.pending = 0
         self.sent = 0
         self._writing = False
-        self._producer = None
+        self._producer: IPushProducer | None = None
         self._producer_paused = False
-        self._drain_waiters = Observers()
-        self.failed = None
+        self._drain_waiters: Observers[None] = Observers()
+        self.failed: BaseException | None = None
 
     @staticmethod
-    def usable(transport, reactor):
+    def usable(transport: object, reactor: object) -> bool:
         """
         True if C{transport} is plain TCP with a socket this sender can
         write to and C{reactor} lets descriptors be added.
@@ -102,20 +114,20 @@ class SocketSender:
         if not ITCPTransport.providedBy(transport):
             return False
         try:
-            handle = transport.getHandle()
+            handle = cast(socket.socket, cast(ISystemHandle, transport).getHandle())
             return handle.fileno() >= 0
         except Exception:  # noqa: BLE001 - no socket: not usable
             return False
 
     # -- the writer's side -----------------------------------------------
-    def write(self, data):
+    def write(self, data: BytesLike) -> None:
         """Queue bytes."""
         if data and self.failed is None and self._fd is not None:
             self._queue.append(memoryview(data))
             self.pending += len(data)
             self._schedule()
 
-    def write_records(self, lengths, data, prefix):
+    def write_records(self, lengths: array[int], data: BytesLike, prefix: bytes) -> None:
         """
         Queue records as C{[prefix][u32 BE size][payload]} frames.
 
@@ -132,16 +144,16 @@ class SocketSender:
         self.pending += frames.nbytes
         self._schedule()
 
-    def registerProducer(self, producer):
+    def registerProducer(self, producer: IPushProducer) -> None:
         """A streaming producer, paused while the queue is over the high
         water mark."""
         self._producer = producer
         self._producer_paused = False
 
-    def unregisterProducer(self):
+    def unregisterProducer(self) -> None:
         self._producer = None
 
-    def when_drained(self):
+    def when_drained(self) -> Deferred[None]:
         """A Deferred that fires once everything queued is sent (or the
         sender failed: then with that failure's exception swallowed, since
         the connection is going anyway)."""
@@ -150,7 +162,7 @@ class SocketSender:
             return succeed(None)
         return self._drain_waiters.when()
 
-    def close(self):
+    def close(self) -> None:
         """Stop for good and close the duplicate descriptor (the
         connection itself is the transport's to close)."""
         self._stop_writing()
@@ -162,7 +174,7 @@ class SocketSender:
         self._fire_drained()
 
     # -- flow control ------------------------------------------------------
-    def _schedule(self):
+    def _schedule(self) -> None:
         if self.pending > self.high_water and self._producer is not None \
                 and not self._producer_paused:
             self._producer_paused = True
@@ -171,24 +183,24 @@ class SocketSender:
             self._writing = True
             self._reactor.addWriter(self)
 
-    def _stop_writing(self):
+    def _stop_writing(self) -> None:
         if self._writing:
             self._writing = False
             self._reactor.removeWriter(self)
 
-    def _fire_drained(self):
+    def _fire_drained(self) -> None:
         if self._queue and self._fd is not None:
             return      # written to again meanwhile (by a producer we resumed)
         self._drain_waiters.fire()
 
     # -- IWriteDescriptor --------------------------------------------------
-    def fileno(self):
+    def fileno(self) -> int:
         return self._fd if self._fd is not None else -1
 
-    def logPrefix(self):
+    def logPrefix(self) -> str:
         return "SocketSender"
 
-    def doWrite(self):
+    def doWrite(self) -> None:
         try:
             self._send_some()
         except OSError as e:
@@ -212,20 +224,22 @@ class SocketSender:
             self._producer.resumeProducing()
         return None
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure) -> None:
         # the reactor calls this on a hang-up or error of the descriptor
         # (epoll's EPOLLHUP/EPOLLERR), or at shutdown
         if self._queue and self.failed is None:
             self.failed = reason.value
         self.close()
 
-    def _send_some(self):
+    def _send_some(self) -> None:
         """Send until the socket would block or the queue is empty."""
         fd = self._fd
+        if fd is None:  # closed
+            return
         queue = self._queue
         while queue:
             item = queue[0]
-            if type(item) is _Frames:
+            if isinstance(item, _Frames):
                 # at most 512 records a call: go on until one sends nothing
                 index, skip, n = _speedups.send_frames(
                     fd, item.lengths, item.data, item.prefix, item.index, item.skip)

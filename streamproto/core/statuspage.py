@@ -19,11 +19,16 @@ C{max_chart_logs} logs each.
 
 import json
 from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from prometheus_client import REGISTRY
+from prometheus_client.metrics_core import Metric
+from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
+from twisted.web.server import Request
 
-from streamproto.core.summary import SERVER_RATES, rates, summarise_families
+from streamproto.core.summary import SERVER_RATES, Summary, rates, summarise_families
 from streamproto.log.public import is_internal
 
 #: seconds of history the charts show
@@ -58,17 +63,18 @@ class StatusHistory:
         seconds under a real reactor: the charts' time axis).
     """
 
-    def __init__(self, clock, collect=None, window=WINDOW, min_interval=MIN_INTERVAL,
-                 max_chart_logs=MAX_CHART_LOGS):
+    def __init__(self, clock: IReactorTime, collect: Callable[[], Iterable[Metric]] | None = None,
+                 window: float = WINDOW, min_interval: float = MIN_INTERVAL,
+                 max_chart_logs: int = MAX_CHART_LOGS) -> None:
         self.clock = clock
         self.collect = collect or REGISTRY.collect
         self.window = window
         self.min_interval = min_interval
         self.max_chart_logs = max_chart_logs
-        self.samples = []     # the last two (time, summary)
-        self.points = deque()  # chart points, oldest first
+        self.samples: list[tuple[float, Summary]] = []  # the last two (time, summary)
+        self.points: deque[dict[str, Any]] = deque()  # chart points, oldest first
 
-    def sample(self):
+    def sample(self) -> None:
         """Take a sample unless the last one is recent enough; drop old points."""
         now = self.clock.seconds()
         if not self.samples or now - self.samples[-1][0] >= self.min_interval:
@@ -80,7 +86,7 @@ class StatusHistory:
         while self.points and self.points[0]["t"] < cutoff:
             self.points.popleft()
 
-    def _add_point(self, t, summary, before_t, before):
+    def _add_point(self, t: float, summary: Summary, before_t: float, before: Summary) -> None:
         r = rates(summary, before, t - before_t)
         if r is None:
             return
@@ -95,10 +101,12 @@ class StatusHistory:
             "fsync_ms": r["fsync_ms"],
         })
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, Any]:
         """The document of C{/status.json} (after a L{sample})."""
         self.sample()
         t, now = self.samples[-1]
+        before_t: float | None
+        before: Summary | None
         before_t, before = self.samples[0] if len(self.samples) > 1 else (None, None)
         elapsed = t - before_t if before_t is not None else None
         public = {k: v for k, v in now["logs"].items() if not is_internal(k)}
@@ -129,11 +137,11 @@ class StatusJSON(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, history):
-        super().__init__()
+    def __init__(self, history: StatusHistory) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.history = history
 
-    def render_GET(self, request):
+    def render_GET(self, request: Request) -> bytes:
         for name, value in _SECURITY_HEADERS.items():
             request.setHeader(name, value)
         request.setHeader(b"content-type", b"application/json")
@@ -145,22 +153,24 @@ class StatusPage(resource.Resource):
 
     isLeaf = True
 
-    def render_GET(self, request):
+    def render_GET(self, request: Request) -> bytes:
         for name, value in _SECURITY_HEADERS.items():
             request.setHeader(name, value)
         request.setHeader(b"content-type", b"text/html; charset=utf-8")
         return PAGE
 
 
-def install_status_page(root, clock=None, collect=None):
+def install_status_page(root: resource.Resource, clock: IReactorTime | None = None,
+                        collect: Callable[[], Iterable[Metric]] | None = None) -> StatusHistory:
     """
     Serve the page at C{/} and its data at C{/status.json} under C{root}
     (the metrics site's root resource).  @return: the L{StatusHistory}.
     """
     if clock is None:
-        from twisted.internet import reactor as clock
+        from twisted.internet import reactor
+        clock = cast(IReactorTime, reactor)
     history = StatusHistory(clock, collect)
-    root.putChild(b"", StatusPage())
+    root.putChild(b"", StatusPage())  # type: ignore[no-untyped-call]  # untyped in Twisted
     root.putChild(b"status.json", StatusJSON(history))
     return history
 

@@ -5,14 +5,24 @@ Which log store a server runs on: the embedded file store under C{--data}
 umbrella, checked before start-up, and one service that owns the store.
 """
 
+from __future__ import annotations
+
 import os
 import ssl
+from collections.abc import Collection, MutableMapping
+from typing import Any
 
 from twisted.application import service
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.failure import Failure
 
-from streamproto.log.storeurl import StoreURLError, is_store_url, parse_store_url
+from streamproto.log.interfaces import ILogStore
+from streamproto.log.storeurl import StoreURL, StoreURLError, is_store_url, parse_store_url
+
+#: a server's parsed options (L{usage.Options}), or a dict of the same keys
+Options = MutableMapping[str, Any]
 
 #: the store options every server takes (added to L{ServerOptions})
 STORE_PARAMETERS = [
@@ -28,7 +38,7 @@ STORE_PARAMETERS = [
 _GUARANTEE = "acknowledged once the cluster's quorum stored it"
 
 
-def check_store_options(options, local=()):
+def check_store_options(options: Options, local: Collection[str] = ()) -> StoreURL | None:
     """
     Parse C{--store} into C{options["store-url"]} (a L{StoreURL}, or None
     for the file store) and check the TLS files, as usage errors naming the
@@ -74,7 +84,7 @@ def check_store_options(options, local=()):
     return url
 
 
-def store_tls_context(options):
+def store_tls_context(options: Options) -> ssl.SSLContext | None:
     """The C{ssl.SSLContext} of a C{tls://} store (server name checked), or None."""
     url = options.get("store-url")
     if url is None or not url.tls:
@@ -85,7 +95,7 @@ def store_tls_context(options):
     return context
 
 
-def open_log_store(options, **kwargs):
+def open_log_store(options: Options, **kwargs: Any) -> ILogStore:
     """
     The log store these (checked) options name: a L{JetStreamLogStore}
     for C{--store nats://...}, else the file store under C{--data}.
@@ -99,9 +109,12 @@ def open_log_store(options, **kwargs):
                              tls=store_tls_context(options))
 
 
-def describe_store(options):
+def describe_store(options: Options) -> str:
     url = options.get("store-url")
-    return str(url) if url is not None else options["data"]
+    if url is not None:
+        return str(url)
+    data: str = options["data"]
+    return data
 
 
 class StoreService(service.Service):
@@ -115,17 +128,18 @@ class StoreService(service.Service):
 
     log = Logger()
 
-    def __init__(self, options_or_path, **kwargs):
+    def __init__(self, options_or_path: Options | str, **kwargs: Any) -> None:
         from streamproto.core.metrics import observe_store
-        options = options_or_path
         if isinstance(options_or_path, str):
-            options = {"data": options_or_path, "store-url": None}
+            options: Options = {"data": options_or_path, "store-url": None}
+        else:
+            options = options_or_path
         self.path = describe_store(options)
         self.store = open_log_store(options, **kwargs)
         observe_store(self.store)
 
-    def startService(self):
-        super().startService()
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         start = getattr(self.store, "start", None)
         if start is None:
             return
@@ -133,22 +147,22 @@ class StoreService(service.Service):
                       guarantee=_GUARANTEE)
         start().addCallbacks(self._started, self._cannot_start)
 
-    def _started(self, _):
+    def _started(self, _: object) -> None:
         self.log.info("log store {where}: connected", where=self.path)
 
-    def _cannot_start(self, failure):
+    def _cannot_start(self, failure: Failure) -> None:
         cannot_start(self, f"log store {self.path} cannot be reached: "
                            f"{failure.getErrorMessage()}")
 
-    def stopService(self):
+    def stopService(self) -> Deferred[None]:
         from streamproto.core.metrics import forget_store
-        super().stopService()
+        super().stopService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.log.info("closing log store {path}", path=self.path)
         forget_store(self.store)
         return self.store.close()
 
 
-def cannot_start(child, message):
+def cannot_start(child: service.IService, message: str) -> None:
     """
     A store C{child} (a service) needs could not be opened after start-up
     began: the whole server stops with one critical line and exit status 1

@@ -13,7 +13,14 @@ A summary is plain data (JSON-ready)::
      "fsync": {"count": ..., "sum": ...}}
 """
 
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
+
+#: a summary (see the module docstring): plain, JSON-ready data
+Summary = dict[str, Any]
 
 #: server counters: sample name -> summary key
 SERVER_SAMPLES = {
@@ -46,7 +53,7 @@ SAMPLE_NAMES = frozenset(SERVER_SAMPLES) | {ERROR_SAMPLE} | frozenset(LOG_SAMPLE
 SERVER_RATES = ("records_in", "records_out", "bytes_in", "bytes_out", "errors", "pauses")
 
 
-def summarise(text):
+def summarise(text: str) -> Summary:
     """
     The summary of a Prometheus text exposition.
 
@@ -55,11 +62,11 @@ def summarise(text):
     return summarise_families(text_string_to_metric_families(text))
 
 
-def summarise_families(families):
+def summarise_families(families: Iterable[Metric]) -> Summary:
     """The summary of metric families (parsed text, or a registry's C{collect()})."""
-    servers = {}
-    logs = {}
-    fsync = {}
+    servers: dict[str, dict[str, float]] = {}
+    logs: dict[str, dict[str, float]] = {}
+    fsync: dict[str, float] = {}
     for family in families:
         for s in family.samples:
             name = s.name
@@ -80,7 +87,7 @@ def summarise_families(families):
     return {"servers": servers, "logs": logs, "fsync": fsync}
 
 
-def rates(now, before, elapsed):
+def rates(now: Summary, before: Summary | None, elapsed: float | None) -> Summary | None:
     """
     Per-second rates from C{before} to C{now} (summaries C{elapsed}
     seconds apart), or None without a previous summary:
@@ -94,14 +101,14 @@ def rates(now, before, elapsed):
     if before is None or not elapsed or elapsed <= 0:
         return None
 
-    def delta(a, b):
+    def delta(a: float, b: float) -> float:
         return a - b if a >= b else a
 
-    servers = {}
+    servers: dict[str, dict[str, float]] = {}
     for name, s in now.get("servers", {}).items():
         prev = before.get("servers", {}).get(name, {})
         servers[name] = {k: delta(s.get(k, 0), prev.get(k, 0)) / elapsed for k in SERVER_RATES}
-    logs = {}
+    logs: dict[str, dict[str, float]] = {}
     for name, log in now.get("logs", {}).items():
         prev = before.get("logs", {}).get(name)
         if prev is None:
@@ -109,7 +116,7 @@ def rates(now, before, elapsed):
         logs[name] = {"records": delta(log.get("end", 0), prev.get("end", 0)) / elapsed,
                       # retention and truncation shrink a log: growth may be negative
                       "bytes": (log.get("size", 0) - prev.get("size", 0)) / elapsed}
-    fsync_ms = None
+    fsync_ms: float | None = None
     f_now, f_before = now.get("fsync", {}), before.get("fsync", {})
     count = delta(f_now.get("count", 0), f_before.get("count", 0))
     if count > 0:

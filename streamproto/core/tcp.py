@@ -1,7 +1,9 @@
 """TCP socket settings shared by the protocols' servers and clients."""
 
+from twisted.internet.interfaces import ITransport
 
-def set_no_delay(transport):
+
+def set_no_delay(transport: ITransport | None) -> None:
     """
     Turn Nagle's algorithm off (as Go does for every TCP connection): acks
     are tiny and latency-bound, and with Nagle plus the peer's delayed ACK a

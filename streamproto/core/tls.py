@@ -17,22 +17,25 @@ Clients verify the server with service_identity (through
 L{optionsForClientTLS}) against a CA file, or the platform's trust store.
 """
 
+from typing import Any
+
 from OpenSSL import SSL, crypto
 from twisted.internet import ssl
 from twisted.internet.endpoints import SSL4ServerEndpoint, TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import (
-    IProtocolNegotiationFactory, IStreamServerEndpointStringParser,
+    IOpenSSLClientConnectionCreator, IProtocolNegotiationFactory, IReactorSSL, IReactorTCP,
+    IStreamClientEndpoint, IStreamServerEndpointStringParser,
 )
 from twisted.python.filepath import FilePath
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
 
-def _pem_certificates(path):
+def _pem_certificates(path: str) -> list[ssl.Certificate]:
     """Every certificate in a PEM file (a CA bundle may hold several)."""
     data = FilePath(path).getContent()
     marker = b"-----END CERTIFICATE-----"
-    certs = []
+    certs: list[ssl.Certificate] = []
     for chunk in data.split(marker)[:-1]:
         pem = chunk[chunk.index(b"-----BEGIN CERTIFICATE-----"):] + marker + b"\n"
         certs.append(ssl.Certificate.loadPEM(pem))
@@ -41,8 +44,9 @@ def _pem_certificates(path):
     return certs
 
 
-def server_tls_options(private_key, cert=None, ca_certs=None, require_client_cert=True,
-                       extra_cert_chain=None):
+def server_tls_options(private_key: str, cert: str | None = None, ca_certs: str | None = None,
+                       require_client_cert: bool = True,
+                       extra_cert_chain: str | None = None) -> ssl.CertificateOptions:
     """
     L{ssl.CertificateOptions} for a server.
 
@@ -54,10 +58,10 @@ def server_tls_options(private_key, cert=None, ca_certs=None, require_client_cer
     cert = cert or private_key
     key_pem = FilePath(private_key).getContent()
     cert_pem = FilePath(cert).getContent()
-    chain = []
+    chain: list[crypto.X509] = []
     if extra_cert_chain:
         chain = [c.original for c in _pem_certificates(extra_cert_chain)]
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if ca_certs:
         kwargs.update(verify=True, caCerts=[c.original for c in _pem_certificates(ca_certs)],
                       requireCertificate=require_client_cert)
@@ -69,7 +73,7 @@ def server_tls_options(private_key, cert=None, ca_certs=None, require_client_cer
     ))
 
 
-def _select_alpn(connection, offered):
+def _select_alpn(connection: SSL.Connection, offered: list[bytes]) -> Any:
     """
     Pick the first ALPN protocol the served factory speaks that the client
     offered; with none in common, go on without ALPN (RFC 7301 lets a
@@ -84,7 +88,7 @@ def _select_alpn(connection, offered):
     return SSL.NO_OVERLAPPING_PROTOCOLS
 
 
-def tolerate_alpn(options):
+def tolerate_alpn(options: ssl.CertificateOptions) -> ssl.CertificateOptions:
     """
     Make server TLS C{options} (L{ssl.CertificateOptions}) accept clients
     that offer ALPN protocols the server does not speak.  Twisted (26.10)
@@ -100,7 +104,8 @@ def tolerate_alpn(options):
     return options
 
 
-def client_tls_options(hostname, ca_certs=None, cert=None, private_key=None):
+def client_tls_options(hostname: str, ca_certs: str | None = None, cert: str | None = None,
+                       private_key: str | None = None) -> IOpenSSLClientConnectionCreator:
     """
     Client TLS options that verify the server's identity (service_identity)
     for C{hostname}, against the CAs in C{ca_certs} (a PEM path) or the
@@ -111,27 +116,30 @@ def client_tls_options(hostname, ca_certs=None, cert=None, private_key=None):
         certs = _pem_certificates(ca_certs)
         trust = ssl.trustRootFromCertificates(certs)
     client_cert = None
-    if cert or private_key:
-        pem = FilePath(cert or private_key).getContent()
+    first = cert or private_key
+    if first:
+        pem = FilePath(first).getContent()
         if private_key and private_key != cert:
             pem += b"\n" + FilePath(private_key).getContent()
         client_cert = ssl.PrivateCertificate.loadPEM(pem)
     return ssl.optionsForClientTLS(hostname, trustRoot=trust, clientCertificate=client_cert)
 
 
-def client_endpoint(reactor, host, port, tls=None, timeout=30):
+def client_endpoint(reactor: IReactorTCP, host: str, port: int,
+                    tls: IOpenSSLClientConnectionCreator | None = None,
+                    timeout: float = 30) -> IStreamClientEndpoint:
     """
     A client endpoint for C{host:port}, wrapped in TLS when C{tls} (client
     TLS options, e.g. from L{client_tls_options}) is given; C{timeout}:
     seconds to wait for the TCP connection.
     """
-    endpoint = TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
+    endpoint: IStreamClientEndpoint = TCP4ClientEndpoint(reactor, host, port, timeout=timeout)
     if tls is not None:
         endpoint = wrapClientTLS(tls, endpoint)
     return endpoint
 
 
-def peer_identity(transport):
+def peer_identity(transport: object) -> dict[str, str] | None:
     """
     The subject common name and the SHA-256 fingerprint of the peer's TLS
     certificate, or None over plain TCP / without a client certificate.
@@ -158,9 +166,13 @@ class TLSServerParser:
 
     prefix = "mtls"
 
-    def parseStreamServer(self, reactor, port, privateKey="server.pem", certKey=None,
-                          caCerts=None, requireClientCert="yes", interface="", backlog=50,
-                          extraCertChain=None):
+    # the interface declares (reactor, *args, **kwargs): these are the
+    # fields of an mtls: endpoint string
+    def parseStreamServer(  # type: ignore[override]
+        self, reactor: IReactorSSL, port: str, privateKey: str = "server.pem",
+        certKey: str | None = None, caCerts: str | None = None, requireClientCert: str = "yes",
+        interface: str = "", backlog: int | str = 50, extraCertChain: str | None = None,
+    ) -> SSL4ServerEndpoint:
         options = server_tls_options(
             privateKey, certKey, caCerts,
             require_client_cert=requireClientCert.lower() in ("yes", "true", "1"),

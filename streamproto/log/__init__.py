@@ -4,6 +4,10 @@ The embedded durable log store shared by every protocol.
 Use L{open_store} for the file-backed store, L{MemoryLogStore} in tests.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from streamproto.log.batch import RecordBatch
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
@@ -14,6 +18,9 @@ from streamproto.log.interfaces import ILog, ILogStore
 from streamproto.log.memory import MemoryLog, MemoryLogStore
 from streamproto.log.result import AppendResult
 
+if TYPE_CHECKING:
+    from streamproto.log.file import FileLogStore
+
 __all__ = [
     "AppendResult", "CorruptLog", "ILog", "ILogStore", "InvalidLogName", "LogClosed",
     "LogConfig", "LogError", "LogExists", "LogFailed", "LogNotFound", "MemoryLog",
@@ -22,7 +29,7 @@ __all__ = [
 ]
 
 
-def open_store(path, **kwargs):
+def open_store(path: str, **kwargs: Any) -> FileLogStore:
     """Open (creating if needed) the file-backed store at C{path}."""
     from streamproto.log.file import FileLogStore
     return FileLogStore(path, **kwargs)

@@ -4,11 +4,18 @@ buffer plus a lengths array, so that callers who forward bytes (sockets,
 Arrow buffers) never touch records one by one.
 """
 
+from __future__ import annotations
+
 from array import array
+from collections.abc import Iterable, Iterator
 from itertools import accumulate
+from typing import TypeAlias
+
+#: What a log accepts as one record.
+BytesLike: TypeAlias = bytes | bytearray | memoryview
 
 
-def lengths_array(values=()):
+def lengths_array(values: Iterable[int] = ()) -> array[int]:
     """An unsigned 32-bit array (C{array('I')} is 32-bit on every supported platform)."""
     a = array("I", values)
     assert a.itemsize == 4
@@ -26,32 +33,37 @@ class RecordBatch:
 
     __slots__ = ("position", "lengths", "data", "_offsets")
 
-    def __init__(self, position, lengths, data):
+    position: int
+    lengths: array[int]
+    data: bytes | memoryview
+    _offsets: array[int] | None
+
+    def __init__(self, position: int, lengths: array[int], data: bytes | memoryview) -> None:
         self.position = position
         self.lengths = lengths
         self.data = data
         self._offsets = None
 
     @classmethod
-    def from_records(cls, position, records):
-        records = [bytes(r) for r in records]
-        return cls(position, lengths_array(map(len, records)), b"".join(records))
+    def from_records(cls, position: int, records: Iterable[BytesLike]) -> RecordBatch:
+        copies = [bytes(r) for r in records]
+        return cls(position, lengths_array(map(len, copies)), b"".join(copies))
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.lengths)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<RecordBatch position={self.position} count={len(self)} bytes={len(self.data)}>"
 
     @property
-    def next_position(self):
+    def next_position(self) -> int:
         return self.position + len(self.lengths)
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return len(self.data)
 
-    def offsets(self):
+    def offsets(self) -> array[int]:
         """C{array('Q')} of n + 1 start offsets into C{data}: Arrow's layout."""
         if self._offsets is None:
             offs = array("Q", [0])
@@ -59,18 +71,16 @@ class RecordBatch:
             self._offsets = offs
         return self._offsets
 
-    def records(self):
+    def records(self) -> list[bytes]:
         """The records as a list of bytes."""
-        data = self.data
-        if isinstance(data, memoryview):
-            data = data.tobytes()
+        data = self.data.tobytes() if isinstance(self.data, memoryview) else self.data
         offs = self.offsets()
         return [data[a:b] for a, b in zip(offs, offs[1:])]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         return iter(self.records())
 
-    def slice(self, start, stop=None):
+    def slice(self, start: int, stop: int | None = None) -> RecordBatch:
         """Records C{start..stop} (indices within the batch) as a new batch."""
         n = len(self.lengths)
         stop = n if stop is None else min(stop, n)
@@ -79,12 +89,12 @@ class RecordBatch:
         return RecordBatch(self.position + start, self.lengths[start:stop],
                            self.data[offs[start]:offs[stop]])
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, RecordBatch):
             return NotImplemented
         return (self.position == other.position and self.lengths == other.lengths
                 and bytes(self.data) == bytes(other.data))
 
 
-def empty_batch(position):
+def empty_batch(position: int) -> RecordBatch:
     return RecordBatch(position, lengths_array(), b"")

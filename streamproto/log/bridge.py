@@ -33,13 +33,23 @@ Deferreds fire before the call returns and a C{SynchronousTestCase}
 can drive a store on a real NATS cluster.
 """
 
+from __future__ import annotations
+
 import asyncio
 import os
 import threading
 from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, ParamSpec, TypeVar, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+#: a function and its arguments, queued for the other side
+_Call = tuple[Callable[..., object], tuple[Any, ...]]
 
 
 class BridgeClosed(Exception):
@@ -49,33 +59,35 @@ class BridgeClosed(Exception):
 class _Loop:
     """An asyncio loop running in a daemon thread (restarted after a fork)."""
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.loop = None
-        self.thread = None
-        self.pid = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.thread: threading.Thread | None = None
+        self.pid: int | None = None
 
-    def ensure(self):
+    def ensure(self) -> asyncio.AbstractEventLoop:
         # twistd forks after makeService: a loop thread started before the
         # fork does not exist in the daemon, so start (again) in this process
         if self.loop is None or self.pid != os.getpid():
             self.pid = os.getpid()
-            self.loop = asyncio.new_event_loop()
-            self.thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self.loop = loop = asyncio.new_event_loop()
+            self.thread = threading.Thread(target=self._run, args=(loop,), name=self.name,
+                                           daemon=True)
             self.thread.start()
+            return loop
         return self.loop
 
-    def _run(self):
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_forever()
 
-    def stop(self, timeout=10.0):
+    def stop(self, timeout: float = 10.0) -> None:
         loop, thread = self.loop, self.thread
-        if loop is None or self.pid != os.getpid():
+        if loop is None or thread is None or self.pid != os.getpid():
             return
         self.loop = self.thread = None
 
-        async def shutdown():
+        async def shutdown() -> None:
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:
                 t.cancel()
@@ -98,29 +110,32 @@ class AsyncioThreadBridge:
         calls per wake-up is the coalescing factor).
     """
 
-    def __init__(self, reactor=None, name="streamproto-nats"):
+    def __init__(self, reactor: IReactorFromThreads | Literal[False] | None = None,
+                 name: str = "streamproto-nats") -> None:
         if reactor is None:
-            from twisted.internet import reactor
-        self._reactor = reactor  # False: no reactor (the synchronous bridge)
+            from twisted.internet import reactor as _reactor
+            reactor = cast(IReactorFromThreads, _reactor)
+        # False: no reactor (the synchronous bridge, whose post does not use it)
+        self._reactor = cast(IReactorFromThreads, reactor)
         self._loop = _Loop(name)
         self._lock = threading.Lock()
-        self._to_loop = deque()
+        self._to_loop: deque[_Call] = deque()
         self._loop_scheduled = False
-        self._to_reactor = deque()
+        self._to_reactor: deque[_Call] = deque()
         self._reactor_scheduled = False
         self._stopped = False
         self.wakeups = {"loop": 0, "reactor": 0}
         self.calls = {"loop": 0, "reactor": 0}
 
     @property
-    def loop(self):
+    def loop(self) -> asyncio.AbstractEventLoop:
         return self._loop.ensure()
 
-    def in_loop_thread(self):
+    def in_loop_thread(self) -> bool:
         return self._loop.thread is threading.current_thread()
 
     # reactor -> loop ----------------------------------------------------
-    def call_soon(self, f, *args):
+    def call_soon(self, f: Callable[..., object], *args: Any) -> None:
         """Run C{f(*args)} on the loop thread, after every earlier call_soon."""
         if self._stopped:
             raise BridgeClosed("store closed")
@@ -133,7 +148,7 @@ class AsyncioThreadBridge:
             self._loop_scheduled = True
         loop.call_soon_threadsafe(self._run_loop_queue)
 
-    def _run_loop_queue(self):
+    def _run_loop_queue(self) -> None:
         self.wakeups["loop"] += 1
         with self._lock:
             batch, self._to_loop = self._to_loop, deque()
@@ -145,7 +160,8 @@ class AsyncioThreadBridge:
                 from twisted.logger import Logger
                 Logger().failure("nats bridge: a loop call failed")
 
-    def call(self, coroutine_function, *args, **kwargs):
+    def call(self, coroutine_function: Callable[_P, Coroutine[Any, Any, _T]],
+             *args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         """
         Run C{coroutine_function(*args, **kwargs)} on the loop.
 
@@ -153,16 +169,17 @@ class AsyncioThreadBridge:
         """
         if self._stopped:
             return fail(BridgeClosed("store closed"))
-        d = Deferred()
+        d: Deferred[_T] = Deferred()
         self.call_soon(self._start, d, coroutine_function, args, kwargs)
         return d
 
-    def _start(self, d, coroutine_function, args, kwargs):
+    def _start(self, d: Deferred[_T], coroutine_function: Callable[..., Coroutine[Any, Any, _T]],
+               args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         task = self.loop.create_task(coroutine_function(*args, **kwargs))
         task.add_done_callback(lambda t: self.post(_fire, d, t))
 
     # loop -> reactor ----------------------------------------------------
-    def post(self, f, *args):
+    def post(self, f: Callable[..., object], *args: Any) -> None:
         """From the loop thread: run C{f(*args)} on the reactor thread."""
         with self._lock:
             self._to_reactor.append((f, args))
@@ -172,7 +189,7 @@ class AsyncioThreadBridge:
             self._reactor_scheduled = True
         self._reactor.callFromThread(self._run_reactor_queue)
 
-    def _run_reactor_queue(self):
+    def _run_reactor_queue(self) -> None:
         self.wakeups["reactor"] += 1
         with self._lock:
             batch, self._to_reactor = self._to_reactor, deque()
@@ -185,19 +202,19 @@ class AsyncioThreadBridge:
                 Logger().failure("nats bridge: a reactor call failed")
 
     # work the synchronous bridge waits for ------------------------------
-    def begin(self):
+    def begin(self) -> None:
         """The loop started work whose outcome will be posted (no-op here)."""
 
-    def end(self):
+    def end(self) -> None:
         """That work's outcome was posted."""
 
-    def stop(self):
+    def stop(self) -> None:
         """Stop the loop (its tasks are cancelled); nothing is called after."""
         self._stopped = True
         self._loop.stop()
 
 
-def _fire(d, task):
+def _fire(d: Deferred[_T], task: asyncio.Task[_T]) -> None:
     if task.cancelled():
         d.errback(Failure(BridgeClosed("cancelled: store closed")))
         return
@@ -217,19 +234,19 @@ class SynchronousBridge(AsyncioThreadBridge):
     (a publish waiting for its ack) has posted its outcome.
     """
 
-    def __init__(self, timeout=30.0):
+    def __init__(self, timeout: float = 30.0) -> None:
         super().__init__(reactor=False, name="streamproto-nats-sync")
         self.timeout = timeout
         self._busy = 0
         self._idle = threading.Condition(self._lock)
 
-    def call_soon(self, f, *args):
+    def call_soon(self, f: Callable[..., object], *args: Any) -> None:
         if self._stopped:
             raise BridgeClosed("store closed")
         done = threading.Event()
-        errors = []
+        errors: list[Exception] = []
 
-        def run():
+        def run() -> None:
             try:
                 f(*args)
             except Exception as e:
@@ -245,7 +262,8 @@ class SynchronousBridge(AsyncioThreadBridge):
             raise errors[0]
         self.drain()
 
-    def call(self, coroutine_function, *args, **kwargs):
+    def call(self, coroutine_function: Callable[_P, Coroutine[Any, Any, _T]],
+             *args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         if self._stopped:
             return fail(BridgeClosed("store closed"))
         future = asyncio.run_coroutine_threadsafe(coroutine_function(*args, **kwargs),
@@ -258,11 +276,11 @@ class SynchronousBridge(AsyncioThreadBridge):
         self.drain()
         return succeed(result)
 
-    def post(self, f, *args):
+    def post(self, f: Callable[..., object], *args: Any) -> None:
         with self._lock:
             self._to_reactor.append((f, args))
 
-    def drain(self):
+    def drain(self) -> None:
         """Run what the loop posted, on this thread."""
         while True:
             with self._lock:
@@ -271,11 +289,11 @@ class SynchronousBridge(AsyncioThreadBridge):
                 f, args = self._to_reactor.popleft()
             f(*args)
 
-    def begin(self):
+    def begin(self) -> None:
         with self._idle:
             self._busy += 1
 
-    def end(self):
+    def end(self) -> None:
         with self._idle:
             self._busy -= 1
             self._idle.notify_all()

@@ -2,7 +2,9 @@
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from streamproto.log.errors import InvalidLogName
 
@@ -10,7 +12,7 @@ NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_NAME_LENGTH = 200
 
 
-def validate_name(name):
+def validate_name(name: object) -> str:
     """
     @raise InvalidLogName: unless C{name} is a safe log name (it can never
         escape the store directory: no dots, no slashes).
@@ -36,7 +38,7 @@ class LogConfig:
     log_max_size: int = -1
     log_max_age: int = -1
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -54,13 +56,13 @@ class LogConfig:
                 raise ValueError(f"{name} must be positive or -1")
 
     @classmethod
-    def field_names(cls):
+    def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def from_mapping(cls, mapping):
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> "LogConfig":
         """Build from a dict of str -> str|int, ignoring unknown keys."""
-        kwargs = {}
+        kwargs: dict[str, int] = {}
         for name in cls.field_names():
             if name in mapping and mapping[name] not in (None, ""):
                 try:
@@ -69,8 +71,8 @@ class LogConfig:
                     raise ValueError(f"{name} must be an integer")
         return cls(**kwargs)
 
-    def to_json(self):
+    def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -1,5 +1,7 @@
 """Errors of the log store.  Protocols map these to their own wire errors."""
 
+from collections.abc import Mapping
+
 
 class LogError(Exception):
     """Base class of every log store error."""
@@ -18,7 +20,7 @@ class LogExists(LogError):
 class LogNotFound(LogError, KeyError):
     code = "log_not_found"
 
-    def __str__(self):  # KeyError would repr() the name
+    def __str__(self) -> str:  # KeyError would repr() the name
         return Exception.__str__(self)
 
 
@@ -75,7 +77,13 @@ class AppendConflict(LogError):
     code = "conflict"
 
 
-def append_conflict(name, end_position, expected_position, attributes, expected_attributes):
+def append_conflict(
+    name: str,
+    end_position: int,
+    expected_position: int | None,
+    attributes: Mapping[str, int],
+    expected_attributes: Mapping[str, int | None] | None,
+) -> "AppendConflict | None":
     """
     The L{AppendConflict} of a conditional append (see L{ILog.append}) to a
     log ending at C{end_position} with C{attributes}, both counting every
@@ -86,7 +94,9 @@ def append_conflict(name, end_position, expected_position, attributes, expected_
     return attributes_conflict(name, attributes, expected_attributes)
 
 
-def attributes_conflict(name, attributes, expected):
+def attributes_conflict(
+    name: str, attributes: Mapping[str, int], expected: Mapping[str, int | None] | None,
+) -> "AppendConflict | None":
     """
     The L{AppendConflict} of an append expecting C{expected} (key -> value,
     None for unset) where the attributes are C{attributes}, or None when

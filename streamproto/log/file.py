@@ -19,6 +19,8 @@ disk, so the first bad batch is always after the last fsync.
 See doc/logstore.rst for the format, guarantees and tuning.
 """
 
+from __future__ import annotations
+
 import bisect
 import errno
 import json
@@ -26,15 +28,20 @@ import os
 import shutil
 import time
 import uuid
+from array import array
 from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate
+from typing import Any, Protocol, TypeVar, cast
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorThreads, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core import metrics
-from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
@@ -47,29 +54,42 @@ from streamproto.log.format import (
 from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, log_problems
 from streamproto.log.result import AppendResult
 from streamproto.log.segments import (
-    FileIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
+    Cursor, FileIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
 )
 from streamproto.log.waiters import Waiters
 
 CONFIG_FILE = "config.json"
 STATE_FILE = "state.json"
 
+_T = TypeVar("_T")
 
-def synchronous(f, *args, **kwargs):
+
+class RunBlocking(Protocol):
+    """
+    How a store runs a blocking call: C{run_blocking(f, *args, **kwargs)}
+    returns a Deferred firing with C{f}'s result (L{synchronous},
+    L{thread_runner}).
+    """
+
+    def __call__(self, f: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Deferred[_T]:
+        ...
+
+
+def synchronous(f: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Deferred[_T]:
     """A C{run_blocking} that runs in the calling thread (tests, tools)."""
     return maybeDeferred(f, *args, **kwargs)
 
 
-def thread_runner(reactor):
+def thread_runner(reactor: IReactorThreads) -> RunBlocking:
     """The default C{run_blocking}: the reactor's thread pool."""
     from twisted.internet.threads import deferToThreadPool
 
-    def run(f, *args, **kwargs):
+    def run(f: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Deferred[_T]:
         return deferToThreadPool(reactor, reactor.getThreadPool(), f, *args, **kwargs)
     return run
 
 
-def write_file_atomically(io, path, data):
+def write_file_atomically(io: FileIO, path: str, data: bytes) -> None:
     """Write C{path} so that a crash leaves either the old or the new content."""
     # a name of its own, so that two writers can never swap each other's file
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
@@ -83,14 +103,19 @@ def write_file_atomically(io, path, data):
     io.fsync_dir(os.path.dirname(path))
 
 
-def _now_ms(clock):
+def _errno_name(code: int | None) -> str | int | None:
+    """C{ENOSPC} for an OSError's C{errno}, or the number when it has no name."""
+    return errno.errorcode.get(code, code) if code is not None else None
+
+
+def _now_ms(clock: IReactorTime) -> int:
     return int(clock.seconds() * 1000)
 
 
 class _Pending:
     __slots__ = ("seq", "first", "deferred")
 
-    def __init__(self, seq, first, deferred):
+    def __init__(self, seq: int, first: int, deferred: Deferred[AppendResult]) -> None:
         self.seq = seq
         self.first = first
         self.deferred = deferred
@@ -102,32 +127,33 @@ class FileLog:
 
     log = Logger()
 
-    def __init__(self, name, path, config, io, run_blocking, clock):
+    def __init__(self, name: str, path: str, config: LogConfig, io: FileIO,
+                 run_blocking: RunBlocking, clock: IReactorTime) -> None:
         self.name = name
         self.path = path
         self.config = config
-        self.failed = None
-        self.corrupt = None
+        self.failed: BaseException | None = None
+        self.corrupt: str | None = None
         self._io = io
         self._run_blocking = run_blocking
         self._clock = clock
         self._closed = False
-        self._segments = []
+        self._segments: list[Segment] = []
         self._waiters = Waiters(clock)
         self._offset_waiters = Waiters(clock)
-        self._pending = deque()
+        self._pending: deque[_Pending] = deque()
         self._wseq = 0            # bumped by every append
         self._synced_seq = 0
         self._syncing = False
-        self._dirty = set()       # segments written since their last fsync
+        self._dirty: set[Segment] = set()  # segments written since their last fsync
         self._dir_dirty = False   # a segment file was created
-        self._state = {"start_position": 0, "start_offset": 0}
+        self._state: dict[str, Any] = {"start_position": 0, "start_offset": 0}
         # state/index writes and segment deletions run one at a time, in order
-        self._maintenance_tail = succeed(None)
+        self._maintenance_tail: Deferred[None] = succeed(None)
         self._recover()
 
     # -- recovery --------------------------------------------------------
-    def _recover(self):
+    def _recover(self) -> None:
         io = self._io
         state_path = os.path.join(self.path, STATE_FILE)
         if os.path.exists(state_path):
@@ -138,9 +164,10 @@ class FileLog:
                 io.unlink(os.path.join(self.path, leftover))
         names = sorted(n for n in os.listdir(self.path) if n.endswith(".seg"))
         # attributes of deleted segments were folded into the state first
-        attributes = dict(self._state.get("attributes") or {})
+        attributes: dict[str, int] = dict(self._state.get("attributes") or {})
         self._attrs_written = attributes
-        position = offset = None
+        position: int | None = None
+        offset: int | None = None
         for i, fname in enumerate(names):
             last = i == len(names) - 1
             seg_path = os.path.join(self.path, fname)
@@ -209,11 +236,11 @@ class FileLog:
         self.end_position = self._w_pos = end.end_position
         self.end_offset = self._w_off = end.end_offset
         first = self._segments[0]
-        self._start_position = max(first.position, self._state["start_position"])
-        self._start_offset = max(first.offset, self._state["start_offset"])
+        self._start_position: int = max(first.position, self._state["start_position"])
+        self._start_offset: int = max(first.offset, self._state["start_offset"])
         self._apply_retention()
 
-    def _drop_recovered(self, segments):
+    def _drop_recovered(self, segments: Iterable[Segment]) -> None:
         for seg in segments:
             self.log.warn("log {log}: removing {seg}, left by an interrupted deletion",
                           log=self.name, seg=seg.path)
@@ -221,7 +248,7 @@ class FileLog:
             self._io.unlink(seg.path)
             self._io.unlink(os.path.join(self.path, index_file_name(seg.position)))
 
-    def _load_index(self, seg, attributes):
+    def _load_index(self, seg: Segment, attributes: dict[str, int]) -> bool:
         idx_path = os.path.join(self.path, index_file_name(seg.position))
         try:
             with open(idx_path, "rb") as f:
@@ -236,7 +263,7 @@ class FileLog:
         attributes.update(payload.get("attributes") or {})
         return True
 
-    def _sync_now(self):
+    def _sync_now(self) -> None:
         """Fsync (blocking) what recovery or creation wrote."""
         for seg in self._dirty:
             self._io.fsync(seg.fd)
@@ -247,19 +274,19 @@ class FileLog:
 
     # -- coordinates -----------------------------------------------------
     @property
-    def start_position(self):
+    def start_position(self) -> int:
         return self._start_position
 
     @property
-    def start_offset(self):
+    def start_offset(self) -> int:
         return self._start_offset
 
     @property
-    def attributes(self):
+    def attributes(self) -> dict[str, int]:
         return dict(self._attributes)
 
     # -- writing ---------------------------------------------------------
-    def _new_segment(self, position, offset):
+    def _new_segment(self, position: int, offset: int) -> Segment:
         if self._segments:
             # what the sealed segment's index records: the attributes as of
             # its end (those of an append in progress land after it)
@@ -274,7 +301,7 @@ class FileLog:
         self._dir_dirty = True
         return seg
 
-    def _roll_if_needed(self, nbytes, count):
+    def _roll_if_needed(self, nbytes: int, count: int) -> Segment:
         seg = self._segments[-1]
         if seg.count == 0:
             return seg
@@ -286,7 +313,8 @@ class FileLog:
             return self._new_segment(self._w_pos, self._w_off)
         return seg
 
-    def _chunks(self, lengths, data):
+    def _chunks(self, lengths: array[int],
+                data: BytesLike) -> list[tuple[array[int], BytesLike]]:
         """
         Split an append into (lengths, data) batches bounded in bytes
         (MAX_BATCH_DATA, a single bigger record alone) and in segment record
@@ -298,7 +326,7 @@ class FileLog:
             return [(lengths, data)]
         offsets = list(accumulate(lengths, initial=0))
         view = memoryview(data)
-        chunks = []
+        chunks: list[tuple[array[int], BytesLike]] = []
         start, n = 0, len(lengths)
         while start < n:
             stop = bisect.bisect_right(offsets, offsets[start] + MAX_BATCH_DATA, start + 1) - 1
@@ -307,7 +335,13 @@ class FileLog:
             start = stop
         return chunks
 
-    def append(self, records, attributes=None, expected_position=None, expected_attributes=None):
+    def append(
+        self,
+        records: Sequence[BytesLike] | RecordBatch,
+        attributes: Mapping[str, int] | None = None,
+        expected_position: int | None = None,
+        expected_attributes: Mapping[str, int | None] | None = None,
+    ) -> Deferred[AppendResult]:
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
@@ -317,6 +351,7 @@ class FileLog:
                                    self._attrs_written, expected_attributes)
         if conflict is not None:
             return fail(conflict)
+        data: BytesLike
         if isinstance(records, RecordBatch):
             # already lengths + one buffer (a decoder's output): no per-record work
             lengths, data = records.lengths, records.data
@@ -348,12 +383,13 @@ class FileLog:
         if attributes:
             self._attrs_written.update(attributes)
         self._wseq += 1
-        d = Deferred()
+        d: Deferred[AppendResult] = Deferred()
         self._pending.append(_Pending(self._wseq, first, d))
         self._kick()
         return d
 
-    def _write_batch(self, lengths, data, attributes):
+    def _write_batch(self, lengths: array[int], data: BytesLike,
+                     attributes: Mapping[str, int] | None) -> None:
         lag = min(self._w_pos - self.end_position, 0xFFFFFFFF)
         parts = encode_batch(self._w_pos, self._w_off, lengths, data, attributes, lag)
         size = sum(len(p) for p in parts)
@@ -365,7 +401,8 @@ class FileLog:
         self._w_pos += len(lengths)
         self._w_off += len(data)
 
-    def _write_error(self, error, undo):
+    def _write_error(self, error: OSError,
+                     undo: tuple[Segment, int, int, int, int]) -> LogFailed | WriteFailed:
         """
         Roll back a failed write (ENOSPC, EIO) so no partial append is ever
         visible; if that is impossible, fail-stop.
@@ -391,20 +428,21 @@ class FileLog:
         self._fail_stop(error)
         return LogFailed(f"log {self.name}: write failed: {error}")
 
-    def sync(self):
+    def sync(self) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
         if self._synced_seq == self._wseq and not self._syncing:
             return succeed(self.end_position)
-        d = Deferred()
-        self._pending.append(_Pending(self._wseq, None, d))
+        d: Deferred[AppendResult] = Deferred()
+        # first position: none of its own; only the end position is reported
+        self._pending.append(_Pending(self._wseq, self._w_pos, d))
         self._kick()
         return d.addCallback(lambda result: result.end_position)
 
     # -- group commit ----------------------------------------------------
-    def _kick(self):
+    def _kick(self) -> None:
         if self._syncing or self.failed is not None or not self._pending:
             return
         target = (self._wseq, self._w_pos, self._w_off, dict(self._attrs_written))
@@ -416,9 +454,10 @@ class FileLog:
         self._syncing = True
         fds = [s.fd for s in segs]
         d = self._run_blocking(self._fsync_blocking, fds, dir_dirty)
-        d.addCallbacks(self._synced, self._sync_failed, (target, segs), None, (segs,))
+        d.addCallbacks(self._synced, self._sync_failed, callbackArgs=(target, segs),
+                       errbackArgs=(segs,))
 
-    def _fsync_blocking(self, fds, dir_dirty):
+    def _fsync_blocking(self, fds: list[int], dir_dirty: bool) -> None:
         started = time.monotonic()
         for fd in fds:
             self._io.fsync(fd)
@@ -426,26 +465,26 @@ class FileLog:
             self._io.fsync_dir(self.path)
         metrics.FSYNC_SECONDS.observe(time.monotonic() - started)
 
-    def _release(self, segs):
+    def _release(self, segs: Iterable[Segment]) -> None:
         for s in segs:
             s.refs -= 1
             if s.doomed and s.refs == 0:
                 self._io.close(s.fd)
 
-    def _synced(self, _, target, segs):
+    def _synced(self, _: None, target: tuple[int, int, int, dict[str, int]],
+                segs: list[Segment]) -> None:
         self._release(segs)
         self._syncing = False
         seq, w_pos, w_off, attrs = target
         self._synced_seq = seq
         self.end_position, self.end_offset = w_pos, w_off
         self._attributes = attrs
-        result = AppendResult(None, w_pos, w_off)
         pending = self._pending
         acked = 0
         while pending and pending[0].seq <= seq:
             p = pending.popleft()
             acked += 1
-            p.deferred.callback(result._replace(first_position=p.first))
+            p.deferred.callback(AppendResult(p.first, w_pos, w_off))
         if acked:
             metrics.GROUP_COMMIT_APPENDS.observe(acked)
         self._waiters.advance(w_pos)
@@ -453,12 +492,12 @@ class FileLog:
         self._seal_and_retain()
         self._kick()
 
-    def _sync_failed(self, failure, segs):
+    def _sync_failed(self, failure: Failure, segs: list[Segment]) -> None:
         self._release(segs)
         self._syncing = False
-        self._fail_stop(failure.value)
+        self._fail_stop(cast(BaseException, failure.value))
 
-    def _fail_stop(self, error):
+    def _fail_stop(self, error: BaseException) -> None:
         if self.failed is None:
             self.failed = error
             self.log.critical("log {log} fail-stopped after a storage error: {error}; "
@@ -471,7 +510,7 @@ class FileLog:
         self._offset_waiters.fail_all(LogFailed(f"log {self.name} fail-stopped: {error}"))
 
     # -- sealing and retention ---------------------------------------------
-    def _seal_and_retain(self):
+    def _seal_and_retain(self) -> None:
         """Index segments that are sealed and synced, then apply retention."""
         for seg in self._segments[:-1]:
             if not seg.indexed and seg.end_position <= self.end_position and \
@@ -480,11 +519,11 @@ class FileLog:
                 self._write_index(seg)
         self._apply_retention()
 
-    def _write_index(self, seg):
+    def _write_index(self, seg: Segment) -> None:
         payload = encode_index(seg.index_payload(seg.attrs_at_end or {}))
         path = os.path.join(self.path, index_file_name(seg.position))
 
-        def write():
+        def write() -> None:
             try:
                 write_file_atomically(self._io, path, payload)
             except OSError as e:  # an index only speeds up opening
@@ -492,7 +531,7 @@ class FileLog:
                               log=self.name, path=path, e=e)
         self._maintain(write)
 
-    def _apply_retention(self):
+    def _apply_retention(self) -> None:
         c = self.config
         now = _now_ms(self._clock)
         while len(self._segments) > 1:
@@ -516,7 +555,7 @@ class FileLog:
             self._start_position = max(self._start_position, nxt.position)
             self._start_offset = max(self._start_offset, nxt.offset)
 
-    def _delete_segment(self, seg):
+    def _delete_segment(self, seg: Segment) -> None:
         """
         Drop a whole old segment: at once for readers, then on disk, after
         the attributes it carried are saved in the state file (so a crash
@@ -535,24 +574,24 @@ class FileLog:
         state = json.dumps(self._state, sort_keys=True).encode()
         io, path = self._io, self.path
 
-        def remove():
+        def remove() -> None:
             write_file_atomically(io, os.path.join(path, STATE_FILE), state)
             io.unlink(seg.path)
             io.unlink(os.path.join(path, index_file_name(seg.position)))
 
-        def done(result):
+        def done(result: object) -> object:
             self._release([seg])
             metrics.RETENTION_DELETIONS.inc()
             self.log.info("log {log}: deleted segment {seg}", log=self.name, seg=seg.path)
             return result
 
-        def failed(failure):
+        def failed(failure: Failure) -> None:
             self.log.failure("log {log}: could not delete segment {seg}", failure,
                              log=self.name, seg=seg.path)
         self._maintain(remove).addBoth(done).addErrback(failed)
 
     # -- reading ---------------------------------------------------------
-    def _segment_index(self, key, value):
+    def _segment_index(self, key: int, value: int) -> int:
         """Index of the segment holding position (key 0) / offset (key 1) C{value}."""
         segs = self._segments
         lo, hi = 0, len(segs) - 1
@@ -570,21 +609,22 @@ class FileLog:
             lo += 1
         return lo
 
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._closed:
             raise LogClosed(f"log {self.name} is closed")
         if self.corrupt is not None:
             raise CorruptLog(self.corrupt)
 
-    def _run_on_segment(self, seg, f, *args):
+    def _run_on_segment(self, seg: Segment, f: Callable[..., _T], *args: Any) -> Deferred[_T]:
         seg.refs += 1
 
-        def done(result):
+        def done(result: _T) -> _T:
             self._release([seg])
             return result
         return self._run_blocking(f, self._io, seg, *args).addBoth(done)
 
-    def read(self, position, max_records=-1, max_bytes=1048576):
+    def read(self, position: int, max_records: int = -1,
+             max_bytes: int = 1048576) -> Deferred[RecordBatch]:
         try:
             self._check_open()
             if not self._start_position <= position <= self.end_position:
@@ -599,20 +639,20 @@ class FileLog:
         stop = min(self.end_position, seg.end_position)
         d = self._run_on_segment(seg, read_records, position, stop, max_records, max_bytes)
 
-        def got(result):
+        def got(result: tuple[RecordBatch, Cursor | None]) -> RecordBatch:
             batch, cursor = result
             if cursor is not None:
                 seg.cursor = cursor
             return batch
         return d.addCallbacks(got, self._read_failed)
 
-    def _read_failed(self, failure):
+    def _read_failed(self, failure: Failure) -> Failure:
         if failure.check(CorruptLog):
             self.corrupt = str(failure.value)
             self.log.error("log {log} is corrupt: {why}", log=self.name, why=self.corrupt)
         return failure
 
-    def read_bytes(self, offset, max_bytes=1048576):
+    def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
         try:
             self._check_open()
             if not self._start_offset <= offset <= self.end_offset:
@@ -627,7 +667,7 @@ class FileLog:
         return self._run_on_segment(seg, read_payload, offset, stop, max_bytes).addErrback(
             self._read_failed)
 
-    def position_of_offset(self, offset):
+    def position_of_offset(self, offset: int) -> Deferred[int]:
         try:
             self._check_open()
             if not self._segments[0].offset <= offset <= self.end_offset:
@@ -639,14 +679,14 @@ class FileLog:
         seg = self._segments[self._segment_index(1, offset)]
         return self._run_on_segment(seg, position_in_segment, offset)
 
-    def wait(self, position, timeout=None):
+    def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
         return self._waiters.wait(position, lambda: self.end_position, timeout)
 
-    def wait_offset(self, offset, timeout=None):
+    def wait_offset(self, offset: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if self.failed is not None:
@@ -654,27 +694,27 @@ class FileLog:
         return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
 
     # -- maintenance -----------------------------------------------------
-    def _maintain(self, f, *args):
+    def _maintain(self, f: Callable[..., None], *args: Any) -> Deferred[None]:
         """
         Run a blocking maintenance job (state file, index, segment deletion)
         after every earlier one has finished: they touch the same files, and
         a deletion must follow the state write that makes it safe.
         """
-        result = Deferred()
+        result: Deferred[None] = Deferred()
 
-        def run(_):
+        def run(_: None) -> Deferred[None]:
             job = self._run_blocking(f, *args)
             job.chainDeferred(result)
             return job.addBoth(lambda _: None)
         self._maintenance_tail.addCallback(run)
         return result
 
-    def _save_state(self):
+    def _save_state(self) -> Deferred[None]:
         data = json.dumps(self._state, sort_keys=True).encode()
         return self._maintain(write_file_atomically, self._io,
                               os.path.join(self.path, STATE_FILE), data)
 
-    def truncate(self, position=None):
+    def truncate(self, position: int | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if position is None or position > self.end_position:
@@ -683,25 +723,25 @@ class FileLog:
             return succeed(self._start_position)
         return self.position_offset(position).addCallback(self._truncate_to, position)
 
-    def position_offset(self, position):
+    def position_offset(self, position: int) -> Deferred[int]:
         """Deferred: the payload offset at which record C{position} starts."""
         if position >= self.end_position:
             return succeed(self.end_offset)
         seg = self._segments[self._segment_index(0, position)]
         return self._run_on_segment(seg, offset_in_segment, position)
 
-    def _truncate_to(self, offset, position):
+    def _truncate_to(self, offset: int, position: int) -> Deferred[int]:
         self._state["start_position"] = position
         self._state["start_offset"] = offset
         self._start_position = max(self._start_position, position)
         self._start_offset = max(self._start_offset, offset)
 
-        def saved(_):
+        def saved(_: None) -> int:
             self._drop_truncated()
             return self._start_position
         return self._save_state().addCallback(saved)
 
-    def truncate_offset(self, offset):
+    def truncate_offset(self, offset: int) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(f"log {self.name} is closed"))
         if offset > self.end_offset:
@@ -709,16 +749,19 @@ class FileLog:
         if offset <= self._start_offset:
             return succeed(self._start_offset)
 
-        def got(position):
+        def got(position: int) -> Deferred[int]:
             self._state["start_position"] = position
             self._state["start_offset"] = offset
             self._start_position = max(self._start_position, position)
             self._start_offset = offset
-            return self._save_state().addCallback(lambda _: (self._drop_truncated(),
-                                                             self._start_offset)[1])
+
+            def saved(_: None) -> int:
+                self._drop_truncated()
+                return self._start_offset
+            return self._save_state().addCallback(saved)
         return self.position_of_offset(offset).addCallback(got)
 
-    def _drop_truncated(self):
+    def _drop_truncated(self) -> None:
         last = self._segments[-1]
         if last.count and last.end_position <= self._start_position and \
                 self._w_pos == self.end_position and not self._syncing:
@@ -727,7 +770,7 @@ class FileLog:
             self._sync_now()
         self._apply_retention()
 
-    def info(self):
+    def info(self) -> dict[str, Any]:
         if self.corrupt is not None:
             status = "corrupt"
         elif self.failed is not None:
@@ -745,7 +788,7 @@ class FileLog:
             "end_offset": self.end_offset,
         }
 
-    def _close(self, error=None):
+    def _close(self, error: BaseException | None = None) -> None:
         """Fail what is pending and release the files (sync first via L{sync})."""
         if self._closed:
             return
@@ -776,41 +819,44 @@ class FileLogStore:
 
     log = Logger()
 
-    def __init__(self, path, reactor=None, run_blocking=None, io=None,
-                 retention_interval=60.0):
+    def __init__(self, path: str, reactor: IReactorTime | None = None,
+                 run_blocking: RunBlocking | None = None, io: FileIO | None = None,
+                 retention_interval: float = 60.0) -> None:
         if reactor is None:
-            from twisted.internet import reactor
+            from twisted.internet import reactor as _reactor
+            reactor = cast(IReactorTime, _reactor)
         self.path = os.path.abspath(path)
         self._reactor = reactor
-        self._run_blocking = run_blocking or thread_runner(reactor)
+        # without run_blocking, reactor is a real one, with a thread pool
+        self._run_blocking = run_blocking or thread_runner(cast(IReactorThreads, reactor))
         self._io = io or FileIO()
-        self._logs = {}
+        self._logs: dict[str, FileLog] = {}
         self.closed = False
         os.makedirs(self.path, exist_ok=True)
         for leftover in os.listdir(self.path):
             if leftover.startswith(".deleted-"):  # a delete interrupted by a crash
                 shutil.rmtree(os.path.join(self.path, leftover), True)
-        self._retention_call = None
+        self._retention_call: IDelayedCall | None = None
         self._retention_interval = retention_interval
 
-    def _retention_tick(self, interval):
+    def _retention_tick(self, interval: float) -> None:
         for log in self._logs.values():
             if not log._closed and log.failed is None:
                 log._apply_retention()
         self._retention_call = self._reactor.callLater(interval, self._retention_tick, interval)
 
-    def _log_path(self, name):
+    def _log_path(self, name: str) -> str:
         return os.path.join(self.path, validate_name(name))
 
-    def log_path(self, name):
+    def log_path(self, name: str) -> str:
         """The directory of log C{name} (for backups)."""
         return self._log_path(name)
 
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.path) if not n.startswith(".")
                       and os.path.isfile(os.path.join(self.path, n, CONFIG_FILE)))
 
-    def _open(self, name):
+    def _open(self, name: str) -> FileLog:
         log = self._logs.get(name)
         if log is not None:
             return log
@@ -828,7 +874,7 @@ class FileLogStore:
                 self._retention_interval, self._retention_tick, self._retention_interval)
         return log
 
-    def create(self, name, config=None):
+    def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             path = self._log_path(name)
         except Exception as e:
@@ -845,13 +891,13 @@ class FileLogStore:
         except Exception as e:
             return fail(e)
 
-    def get(self, name):
+    def get(self, name: str) -> Deferred[ILog]:
         try:
             return succeed(self._open(name))
         except Exception as e:
             return fail(e)
 
-    def get_or_create(self, name, config=None):
+    def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             if os.path.isfile(os.path.join(self._log_path(name), CONFIG_FILE)):
                 return succeed(self._open(name))
@@ -859,7 +905,7 @@ class FileLogStore:
             return fail(e)
         return self.create(name, config)
 
-    def delete(self, name):
+    def delete(self, name: str) -> Deferred[None]:
         try:
             path = self._log_path(name)
         except Exception as e:
@@ -875,13 +921,13 @@ class FileLogStore:
         self._io.fsync_dir(self.path)
         return self._run_blocking(shutil.rmtree, doomed, True)
 
-    def open_logs(self):
+    def open_logs(self) -> list[ILog]:
         return list(self._logs.values())
 
-    def problems(self):
+    def problems(self) -> list[str]:
         if self.closed:
             return ["store closed"]
-        found = []
+        found: list[str] = []
         probe = os.path.join(self.path, f".ready-probe-{os.getpid()}")
         try:
             # os.access says "no" without saying why; writing says why (EROFS...)
@@ -890,18 +936,18 @@ class FileLogStore:
             io.unlink(probe)
         except OSError as e:
             found.append(f"data directory {self.path} cannot be written: "
-                         f"{e.strerror or e} ({errno.errorcode.get(e.errno, e.errno)})")
+                         f"{e.strerror or e} ({_errno_name(e.errno)})")
         found += log_problems(self._logs.values())
         return found
 
-    def close(self):
+    def close(self) -> Deferred[None]:
         self.closed = True
         if self._retention_call is not None and self._retention_call.active():
             self._retention_call.cancel()
         logs = list(self._logs.values())
         self._logs.clear()
 
-        def close_all(_):
+        def close_all(_: object) -> None:
             for log in logs:
                 log._close()
         from twisted.internet.defer import DeferredList

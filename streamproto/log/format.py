@@ -35,13 +35,17 @@ byte ranges on.  The position and offset in every batch header make each
 batch self-describing, so recovery can check continuity as well as checksums.
 """
 
+from __future__ import annotations
+
 import json
 import struct
 from array import array
+from collections.abc import Mapping
+from typing import Any
 
 from crc32c import crc32c
 
-from streamproto.log.batch import lengths_array
+from streamproto.log.batch import BytesLike, lengths_array
 
 SEGMENT_MAGIC = b"SPSEG\x00\x00\x01"
 SEGMENT_HEADER = struct.Struct("<8sQQQI")  # + crc u32
@@ -63,20 +67,20 @@ class FormatError(Exception):
     """Bytes that are not a valid segment header or batch."""
 
 
-def segment_file_name(position):
+def segment_file_name(position: int) -> str:
     return f"{position:020d}.seg"
 
 
-def index_file_name(position):
+def index_file_name(position: int) -> str:
     return f"{position:020d}.idx"
 
 
-def encode_segment_header(position, offset, created_ms):
+def encode_segment_header(position: int, offset: int, created_ms: int) -> bytes:
     head = SEGMENT_HEADER.pack(SEGMENT_MAGIC, position, offset, created_ms, 0)
     return head + struct.pack("<I", crc32c(head))
 
 
-def decode_segment_header(buf):
+def decode_segment_header(buf: BytesLike) -> tuple[int, int, int]:
     """
     @return: (position, offset, created_ms)
     @raise FormatError: torn or garbled header.
@@ -90,7 +94,14 @@ def decode_segment_header(buf):
     return position, offset, created
 
 
-def encode_batch(position, offset, lengths, data, attributes=None, lag=0):
+def encode_batch(
+    position: int,
+    offset: int,
+    lengths: array[int],
+    data: BytesLike,
+    attributes: Mapping[str, int] | None = None,
+    lag: int = 0,
+) -> list[BytesLike]:
     """
     @param lengths: the records' sizes, an C{array('I')}.
     @param data: their payloads, concatenated (bytes-like).
@@ -109,7 +120,7 @@ def encode_batch(position, offset, lengths, data, attributes=None, lag=0):
     return [header, lengths_bytes, attrs, data]
 
 
-def _swapped(lengths):
+def _swapped(lengths: array[int]) -> bytes:
     a = array("I", lengths)
     a.byteswap()
     return a.tobytes()
@@ -123,7 +134,8 @@ class BatchHeader:
 
     __slots__ = ("crc", "position", "offset", "count", "data_len", "attrs_len", "start", "lag")
 
-    def __init__(self, crc, position, offset, count, data_len, attrs_len, start, lag=0):
+    def __init__(self, crc: int, position: int, offset: int, count: int, data_len: int,
+                 attrs_len: int, start: int, lag: int = 0) -> None:
         self.lag = lag
         self.crc = crc
         self.position = position
@@ -134,27 +146,27 @@ class BatchHeader:
         self.start = start
 
     @property
-    def size(self):
+    def size(self) -> int:
         return BATCH_HEADER_SIZE + 4 * self.count + self.attrs_len + self.data_len
 
     @property
-    def end(self):
+    def end(self) -> int:
         return self.start + self.size
 
     @property
-    def end_position(self):
+    def end_position(self) -> int:
         return self.position + self.count
 
     @property
-    def end_offset(self):
+    def end_offset(self) -> int:
         return self.offset + self.data_len
 
     @property
-    def data_start(self):
+    def data_start(self) -> int:
         return self.start + BATCH_HEADER_SIZE + 4 * self.count + self.attrs_len
 
 
-def decode_batch_header(buf, start=0):
+def decode_batch_header(buf: BytesLike, start: int = 0) -> BatchHeader | None:
     """
     @return: L{BatchHeader} for the batch at C{buf[start:]}, or None if the
         buffer ends before the header does.
@@ -169,14 +181,14 @@ def decode_batch_header(buf, start=0):
     return BatchHeader(crc, position, offset, count, data_len, attrs_len, start, lag)
 
 
-def verify_batch(buf, header):
+def verify_batch(buf: BytesLike, header: BatchHeader) -> None:
     """@raise FormatError: unless the CRC of the whole batch in C{buf} matches."""
     view = memoryview(buf)[header.start + _AFTER_CRC:header.end]
     if crc32c(view) != header.crc:
         raise FormatError(f"batch at position {header.position}: checksum mismatch")
 
 
-def batch_lengths(buf, header):
+def batch_lengths(buf: BytesLike, header: BatchHeader) -> array[int]:
     a = lengths_array()
     begin = header.start + BATCH_HEADER_SIZE
     a.frombytes(memoryview(buf)[begin:begin + 4 * header.count])
@@ -185,7 +197,7 @@ def batch_lengths(buf, header):
     return a
 
 
-def batch_attributes(buf, header):
+def batch_attributes(buf: BytesLike, header: BatchHeader) -> dict[str, int] | None:
     if not header.attrs_len:
         return None
     begin = header.start + BATCH_HEADER_SIZE + 4 * header.count
@@ -198,7 +210,9 @@ def batch_attributes(buf, header):
     return attrs
 
 
-def scan_batches(buf, start, position, offset, verify=True):
+def scan_batches(
+    buf: BytesLike, start: int, position: int, offset: int, verify: bool = True,
+) -> tuple[list[BatchHeader], int, str | None]:
     """
     Walk consecutive batches in C{buf} from C{start}.
 
@@ -208,7 +222,7 @@ def scan_batches(buf, start, position, offset, verify=True):
         index just after the last of them, and a description of why the scan
         stopped early (None when it stopped at a clean end of C{buf}).
     """
-    headers = []
+    headers: list[BatchHeader] = []
     i = start
     n = len(buf)
     while i < n:
@@ -233,13 +247,13 @@ def scan_batches(buf, start, position, offset, verify=True):
     return headers, i, None
 
 
-def encode_index(payload):
+def encode_index(payload: object) -> bytes:
     """An index file: JSON with a CRC, so a torn one is detected and rebuilt."""
     body = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
     return struct.pack("<I", crc32c(body)) + body
 
 
-def decode_index(data):
+def decode_index(data: bytes) -> Any:
     if len(data) < 4:
         raise FormatError("short index")
     (crc,) = struct.unpack_from("<I", data, 0)

@@ -14,9 +14,20 @@ after their records are fsynced ("acknowledged means durable"); readers only
 ever see synced records.
 """
 
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
 from streamproto.core.interfaces import IReadiness
+
+if TYPE_CHECKING:
+    from streamproto.log.batch import BytesLike, RecordBatch
+    from streamproto.log.config import LogConfig
+    from streamproto.log.result import AppendResult
 
 
 class ILogStore(IReadiness):
@@ -26,12 +37,12 @@ class ILogStore(IReadiness):
     a log that fail-stopped), for C{/ready}.
     """
 
-    def names():
+    def names() -> list[str]:
         """
         @return: a sorted list of the names of the logs that exist.
         """
 
-    def create(name, config=None):
+    def create(name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         """
         Create a log.
 
@@ -42,19 +53,19 @@ class ILogStore(IReadiness):
             L{LogExists} or L{InvalidLogName}.
         """
 
-    def get(name):
+    def get(name: str) -> Deferred[ILog]:
         """
         @return: Deferred firing with the open L{ILog}; fails with
             L{LogNotFound} or L{InvalidLogName}.
         """
 
-    def get_or_create(name, config=None):
+    def get_or_create(name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         """
         @return: Deferred firing with the L{ILog}, created with C{config} if
             it did not exist.
         """
 
-    def delete(name):
+    def delete(name: str) -> Deferred[None]:
         """
         Delete a log and all its records.  Pending appends fail with
         L{LogClosed}; waiting readers are woken and their Deferreds fail.
@@ -62,13 +73,13 @@ class ILogStore(IReadiness):
         @return: Deferred firing with None; fails with L{LogNotFound}.
         """
 
-    def open_logs():
+    def open_logs() -> list[ILog]:
         """
         @return: a list of the L{ILog}s open now (for metrics: a scrape reads
             their C{info()} without opening every log on disk).
         """
 
-    def close():
+    def close() -> Deferred[None]:
         """
         Wait for pending fsyncs, then close every log.
 
@@ -86,7 +97,7 @@ class ILogDirectories(Interface):
 
     path = Attribute("The store's data directory (absolute): one subdirectory per log.")
 
-    def log_path(name):
+    def log_path(name: str) -> str:
         """
         @return: the directory of log C{name} (whether or not it exists).
         @raise InvalidLogName: for a name that cannot be a log's.
@@ -114,7 +125,12 @@ class ILog(Interface):
         "write error): no append is accepted after it."
     )
 
-    def append(records, attributes=None, expected_position=None, expected_attributes=None):
+    def append(
+        records: Sequence[BytesLike] | RecordBatch,
+        attributes: Mapping[str, int] | None = None,
+        expected_position: int | None = None,
+        expected_attributes: Mapping[str, int | None] | None = None,
+    ) -> Deferred[AppendResult]:
         """
         Append records at the end of the log.
 
@@ -148,7 +164,8 @@ class ILog(Interface):
             L{LogFailed}, L{LogClosed}, L{AppendConflict}.
         """
 
-    def read(position, max_records=-1, max_bytes=1048576):
+    def read(position: int, max_records: int = -1,
+             max_bytes: int = 1048576) -> Deferred[RecordBatch]:
         """
         Read synced records from C{position}.
 
@@ -162,7 +179,7 @@ class ILog(Interface):
             C{position} is below C{start_position} or above C{end_position}.
         """
 
-    def read_bytes(offset, max_bytes=1048576):
+    def read_bytes(offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
         """
         Read synced payload bytes from the payload byte C{offset} (which may
         fall inside a record).  May return fewer bytes than allowed (a read
@@ -172,13 +189,13 @@ class ILog(Interface):
             with L{PositionOutOfRange} outside C{[start_offset, end_offset]}.
         """
 
-    def position_of_offset(offset):
+    def position_of_offset(offset: int) -> Deferred[int]:
         """
         @return: Deferred firing with the position of the record containing
             payload byte C{offset} (C{end_position} for C{end_offset}).
         """
 
-    def wait(position, timeout=None):
+    def wait(position: int, timeout: float | None = None) -> Deferred[int]:
         """
         Wait until a record at C{position} is readable (synced).
 
@@ -191,12 +208,12 @@ class ILog(Interface):
             closed meanwhile.  Cancelling it stops the wait.
         """
 
-    def wait_offset(offset, timeout=None):
+    def wait_offset(offset: int, timeout: float | None = None) -> Deferred[int]:
         """
         Like L{wait}, for payload byte offsets: fires with C{end_offset}.
         """
 
-    def truncate(position=None):
+    def truncate(position: int | None = None) -> Deferred[int]:
         """
         Make every record before C{position} (all records when None)
         unreadable and reclaim the whole segments it frees.  Positions are
@@ -205,7 +222,7 @@ class ILog(Interface):
         @return: Deferred firing with the new C{start_position}.
         """
 
-    def truncate_offset(offset):
+    def truncate_offset(offset: int) -> Deferred[int]:
         """
         Make payload bytes before C{offset} unreadable (Pravega's
         TruncateSegment).
@@ -213,21 +230,21 @@ class ILog(Interface):
         @return: Deferred firing with the new C{start_offset}.
         """
 
-    def info():
+    def info() -> dict[str, Any]:
         """
         @return: a dict with the Styx log-info fields: C{name, status,
             record_count, file_size, start_position, end_position}, plus
             C{start_offset, end_offset}.
         """
 
-    def sync():
+    def sync() -> Deferred[int]:
         """
         @return: Deferred firing with the synced C{end_position} once
             everything appended so far is fsynced.
         """
 
 
-def log_problems(logs):
+def log_problems(logs: Iterable[ILog]) -> list[str]:
     """
     The C{/ready} lines of the L{ILog}s C{logs} that are not usable: their
     status and, when they fail-stopped, the cause.  A helper for

@@ -47,30 +47,38 @@ Followers
     through this one as soon as C{get()} returns.
 """
 
+from __future__ import annotations
+
 import bisect
 import functools
 import itertools
 import json
+import ssl
 import time
 import uuid
+from array import array
 from collections import deque
+from collections.abc import Callable, Coroutine, Generator, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import accumulate
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar, cast
 
 from twisted.internet import defer
-from twisted.internet.defer import fail, succeed
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core.observer import SharedCall
-from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     AppendConflict, CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
     RecordTooLarge, StoreUnavailable, WriteFailed, attributes_conflict,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
-from streamproto.log.msgindex import BodyCache, MessageIndex, holds
+from streamproto.log.msgindex import BodyCache, BodyEntry, MessageIndex, holds
 from streamproto.log.natsformat import (
     ATTRS, DATA, DEFAULT_PREFIX, EXPECTED_LAST_SEQUENCE, HEADER_OVERHEAD,
     MARKER, MAX_STREAM_NAME, MSG_ID, BatchInfo, MessageFormatError, check_prefix, decode_body,
@@ -79,10 +87,22 @@ from streamproto.log.natsformat import (
 )
 from streamproto.log.natsio import (
     STREAM_NAME_IN_USE, WRONG_LAST_MSG_ID, WRONG_LAST_SEQUENCE, JetStreamError, NatsIO,
-    NotAvailable,
+    NotAvailable, PublishOutcome, StoredMsg, Watch,
 )
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
+
+if TYPE_CHECKING:
+    from streamproto.log.bridge import AsyncioThreadBridge
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+#: what an C{inlineCallbacks} generator yields, is sent, and returns
+_Inline: TypeAlias = Generator[Deferred[Any], Any, _T]
+#: the message holding a position or offset, with its cached body
+_Found: TypeAlias = tuple[BatchInfo, BodyEntry]
+#: the chain's projected tail: (seq, msg id, position, offset, attributes)
+_Tail: TypeAlias = tuple[int, "str | None", int, int, "dict[str, int]"]
 
 log = Logger()
 
@@ -104,26 +124,26 @@ INIT_MSG_ID = "streamproto-init"
 _log_ids = itertools.count(1)
 
 
-def _store_errors(method):
+def _store_errors(method: Callable[_P, Deferred[_T]]) -> Callable[_P, Deferred[_T]]:
     """
     The cluster's own errors (no answer, no leader) out of an ILog/ILogStore
     method as L{StoreUnavailable}, a L{LogFailed}: what every protocol
     already reports as its "not available" error.
     """
-    def translated(failure):
+    def translated(failure: Failure) -> Failure:
         if failure.check(NotAvailable, JetStreamError):
             raise StoreUnavailable(f"JetStream: {failure.getErrorMessage()}")
         return failure
 
     @functools.wraps(method)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         return method(*args, **kwargs).addErrback(translated)
     return wrapper
 
 
-def _default_clock():
+def _default_clock() -> IReactorTime:
     from twisted.internet import reactor
-    return reactor
+    return cast(IReactorTime, reactor)
 
 
 class _Append:
@@ -133,19 +153,21 @@ class _Append:
                  "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected",
                  "expected_attributes")
 
-    def __init__(self, lengths, data, attributes, deadline, kind=DATA, start=None,
-                 expected=None, expected_attributes=None):
+    def __init__(self, lengths: array[int], data: bytes, attributes: dict[str, int] | None,
+                 deadline: float, kind: str = DATA, start: tuple[int, int] | None = None,
+                 expected: int | None = None,
+                 expected_attributes: dict[str, int | None] | None = None) -> None:
         self.lengths = lengths
         self.data = data
         self.attributes = attributes
-        self.deferred = defer.Deferred()
+        self.deferred: Deferred[AppendResult] = defer.Deferred()
         self.deadline = deadline
         self.kind = kind
         self.start = start
-        self.chunks = []
+        self.chunks: list[_Chunk] = []
         self.done_chunks = 0
-        self.first_position = None
-        self.last_seq = None
+        self.first_position: int | None = None
+        self.last_seq: int | None = None
         self.failed = False
         #: a conditional append's expected first position (alone in its message)
         self.expected = expected
@@ -158,7 +180,8 @@ class _Chunk:
 
     __slots__ = ("append", "index", "lengths", "data", "last", "done")
 
-    def __init__(self, append, index, lengths, data, last):
+    def __init__(self, append: _Append, index: int, lengths: array[int], data: bytes,
+                 last: bool) -> None:
         self.append = append
         self.index = index
         self.lengths = lengths
@@ -167,11 +190,11 @@ class _Chunk:
         self.done = False
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return len(self.data)
 
     @property
-    def size(self):
+    def size(self) -> int:
         return 4 * len(self.lengths) + len(self.data)
 
 
@@ -180,32 +203,39 @@ class _Message:
 
     __slots__ = ("chunks", "info", "body", "lengths", "outcome", "error", "sent_at", "seen")
 
-    def __init__(self, chunks, info, body, lengths, sent_at):
+    def __init__(self, chunks: list[_Chunk], info: BatchInfo, body: bytes, lengths: array[int],
+                 sent_at: float) -> None:
         self.chunks = chunks
         self.info = info
         self.body = body
         self.lengths = lengths
-        self.outcome = None
-        self.error = None
+        #: None until answered, then "stored", "failed" or "unknown"
+        self.outcome: str | None = None
+        self.error: JetStreamError | None = None
         self.sent_at = sent_at
         #: the sequence the follower (or a fetch) saw it stored at, before
         #: its publish was answered
-        self.seen = None
+        self.seen: int | None = None
+
+    @property
+    def msg_id(self) -> str:
+        """Its C{Nats-Msg-Id} (every message this store sends has one)."""
+        return cast(str, self.info.msg_id)
 
 
 @implementer(ILog)
 class JetStreamLog:
     """One log: a JetStream stream.  Built by L{JetStreamLogStore}."""
 
-    def __init__(self, store, name, config):
+    def __init__(self, store: JetStreamLogStore, name: str, config: LogConfig) -> None:
         self.store = store
         self.name = name
         self.config = config
         self.stream = stream_name(store.prefix, name)
-        self.failed = None
+        self.failed: BaseException | None = None
         #: a L{StoreUnavailable} while the cluster has not answered for
         #: C{timeout} seconds (appends fail at once), else None
-        self.unavailable = None
+        self.unavailable: StoreUnavailable | None = None
         self._id = next(_log_ids)
         self._clock = store.clock
         self._closed = False
@@ -214,43 +244,45 @@ class JetStreamLog:
         self.start_offset = 0
         self.end_position = 0
         self.end_offset = 0
-        self._attributes = {}
+        self._attributes: dict[str, int] = {}
         self._end_seq = 0
-        self._last_id = None
+        self._last_id: str | None = None
         self._first_seq = 1
         self._index = MessageIndex()
         self._waiters = Waiters(self._clock)
         self._offset_waiters = Waiters(self._clock)
         # the chain of appends
-        self._queue = deque()          # chunks not sent yet
-        self._inflight = deque()       # messages sent, in order
+        self._queue: deque[_Chunk] = deque()        # chunks not sent yet
+        self._inflight: deque[_Message] = deque()   # messages sent, in order
         self._inflight_bytes = 0
-        self._tail = None              # (seq, msg id, position, offset, attributes) projected
+        self._tail: _Tail | None = None  # (seq, msg id, position, offset, attributes) projected
         self._resyncing = False
         self._resync_running = False
-        self._unresolved = {}          # msg id -> message whose outcome is unknown
-        self._ghosts = {}              # msg id -> message reported failed, maybe stored later
+        # msg id -> message whose outcome is unknown
+        self._unresolved: dict[str, _Message] = {}
+        # msg id -> message reported failed, maybe stored later
+        self._ghosts: dict[str, _Message] = {}
         self._pumping = False
-        self._pending = set()          # appends not settled yet
-        self._deadline_call = None
-        self._unavailable_since = None
-        self._watch = None
-        self._refreshing = SharedCall(self._catch_up)
+        self._pending: set[_Append] = set()          # appends not settled yet
+        self._deadline_call: IDelayedCall | None = None
+        self._unavailable_since: float | None = None
+        self._watch: Watch | None = None
+        self._refreshing: SharedCall[None] = SharedCall(self._catch_up)
         self._msg_counter = itertools.count(1)
         self._retention_running = False
         self._last_retention = 0.0
 
     # -- coordinates -----------------------------------------------------
     @property
-    def attributes(self):
+    def attributes(self) -> dict[str, int]:
         return dict(self._attributes)
 
-    def _subject(self, kind):
+    def _subject(self, kind: str) -> str:
         return subject(self.store.prefix, self.name, kind)
 
     # -- opening ---------------------------------------------------------
     @defer.inlineCallbacks
-    def _recover(self, stream_info):
+    def _recover(self, stream_info: dict[str, Any]) -> _Inline[None]:
         """Learn the acknowledged state from the stream (the leader's answers)."""
         state = stream_info.get("state", {})
         first_seq, last_seq = state.get("first_seq", 0), state.get("last_seq", 0)
@@ -281,7 +313,9 @@ class JetStreamLog:
         self._tail = None
 
     @defer.inlineCallbacks
-    def _latest_snapshot(self, upto_seq):
+    def _latest_snapshot(
+        self, upto_seq: int,
+    ) -> _Inline[tuple[BatchInfo | None, BatchInfo | None]]:
         """The newest C{.a} or C{.m} message at or below C{upto_seq} (or newer), as a BatchInfo."""
         io = self.store.io
         got = yield defer.gatherResults([
@@ -296,13 +330,14 @@ class JetStreamLog:
         marker = markers[0] if markers else None
         return snapshot, marker
 
-    def _decode(self, msg):
+    def _decode(self, msg: StoredMsg) -> BatchInfo:
         try:
             return decode_info(msg.seq, msg.subject, msg.headers)
         except MessageFormatError as e:
             raise CorruptLog(f"log {self.name}: {e}")
 
-    def _jump(self, last_info, snapshot):
+    def _jump(self, last_info: BatchInfo,
+              snapshot: tuple[BatchInfo | None, BatchInfo | None]) -> None:
         """Take the tail the leader reported (may skip messages not seen yet)."""
         snap, marker = snapshot
         self._index.add(last_info)
@@ -315,16 +350,16 @@ class JetStreamLog:
         self.end_position = newest.end_position
         self.end_offset = newest.end_offset
         if snap is not None:
-            self._attributes = dict(snap.attributes)
-        if marker is not None:
+            self._attributes = dict(snap.attributes or {})
+        if marker is not None and marker.start is not None:
             self._apply_start(marker.start)
         self._resolve(last_info)
         self._wake()
 
     @defer.inlineCallbacks
-    def _write_init(self):
+    def _write_init(self) -> _Inline[PublishOutcome]:
         """The first marker: position 0, no attributes (idempotent by message id)."""
-        outcome = yield self._publish_direct(
+        outcome: PublishOutcome = yield self._publish_direct(
             self._subject(MARKER),
             dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
                  **{MSG_ID: INIT_MSG_ID, EXPECTED_LAST_SEQUENCE: "0"}), b"")
@@ -333,29 +368,30 @@ class JetStreamLog:
             raise outcome.error
         return outcome
 
-    def _publish_direct(self, subject_name, headers, body):
-        d = defer.Deferred()
+    def _publish_direct(self, subject_name: str, headers: dict[str, str],
+                        body: bytes) -> Deferred[PublishOutcome]:
+        d: Deferred[PublishOutcome] = defer.Deferred()
         self.store.bridge.call_soon(self.store.io.publish, subject_name, headers, body,
                                     d.callback)
         return d
 
-    def _start_watch(self):
+    def _start_watch(self) -> Deferred[None]:
         d = self.store._call(self.store.io.watch, self.stream,
                              subjects_filter(self.store.prefix, self.name), self._end_seq + 1,
                              self._watched)
 
-        def started(watch):
+        def started(watch: Watch) -> None:
             if self._closed:
                 self.store.bridge.call_soon(_spawn, self.store.bridge, watch.stop)
             else:
                 self._watch = watch
 
-        def failed(f):
+        def failed(f: Failure) -> None:
             log.warn("log {name}: follower not started: {error}", name=self.name,
                      error=f.getErrorMessage())
         return d.addCallbacks(started, failed)
 
-    def _watched(self, events):
+    def _watched(self, events: list[tuple[int, str, dict[str, str]]]) -> None:
         if self._closed:
             return
         for seq, subject_name, headers in events:
@@ -367,7 +403,7 @@ class JetStreamLog:
             self._learn(info)
 
     # -- learning the acknowledged state ----------------------------------
-    def _learn(self, info):
+    def _learn(self, info: BatchInfo) -> None:
         """A stored message, from an ack, the follower or a fetch."""
         if info.seq <= self._end_seq:
             self._index.add(info)
@@ -391,18 +427,18 @@ class JetStreamLog:
         self._resolve(info)
         self._wake()
 
-    def _apply_start(self, start):
+    def _apply_start(self, start: tuple[int, int]) -> None:
         position, offset = start
         if position > self.start_position:
             self.start_position = position
         if offset > self.start_offset:
             self.start_offset = offset
 
-    def _wake(self):
+    def _wake(self) -> None:
         self._waiters.advance(self.end_position)
         self._offset_waiters.advance(self.end_offset)
 
-    def _resolve(self, info):
+    def _resolve(self, info: BatchInfo) -> None:
         """One of our messages whose outcome we did not know is stored."""
         if info.msg_id is None:
             return
@@ -422,18 +458,25 @@ class JetStreamLog:
             self._complete(message)
 
     # -- appending -------------------------------------------------------
-    def append(self, records, attributes=None, expected_position=None, expected_attributes=None):
+    def append(
+        self,
+        records: Sequence[BytesLike] | RecordBatch,
+        attributes: Mapping[str, int] | None = None,
+        expected_position: int | None = None,
+        expected_attributes: Mapping[str, int | None] | None = None,
+    ) -> Deferred[AppendResult]:
         if self._closed:
             return fail(LogClosed(self.name))
         if self.failed is not None:
             return fail(LogFailed(str(self.failed)))
         if self.unavailable is not None:
             return fail(StoreUnavailable(str(self.unavailable)))
+        data: bytes | memoryview
         if isinstance(records, RecordBatch):
             lengths, data = records.lengths, records.data
         else:
-            records = [bytes(r) for r in records]
-            lengths, data = lengths_array(map(len, records)), b"".join(records)
+            copies = [bytes(r) for r in records]
+            lengths, data = lengths_array(map(len, copies)), b"".join(copies)
         limit = self.config.max_record_size
         if len(lengths) and max(lengths) > limit:
             return fail(RecordTooLarge(f"record of {max(lengths)} bytes exceeds {limit}"))
@@ -454,9 +497,9 @@ class JetStreamLog:
                     expected_attributes=dict(expected_attributes) if expected_attributes else None)
         return self._enqueue(a)
 
-    def _enqueue(self, a):
+    def _enqueue(self, a: _Append) -> Deferred[AppendResult]:
         cuts = split_points(a.lengths, self.store.max_message_bytes) if len(a.lengths) else [(0, 0)]
-        offsets = None
+        offsets: list[int] | None = None
         if len(cuts) > 1:
             offsets = list(accumulate(a.lengths, initial=0))
         for i, (lo, hi) in enumerate(cuts):
@@ -473,11 +516,11 @@ class JetStreamLog:
         self._pump()
         return a.deferred
 
-    def _settled(self, result, a):
+    def _settled(self, result: _T, a: _Append) -> _T:
         self._pending.discard(a)
         return result
 
-    def _pump(self):
+    def _pump(self) -> None:
         """Send queued chunks while the window allows."""
         if self._pumping:
             return
@@ -494,11 +537,11 @@ class JetStreamLog:
         finally:
             self._pumping = False
 
-    def _take_chunks(self):
+    def _take_chunks(self) -> list[_Chunk]:
         """The next message's chunks: small appends merged, markers alone."""
         queue = self._queue
         limit = self.store.max_message_bytes
-        chunks = []
+        chunks: list[_Chunk] = []
         size = 0
         while queue:
             chunk = queue[0]
@@ -517,7 +560,7 @@ class JetStreamLog:
             size += chunk.size
         return chunks
 
-    def _send(self, chunks):
+    def _send(self, chunks: list[_Chunk]) -> None:
         if self._tail is None:
             self._tail = (self._end_seq, self._last_id, self.end_position, self.end_offset,
                           self._attributes)
@@ -530,6 +573,9 @@ class JetStreamLog:
                 f"log {self.name} ends at {position}, not {first.expected}"))
             return
         kind = MARKER if first.kind == MARKER else DATA
+        lengths: array[int]
+        data: bytes
+        snapshot: dict[str, int] | None
         if kind == DATA:
             chunks = self._meeting_expectations(chunks, attrs)
             if not chunks:
@@ -577,7 +623,8 @@ class JetStreamLog:
         self.store.bridge.call_soon(self.store.io.publish, self._subject(kind), headers, body,
                                     partial(self._published, message))
 
-    def _meeting_expectations(self, chunks, attrs):
+    def _meeting_expectations(self, chunks: list[_Chunk],
+                              attrs: dict[str, int]) -> list[_Chunk]:
         """
         C{chunks} without the appends whose C{expected_attributes} do not
         hold where they now go (after the tail's C{attrs} and the chunks
@@ -588,7 +635,7 @@ class JetStreamLog:
         expecting the attributes it replaced is refused rather than stored
         a second time (a Pravega writer's resent events).
         """
-        kept = []
+        kept: list[_Chunk] = []
         current = attrs
         for chunk in chunks:
             a = chunk.append
@@ -604,7 +651,7 @@ class JetStreamLog:
                 current.update(a.attributes)
         return kept
 
-    def _published(self, message, outcome):
+    def _published(self, message: _Message, outcome: PublishOutcome) -> None:
         """What JetStream answered to one of our publishes (reactor thread)."""
         if self._closed or message.outcome is not None:
             return
@@ -615,7 +662,7 @@ class JetStreamLog:
                           want=message.info.seq)
                 message.outcome = "unknown"
                 message.error = JetStreamError(f"stored at unexpected sequence {outcome.seq}")
-                self._unresolved[message.info.msg_id] = message
+                self._unresolved[message.msg_id] = message
                 self._begin_resync(message.error)
                 return
             self._confirm_through(message)
@@ -630,7 +677,7 @@ class JetStreamLog:
         if isinstance(error, NotAvailable):
             # a timeout or a lost connection: it may be stored or not
             message.outcome = "unknown"
-            self._unresolved[message.info.msg_id] = message
+            self._unresolved[message.msg_id] = message
         else:
             message.outcome = "failed"
             if error.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
@@ -643,12 +690,12 @@ class JetStreamLog:
                         f"JetStream refused the append: {error}"))
         self._begin_resync(error)
 
-    def _confirm_through(self, message):
+    def _confirm_through(self, message: _Message) -> None:
         """C{message} is stored: so is every message before it (the chain)."""
         while self._inflight:
             m = self._inflight.popleft()
             self._inflight_bytes -= len(m.body)
-            self._unresolved.pop(m.info.msg_id, None)
+            self._unresolved.pop(m.msg_id, None)
             if m.outcome != "stored":
                 m.outcome = "stored"
                 self._learn(m.info)
@@ -660,7 +707,7 @@ class JetStreamLog:
         self._maybe_resync()
         self._pump()
 
-    def _complete(self, message):
+    def _complete(self, message: _Message) -> None:
         """Fire what C{message} finishes, and keep its body for readers."""
         info = message.info
         if info.count:
@@ -679,19 +726,19 @@ class JetStreamLog:
             a.done_chunks += 1
             a.last_seq = info.seq
             if a.done_chunks == len(a.chunks) and not a.failed and not a.deferred.called:
-                a.deferred.callback(AppendResult(a.first_position, self.end_position,
-                                                 self.end_offset))
+                a.deferred.callback(AppendResult(cast(int, a.first_position),
+                                                 self.end_position, self.end_offset))
         if self._retention_due():
             self._clock.callLater(0, self.store._retain, self)
 
-    def _fail_append(self, a, error):
+    def _fail_append(self, a: _Append, error: BaseException) -> None:
         if a.failed or a.deferred.called:
             return
         a.failed = True
         a.deferred.errback(error)
 
     # -- recovery of the chain ------------------------------------------
-    def _begin_resync(self, error):
+    def _begin_resync(self, error: BaseException) -> None:
         if not self._resyncing:
             self._resyncing = True
             if not isinstance(error, JetStreamError) or error.err_code not in (
@@ -700,7 +747,7 @@ class JetStreamLog:
                          name=self.name, error=error)
         self._maybe_resync()
 
-    def _maybe_resync(self):
+    def _maybe_resync(self) -> None:
         if not self._resyncing or self._resync_running or self._closed:
             return
         if any(m.outcome is None for m in self._inflight):
@@ -708,12 +755,12 @@ class JetStreamLog:
         self._resync_running = True
         self._resync().addErrback(self._resync_crashed)
 
-    def _resync_crashed(self, f):
+    def _resync_crashed(self, f: Failure) -> None:
         self._resync_running = False
         log.failure("log {name}: resynchronisation failed", f, name=self.name)
 
     @defer.inlineCallbacks
-    def _resync(self):
+    def _resync(self) -> _Inline[None]:
         delay = 0.1
         while not self._closed:
             try:
@@ -737,7 +784,7 @@ class JetStreamLog:
             log.info("log {name}: JetStream answers again", name=self.name)
             self.unavailable = None
         # what was not stored goes again, in order, with fresh positions
-        again = []
+        again: list[_Chunk] = []
         now = self._clock.seconds()
         # a message whose outcome was unknown can still be applied by the
         # quorum after the tail was read (then its records are not sent a
@@ -749,7 +796,7 @@ class JetStreamLog:
             if m.outcome == "stored":
                 continue
             if m.outcome == "unknown":
-                self._ghosts[m.info.msg_id] = m
+                self._ghosts[m.msg_id] = m
             for chunk in m.chunks:
                 if not chunk.done and not chunk.append.failed and chunk.append.deadline > now:
                     again.append(chunk)
@@ -762,7 +809,7 @@ class JetStreamLog:
         self._pump()
 
     @defer.inlineCallbacks
-    def _catch_up(self, resolving=False):
+    def _catch_up(self, resolving: bool = False) -> _Inline[None]:
         """
         Read the tail from the leader and learn it; when messages of ours
         may be among those not seen yet, read their headers too.
@@ -793,11 +840,11 @@ class JetStreamLog:
         snapshot = yield self._latest_snapshot(last_info.seq)
         self._jump(last_info, snapshot)
 
-    def _refresh(self):
+    def _refresh(self) -> Deferred[None]:
         """Catch up with the leader (C{get()} of an open log): shared by concurrent callers."""
         return self._refreshing()
 
-    def _note_unavailable(self, error):
+    def _note_unavailable(self, error: BaseException) -> None:
         since = self._unavailable_since
         if since is None:
             since = self._clock.seconds()
@@ -810,7 +857,7 @@ class JetStreamLog:
             for a in list(self._pending):
                 self._fail_append(a, StoreUnavailable(str(self.unavailable)))
 
-    def _fail_stop(self, error):
+    def _fail_stop(self, error: BaseException) -> None:
         if self.failed is None:
             self.failed = error
             log.error("log {name} stopped: {error}", name=self.name, error=error)
@@ -818,17 +865,17 @@ class JetStreamLog:
             self._fail_append(a, LogFailed(str(error)))
 
     # -- deadlines: an append is acknowledged in time or fails ------------
-    def _schedule_deadlines(self):
+    def _schedule_deadlines(self) -> None:
         if self._deadline_call is None and self._pending:
             delay = max(0.05, min(1.0, self.store.timeout / 4))
             self._deadline_call = self._clock.callLater(delay, self._check_deadlines)
 
-    def _check_deadlines(self):
+    def _check_deadlines(self) -> None:
         self._deadline_call = None
         self._expire()
         self._schedule_deadlines()
 
-    def _expire(self):
+    def _expire(self) -> None:
         now = self._clock.seconds()
         for a in list(self._pending):
             if a.deadline <= now:
@@ -838,7 +885,7 @@ class JetStreamLog:
                     f"JetStream did not acknowledge within {self.store.timeout:g}s ({why})"))
 
     # -- reading ---------------------------------------------------------
-    def _check(self, position):
+    def _check(self, position: int) -> None:
         if self._closed:
             raise LogClosed(self.name)
         if not self.start_position <= position <= self.end_position:
@@ -846,7 +893,8 @@ class JetStreamLog:
                 f"position {position} outside [{self.start_position}, {self.end_position}]")
 
     @_store_errors
-    def read(self, position, max_records=-1, max_bytes=1048576):
+    def read(self, position: int, max_records: int = -1,
+             max_bytes: int = 1048576) -> Deferred[RecordBatch]:
         try:
             self._check(position)
         except Exception as e:
@@ -856,12 +904,11 @@ class JetStreamLog:
         found = self._cached("position", position)
         if found is not None:
             return succeed(self._slice(found[0], found[1], position, max_records, max_bytes))
-        d = self._load("position", position)
-        d.addCallback(lambda found: self._slice(found[0], found[1], position, max_records,
-                                                max_bytes))
-        return d
+        return self._load("position", position).addCallback(
+            lambda found: self._slice(found[0], found[1], position, max_records, max_bytes))
 
-    def _slice(self, info, entry, position, max_records, max_bytes):
+    def _slice(self, info: BatchInfo, entry: BodyEntry, position: int, max_records: int,
+               max_bytes: int) -> RecordBatch:
         """
         Records from C{position} in message C{info}, continued into the
         next messages while they are in memory and the limits allow (so
@@ -881,9 +928,10 @@ class JetStreamLog:
             current = following
             if following.count == 0:
                 continue
-            entry = self.store.cache.get((self._id, following.seq))
-            if entry is None:
+            cached = self.store.cache.get((self._id, following.seq))
+            if cached is None:
                 break
+            entry = cached
             left = -1 if max_records < 0 else max_records - count
             more = _slice_one(following, entry, following.position, left, max_bytes - nbytes)
             if nbytes + more.nbytes > max_bytes:
@@ -901,7 +949,7 @@ class JetStreamLog:
             lengths.extend(part.lengths)
         return RecordBatch(position, lengths, b"".join(part.data for part in parts))
 
-    def _cached(self, key, target):
+    def _cached(self, key: str, target: int) -> _Found | None:
         """(info, body entry) of the message holding C{target}, if in memory."""
         _below, above = self._index.bounds(key, target)
         if above is not None and holds(above, key, target):
@@ -911,7 +959,7 @@ class JetStreamLog:
         return None
 
     @defer.inlineCallbacks
-    def _load(self, key, target):
+    def _load(self, key: str, target: int) -> _Inline[_Found]:
         info = yield self._locate(key, target)
         entry = self.store.cache.get((self._id, info.seq))
         if entry is None:
@@ -920,7 +968,7 @@ class JetStreamLog:
         return info, entry
 
     @defer.inlineCallbacks
-    def _locate(self, key, target):
+    def _locate(self, key: str, target: int) -> _Inline[BatchInfo]:
         """The message holding position (or payload byte) C{target}: memory, or a short search."""
         below, above = self._index.bounds(key, target)
         if above is not None and holds(above, key, target):
@@ -952,7 +1000,7 @@ class JetStreamLog:
         return answer
 
     @defer.inlineCallbacks
-    def _fetch_body(self, seq):
+    def _fetch_body(self, seq: int) -> _Inline[BodyEntry]:
         got = yield self.store._call(self.store.io.get_direct, self.stream, seq)
         if got is None:
             raise PositionOutOfRange(f"message {seq} of log {self.name} was purged")
@@ -964,7 +1012,7 @@ class JetStreamLog:
             raise CorruptLog(f"log {self.name}: {e}")
         return self.store.cache.put((self._id, seq), lengths, data)
 
-    def _prefetch(self, info):
+    def _prefetch(self, info: BatchInfo) -> None:
         """Read ahead the next messages of a sequential reader."""
         for seq in range(info.seq + 1, min(info.seq + 1 + self.store.read_ahead,
                                           self._end_seq + 1)):
@@ -972,7 +1020,7 @@ class JetStreamLog:
                 self._fetch_body(seq).addErrback(lambda f: None)
 
     @_store_errors
-    def read_bytes(self, offset, max_bytes=1048576):
+    def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
         if self._closed:
             return fail(LogClosed(self.name))
         if not self.start_offset <= offset <= self.end_offset:
@@ -981,7 +1029,7 @@ class JetStreamLog:
         if offset == self.end_offset or max_bytes <= 0:
             return succeed(b"")
 
-        def cut(found):
+        def cut(found: _Found) -> bytes:
             info, entry = found
             at = offset - info.offset
             return bytes(entry[1][at:at + max_bytes])
@@ -991,7 +1039,7 @@ class JetStreamLog:
         return self._load("offset", offset).addCallback(cut)
 
     @_store_errors
-    def position_of_offset(self, offset):
+    def position_of_offset(self, offset: int) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         if not self.start_offset <= offset <= self.end_offset:
@@ -999,7 +1047,7 @@ class JetStreamLog:
         if offset == self.end_offset:
             return succeed(self.end_position)
 
-        def find(found):
+        def find(found: _Found) -> int:
             info, entry = found
             offsets = _offsets(entry)
             k = bisect.bisect_right(offsets, offset - info.offset, 0, len(entry[0])) - 1
@@ -1009,19 +1057,19 @@ class JetStreamLog:
             return succeed(find(found))
         return self._load("offset", offset).addCallback(find)
 
-    def wait(self, position, timeout=None):
+    def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         return self._waiters.wait(position, lambda: self.end_position, timeout)
 
-    def wait_offset(self, offset, timeout=None):
+    def wait_offset(self, offset: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
 
     # -- truncation and retention ----------------------------------------
     @_store_errors
-    def truncate(self, position=None):
+    def truncate(self, position: int | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         if position is None or position > self.end_position:
@@ -1031,32 +1079,31 @@ class JetStreamLog:
         if position == self.end_position:
             return self._truncate(position, self.end_offset)
 
-        def at(found):
+        def at(found: _Found) -> Deferred[int]:
             info, entry = found
             return self._truncate(position, info.offset + _offsets(entry)[position - info.position])
         return self._load("position", position).addCallback(at)
 
     @_store_errors
-    def truncate_offset(self, offset):
+    def truncate_offset(self, offset: int) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         if offset > self.end_offset:
             return fail(PositionOutOfRange(f"offset {offset} beyond end {self.end_offset}"))
         if offset <= self.start_offset:
             return succeed(self.start_offset)
-        d = self.position_of_offset(offset)
-        d.addCallback(lambda position: self._truncate(position, offset))
-        d.addCallback(lambda _: self.start_offset)
-        return d
+        return self.position_of_offset(offset).addCallback(
+            lambda position: self._truncate(position, offset)).addCallback(
+            lambda _: self.start_offset)
 
     @defer.inlineCallbacks
-    def _truncate(self, position, offset):
+    def _truncate(self, position: int, offset: int) -> _Inline[int]:
         """A marker saying where the log starts, then the purge of what it hides."""
         a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
                     kind=MARKER, start=(position, offset))
         yield self._enqueue(a)
-        marker_seq = a.last_seq
-        keep = marker_seq
+        marker_seq = cast(int, a.last_seq)  # set once it is stored
+        keep: int | None = marker_seq
         if position < self.end_position:
             try:
                 info = yield self._locate("position", position)
@@ -1075,7 +1122,7 @@ class JetStreamLog:
                          seq=keep, error=e)
         return self.start_position
 
-    def _retention_due(self):
+    def _retention_due(self) -> bool:
         c = self.config
         now = self._clock.seconds()
         if self._retention_running or now - self._last_retention < 1.0:
@@ -1087,7 +1134,7 @@ class JetStreamLog:
         return c.log_max_size > 0 and size > c.log_max_size + max(1, c.log_max_size // 8)
 
     @defer.inlineCallbacks
-    def retain(self):
+    def retain(self) -> _Inline[int]:
         """
         Apply the retention limits: hide and purge whole messages while
         what remains still reaches each limit (so, as on the file store, a
@@ -1126,7 +1173,7 @@ class JetStreamLog:
         return self.start_position
 
     # -- the rest --------------------------------------------------------
-    def info(self):
+    def info(self) -> dict[str, Any]:
         if self.failed is None:
             status = "ok" if self.unavailable is None else "unavailable"
         elif isinstance(self.failed, CorruptLog):
@@ -1144,17 +1191,21 @@ class JetStreamLog:
             "end_offset": self.end_offset,
         }
 
-    def sync(self):
+    def sync(self) -> Deferred[int]:
         pending = [a.deferred for a in self._pending]
         if not pending:
             return succeed(self.end_position)
-        waits = []
+        waits: list[Deferred[None]] = []
         for d in pending:
-            w = defer.Deferred()
-            d.addBoth(lambda r, w=w: (w.callback(None), r)[1])
+            w: Deferred[None] = defer.Deferred()
+
+            def passed(result: _T, w: Deferred[None] = w) -> _T:
+                w.callback(None)
+                return result
+            d.addBoth(passed)
             waits.append(w)
 
-        def done(_):
+        def done(_: object) -> int:
             if self.failed is not None:
                 raise LogFailed(str(self.failed))
             if self.unavailable is not None:
@@ -1162,7 +1213,7 @@ class JetStreamLog:
             return self.end_position
         return defer.gatherResults(waits).addCallback(done)
 
-    def _close(self, reason=None):
+    def _close(self, reason: BaseException | None = None) -> None:
         if self._closed:
             return
         self._closed = True
@@ -1185,9 +1236,11 @@ class JetStreamLog:
                 pass
 
 
-def _slice_one(info, entry, position, max_records, max_bytes):
+def _slice_one(info: BatchInfo, entry: BodyEntry, position: int, max_records: int,
+               max_bytes: int) -> RecordBatch:
     """Records from C{position} within one message: at least one, whole ones within C{max_bytes}."""
-    lengths, data = entry[0], entry[1]
+    lengths: array[int] = entry[0]
+    data: bytes | memoryview = entry[1]
     offsets = _offsets(entry)
     n = len(lengths)
     i = position - info.position
@@ -1198,24 +1251,26 @@ def _slice_one(info, entry, position, max_records, max_bytes):
     return RecordBatch(position, lengths[i:j], data[offsets[i]:offsets[j]])
 
 
-def _offsets(entry):
+def _offsets(entry: BodyEntry) -> list[int]:
     """The n + 1 record offsets of a cached message body (computed once)."""
     if entry[2] is None:
         entry[2] = list(accumulate(entry[0], initial=0))
-    return entry[2]
+    offsets: list[int] = entry[2]
+    return offsets
 
 
-def _spawn(bridge, coroutine_function):
+def _spawn(bridge: AsyncioThreadBridge,
+           coroutine_function: Callable[[], Coroutine[Any, Any, object]]) -> None:
     bridge.loop.create_task(coroutine_function())
 
 
-async def _pause(seconds):
+async def _pause(seconds: float) -> None:
     import asyncio
     await asyncio.sleep(seconds)
 
 
-def _sleep(clock, seconds):
-    d = defer.Deferred()
+def _sleep(clock: IReactorTime, seconds: float) -> Deferred[None]:
+    d: Deferred[None] = defer.Deferred()
     clock.callLater(seconds, d.callback, None)
     return d
 
@@ -1250,10 +1305,14 @@ class JetStreamLogStore:
         fake with the same coroutine methods).
     """
 
-    def __init__(self, servers, replicas=None, prefix=DEFAULT_PREFIX, tls=None, timeout=10.0,
-                 clock=None, bridge=None, cache_bytes=64 << 20, max_message_bytes=1 << 20,
-                 max_inflight=64, max_inflight_bytes=32 << 20, retention_interval=60.0,
-                 read_ahead=16, publish_timeout=None, connection_name="streamproto", io=None):
+    def __init__(self, servers: str | Iterable[str], replicas: int | None = None,
+                 prefix: str = DEFAULT_PREFIX, tls: ssl.SSLContext | None = None,
+                 timeout: float = 10.0, clock: IReactorTime | None = None,
+                 bridge: AsyncioThreadBridge | None = None, cache_bytes: int = 64 << 20,
+                 max_message_bytes: int = 1 << 20, max_inflight: int = 64,
+                 max_inflight_bytes: int = 32 << 20, retention_interval: float | None = 60.0,
+                 read_ahead: int = 16, publish_timeout: float | None = None,
+                 connection_name: str = "streamproto", io: NatsIO | None = None) -> None:
         from streamproto.log.bridge import AsyncioThreadBridge
         if isinstance(servers, str):
             servers = [servers]
@@ -1261,7 +1320,8 @@ class JetStreamLogStore:
         self.prefix = check_prefix(prefix)
         self.replicas = replicas if replicas is not None else (3 if len(self.servers) >= 3 else 1)
         self.clock = clock or _default_clock()
-        self.bridge = bridge or AsyncioThreadBridge(self.clock)
+        # the reactor is also the IReactorFromThreads the bridge posts to
+        self.bridge = bridge or AsyncioThreadBridge(cast(Any, self.clock))
         self.timeout = timeout
         self.io = io or NatsIO(self.servers, self.bridge, tls=tls, name=connection_name,
                                api_timeout=min(5.0, timeout),
@@ -1274,26 +1334,27 @@ class JetStreamLogStore:
         self.retention_interval = retention_interval
         self.writer_id = uuid.uuid4().hex[:12]
         self.closed = False
-        self._logs = {}
-        self._opening = SharedCall(self._open)
-        self._names = set()
+        self._logs: dict[str, JetStreamLog] = {}
+        self._opening: SharedCall[JetStreamLog] = SharedCall(self._open)
+        self._names: set[str] = set()
         self._connected = False
         # start() while connecting waits for that one attempt
-        self._connecting = SharedCall(self._connect_once)
-        self._retention_call = None
+        self._connecting: SharedCall[None] = SharedCall(self._connect_once)
+        self._retention_call: IDelayedCall | None = None
 
     @property
-    def max_message_bytes(self):
+    def max_message_bytes(self) -> int:
         return max(1024, min(self._max_message_bytes, self.io.max_payload - HEADER_OVERHEAD))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<JetStreamLogStore {','.join(self.servers)} prefix={self.prefix}>"
 
-    def _call(self, coroutine_function, *args, **kwargs):
+    def _call(self, coroutine_function: Callable[_P, Coroutine[Any, Any, _T]],
+              *args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         return self.bridge.call(coroutine_function, *args, **kwargs)
 
     # -- connection ------------------------------------------------------
-    def start(self):
+    def start(self) -> Deferred[None]:
         """Connect (once; again after a failure).  @return: Deferred firing when ready."""
         if self.closed:
             return fail(LogClosed("store closed"))
@@ -1301,19 +1362,19 @@ class JetStreamLogStore:
             return succeed(None)
         return self._connecting()
 
-    def _connect_once(self):
+    def _connect_once(self) -> Deferred[None]:
         return self._connect().addCallbacks(self._connect_done, self._connect_failed)
 
-    def _connect_done(self, _):
+    def _connect_done(self, _: None) -> None:
         self._connected = True
 
-    def _connect_failed(self, failure):
+    def _connect_failed(self, failure: Failure) -> Failure:
         log.warn("JetStream store {servers}: {error}", servers=",".join(self.servers),
                  error=failure.getErrorMessage())
         return failure
 
     @defer.inlineCallbacks
-    def _connect(self):
+    def _connect(self) -> _Inline[None]:
         yield self._call(self.io.connect)
         self.io.on_reconnect = self._reconnected
         names = yield self._call(self.io.stream_names, f"{self.prefix}.>")
@@ -1323,11 +1384,11 @@ class JetStreamLogStore:
             self._retention_call = self.clock.callLater(self.retention_interval,
                                                         self._retention_round)
 
-    def _reconnected(self):
+    def _reconnected(self) -> None:
         for log_ in list(self._logs.values()):
             log_._refresh().addErrback(lambda f: None)
 
-    def _advisory(self, kind, stream):
+    def _advisory(self, kind: str, stream: str) -> None:
         name = log_name(self.prefix, stream)
         if name is None:
             return
@@ -1339,13 +1400,13 @@ class JetStreamLogStore:
             if log_ is not None:
                 log_._close(LogClosed(f"log {name!r} was deleted"))
 
-    def _when_ready(self, f, *args):
+    def _when_ready(self, f: Callable[..., Deferred[Any]], *args: Any) -> Deferred[Any]:
         if self.closed:
             return fail(LogClosed("store closed"))
         return self.start().addCallback(lambda _: f(*args))
 
     @defer.inlineCallbacks
-    def _patiently(self, f, *args):
+    def _patiently(self, f: Callable[..., Deferred[_T]], *args: Any) -> _Inline[_T]:
         """
         C{f(*args)}, asked again while the cluster does not answer (a meta
         leader being elected, a loaded machine), for up to C{timeout}
@@ -1355,7 +1416,7 @@ class JetStreamLogStore:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                result = yield f(*args)
+                result: _T = yield f(*args)
                 return result
             except NotAvailable:
                 if self.closed or time.monotonic() + 0.5 > deadline:
@@ -1363,11 +1424,11 @@ class JetStreamLogStore:
                 yield self._call(_pause, 0.5)
 
     # -- ILogStore -------------------------------------------------------
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(self._names)
 
     @_store_errors
-    def create(self, name, config=None):
+    def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             self._check_name(name)
         except Exception as e:
@@ -1375,7 +1436,7 @@ class JetStreamLogStore:
         return self._when_ready(self._create, name, config or LogConfig(), True)
 
     @_store_errors
-    def get(self, name):
+    def get(self, name: str) -> Deferred[ILog]:
         try:
             self._check_name(name)
         except Exception as e:
@@ -1383,7 +1444,7 @@ class JetStreamLogStore:
         return self._when_ready(self._patiently, self._get, name)
 
     @_store_errors
-    def get_or_create(self, name, config=None):
+    def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             self._check_name(name)
         except Exception as e:
@@ -1391,13 +1452,13 @@ class JetStreamLogStore:
         return self._when_ready(self._patiently, self._get_or_create, name,
                                 config or LogConfig())
 
-    def _check_name(self, name):
+    def _check_name(self, name: str) -> None:
         validate_name(name)
         if len(stream_name(self.prefix, name)) > MAX_STREAM_NAME:
             from streamproto.log.errors import InvalidLogName
             raise InvalidLogName(f"log name {name!r} too long for prefix {self.prefix!r}")
 
-    def _stream_config(self, name, config):
+    def _stream_config(self, name: str, config: LogConfig) -> dict[str, Any]:
         return {
             "name": stream_name(self.prefix, name),
             "subjects": [subjects_filter(self.prefix, name)],
@@ -1415,7 +1476,7 @@ class JetStreamLogStore:
         }
 
     @defer.inlineCallbacks
-    def _create(self, name, config, must_be_new):
+    def _create(self, name: str, config: LogConfig, must_be_new: bool) -> _Inline[JetStreamLog]:
         stream = stream_name(self.prefix, name)
         info = yield self._call(self.io.stream_info, stream)
         if info is not None and must_be_new:
@@ -1433,11 +1494,11 @@ class JetStreamLogStore:
             if must_be_new and (outcome.duplicate or outcome.error is not None):
                 raise LogExists(f"log {name!r} exists")
             self._names.add(name)
-        result = yield self._get(name)
+        result: JetStreamLog = yield self._get(name)
         return result
 
     @defer.inlineCallbacks
-    def _get(self, name):
+    def _get(self, name: str) -> _Inline[JetStreamLog]:
         existing = self._logs.get(name)
         if existing is not None:
             try:
@@ -1448,11 +1509,11 @@ class JetStreamLogStore:
                 pass
             return existing
         # callers while it opens share that one open
-        log_ = yield self._opening(name)
+        log_: JetStreamLog = yield self._opening(name)
         return log_
 
     @defer.inlineCallbacks
-    def _open(self, name):
+    def _open(self, name: str) -> _Inline[JetStreamLog]:
         stream = stream_name(self.prefix, name)
         info = yield self._call(self.io.stream_info, stream)
         if info is None:
@@ -1473,7 +1534,8 @@ class JetStreamLogStore:
         return log_
 
     @defer.inlineCallbacks
-    def _get_or_create(self, name, config):
+    def _get_or_create(self, name: str, config: LogConfig) -> _Inline[JetStreamLog]:
+        result: JetStreamLog
         try:
             result = yield self._get(name)
         except LogNotFound:
@@ -1481,7 +1543,7 @@ class JetStreamLogStore:
         return result
 
     @_store_errors
-    def delete(self, name):
+    def delete(self, name: str) -> Deferred[None]:
         try:
             self._check_name(name)
         except Exception as e:
@@ -1489,7 +1551,7 @@ class JetStreamLogStore:
         return self._when_ready(self._delete, name)
 
     @defer.inlineCallbacks
-    def _delete(self, name):
+    def _delete(self, name: str) -> _Inline[None]:
         deleted = yield self._call(self.io.delete_stream, stream_name(self.prefix, name))
         self._names.discard(name)
         log_ = self._logs.pop(name, None)
@@ -1498,13 +1560,13 @@ class JetStreamLogStore:
         if not deleted:
             raise LogNotFound(f"log {name!r} not found")
 
-    def open_logs(self):
+    def open_logs(self) -> list[ILog]:
         return list(self._logs.values())
 
-    def problems(self):
+    def problems(self) -> list[str]:
         if self.closed:
             return ["store closed"]
-        found = []
+        found: list[str] = []
         if not self._connected:
             found.append(f"JetStream {','.join(self.servers)}: "
                          f"{self.io.last_error or 'connecting'}")
@@ -1514,7 +1576,7 @@ class JetStreamLogStore:
         return found + log_problems(self._logs.values())
 
     # -- retention -------------------------------------------------------
-    def _retention_round(self):
+    def _retention_round(self) -> None:
         self._retention_call = None
         if self.closed:
             return
@@ -1522,10 +1584,10 @@ class JetStreamLogStore:
             c = log_.config
             if c.log_max_count > 0 or c.log_max_size > 0 or c.log_max_age > 0:
                 self._retain(log_)
-        self._retention_call = self.clock.callLater(self.retention_interval,
+        self._retention_call = self.clock.callLater(cast(float, self.retention_interval),
                                                     self._retention_round)
 
-    def _retain(self, log_):
+    def _retain(self, log_: JetStreamLog) -> None:
         if log_._closed:
             return
         log_.retain().addErrback(lambda f: log.warn(
@@ -1533,7 +1595,7 @@ class JetStreamLogStore:
 
     # -- closing ---------------------------------------------------------
     @defer.inlineCallbacks
-    def close(self):
+    def close(self) -> _Inline[None]:
         if self.closed:
             return
         self.closed = True

@@ -4,12 +4,17 @@ embedding where durability is not wanted.  Appends "sync" at once, but still
 fire their Deferreds only after the records are visible, like the file store.
 """
 
-import bisect
+from __future__ import annotations
 
-from twisted.internet.defer import fail, succeed
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
@@ -20,44 +25,53 @@ from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
 
 
-def _default_clock():
+def _default_clock() -> IReactorTime:
     from twisted.internet import reactor
     return reactor
 
 
 @implementer(ILog)
 class MemoryLog:
-    def __init__(self, name, config, clock):
+    #: set by L{truncate_offset} inside the first record; absent otherwise
+    _start_offset: int
+
+    def __init__(self, name: str, config: LogConfig, clock: IReactorTime) -> None:
         self.name = name
         self.config = config
-        self.failed = None
-        self._records = []        # payloads from start_position on
+        self.failed: BaseException | None = None
+        self._records: list[bytes] = []  # payloads from start_position on
         self._offsets = [0]       # payload offset of each record, then the end
         self.start_position = 0
         self._closed = False
-        self._attributes = {}
+        self._attributes: dict[str, int] = {}
         self._waiters = Waiters(clock)
         self._offset_waiters = Waiters(clock)
 
     # -- coordinates -----------------------------------------------------
     @property
-    def end_position(self):
+    def end_position(self) -> int:
         return self.start_position + len(self._records)
 
     @property
-    def start_offset(self):
+    def start_offset(self) -> int:
         return self._start_offset if hasattr(self, "_start_offset") else self._offsets[0]
 
     @property
-    def end_offset(self):
+    def end_offset(self) -> int:
         return self._offsets[-1]
 
     @property
-    def attributes(self):
+    def attributes(self) -> dict[str, int]:
         return dict(self._attributes)
 
     # -- writing ---------------------------------------------------------
-    def append(self, records, attributes=None, expected_position=None, expected_attributes=None):
+    def append(
+        self,
+        records: Sequence[BytesLike] | RecordBatch,
+        attributes: Mapping[str, int] | None = None,
+        expected_position: int | None = None,
+        expected_attributes: Mapping[str, int | None] | None = None,
+    ) -> Deferred[AppendResult]:
         if self._closed:
             return fail(LogClosed(self.name))
         if self.failed is not None:
@@ -67,14 +81,15 @@ class MemoryLog:
         if conflict is not None:
             return fail(conflict)
         if isinstance(records, RecordBatch):
-            records = records.records()
-        records = [bytes(r) for r in records]
+            copies = records.records()
+        else:
+            copies = [bytes(r) for r in records]
         limit = self.config.max_record_size
-        for r in records:
+        for r in copies:
             if len(r) > limit:
                 return fail(RecordTooLarge(f"record of {len(r)} bytes exceeds {limit}"))
         first = self.end_position
-        for r in records:
+        for r in copies:
             self._records.append(r)
             self._offsets.append(self._offsets[-1] + len(r))
         if attributes:
@@ -84,10 +99,10 @@ class MemoryLog:
         self._offset_waiters.advance(self.end_offset)
         return succeed(AppendResult(first, self.end_position, self.end_offset))
 
-    def sync(self):
+    def sync(self) -> Deferred[int]:
         return succeed(self.end_position)
 
-    def _apply_retention(self):
+    def _apply_retention(self) -> None:
         drop = 0
         n = len(self._records)
         if self.config.log_max_count > 0 and n > self.config.log_max_count:
@@ -98,7 +113,7 @@ class MemoryLog:
         if drop:
             self._drop(drop)
 
-    def _drop(self, n):
+    def _drop(self, n: int) -> None:
         del self._records[:n]
         del self._offsets[:n]
         self.start_position += n
@@ -106,14 +121,15 @@ class MemoryLog:
             del self._start_offset
 
     # -- reading ---------------------------------------------------------
-    def _check_position(self, position):
+    def _check_position(self, position: int) -> None:
         if self._closed:
             raise LogClosed(self.name)
         if not self.start_position <= position <= self.end_position:
             raise PositionOutOfRange(
                 f"position {position} outside [{self.start_position}, {self.end_position}]")
 
-    def read(self, position, max_records=-1, max_bytes=1048576):
+    def read(self, position: int, max_records: int = -1,
+             max_bytes: int = 1048576) -> Deferred[RecordBatch]:
         try:
             self._check_position(position)
         except Exception as e:
@@ -129,13 +145,13 @@ class MemoryLog:
         chunk = self._records[i:j]
         return succeed(RecordBatch(position, lengths_array(map(len, chunk)), b"".join(chunk)))
 
-    def read_bytes(self, offset, max_bytes=1048576):
+    def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
         if self._closed:
             return fail(LogClosed(self.name))
         if not self.start_offset <= offset <= self.end_offset:
             return fail(PositionOutOfRange(
                 f"offset {offset} outside [{self.start_offset}, {self.end_offset}]"))
-        out = []
+        out: list[bytes] = []
         remaining = max_bytes
         i = bisect.bisect_right(self._offsets, offset) - 1
         while remaining > 0 and i < len(self._records):
@@ -147,7 +163,7 @@ class MemoryLog:
             i += 1
         return succeed(b"".join(out))
 
-    def position_of_offset(self, offset):
+    def position_of_offset(self, offset: int) -> Deferred[int]:
         if not self._offsets[0] <= offset <= self.end_offset:
             return fail(PositionOutOfRange(f"offset {offset} out of range"))
         if offset == self.end_offset:
@@ -155,25 +171,25 @@ class MemoryLog:
         i = bisect.bisect_right(self._offsets, offset) - 1
         return succeed(self.start_position + i)
 
-    def wait(self, position, timeout=None):
+    def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         return self._waiters.wait(position, lambda: self.end_position, timeout)
 
-    def wait_offset(self, offset, timeout=None):
+    def wait_offset(self, offset: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
         return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
 
     # -- maintenance -----------------------------------------------------
-    def truncate(self, position=None):
+    def truncate(self, position: int | None = None) -> Deferred[int]:
         if position is None or position > self.end_position:
             position = self.end_position
         if position > self.start_position:
             self._drop(position - self.start_position)
         return succeed(self.start_position)
 
-    def truncate_offset(self, offset):
+    def truncate_offset(self, offset: int) -> Deferred[int]:
         if offset > self.end_offset:
             return fail(PositionOutOfRange(f"offset {offset} beyond end {self.end_offset}"))
         if offset > self.start_offset:
@@ -183,7 +199,7 @@ class MemoryLog:
             self._start_offset = offset
         return succeed(self.start_offset)
 
-    def info(self):
+    def info(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "status": "ok" if self.failed is None else "corrupt",
@@ -195,7 +211,7 @@ class MemoryLog:
             "end_offset": self.end_offset,
         }
 
-    def _close(self):
+    def _close(self) -> None:
         self._closed = True
         self._waiters.fail_all(LogClosed(self.name))
         self._offset_waiters.fail_all(LogClosed(self.name))
@@ -205,15 +221,15 @@ class MemoryLog:
 class MemoryLogStore:
     """Logs kept in a dict.  C{clock} (an IReactorTime) times L{ILog.wait}."""
 
-    def __init__(self, clock=None):
+    def __init__(self, clock: IReactorTime | None = None) -> None:
         self._clock = clock or _default_clock()
-        self._logs = {}
+        self._logs: dict[str, MemoryLog] = {}
         self.closed = False
 
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(self._logs)
 
-    def create(self, name, config=None):
+    def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             validate_name(name)
         except Exception as e:
@@ -223,7 +239,7 @@ class MemoryLogStore:
         log = self._logs[name] = MemoryLog(name, config or LogConfig(), self._clock)
         return succeed(log)
 
-    def get(self, name):
+    def get(self, name: str) -> Deferred[ILog]:
         try:
             validate_name(name)
         except Exception as e:
@@ -232,27 +248,27 @@ class MemoryLogStore:
             return fail(LogNotFound(f"log {name!r} not found"))
         return succeed(self._logs[name])
 
-    def get_or_create(self, name, config=None):
+    def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         if name in self._logs:
             return succeed(self._logs[name])
         return self.create(name, config)
 
-    def delete(self, name):
+    def delete(self, name: str) -> Deferred[None]:
         log = self._logs.pop(name, None)
         if log is None:
             return fail(LogNotFound(f"log {name!r} not found"))
         log._close()
         return succeed(None)
 
-    def open_logs(self):
+    def open_logs(self) -> list[ILog]:
         return list(self._logs.values())
 
-    def problems(self):
+    def problems(self) -> list[str]:
         if self.closed:
             return ["store closed"]
         return log_problems(self._logs.values())
 
-    def close(self):
+    def close(self) -> Deferred[None]:
         self.closed = True
         for log in self._logs.values():
             log._close()

@@ -14,8 +14,18 @@ memory, or a short search of a few message fetches between two known
 neighbours; never a scan from the start.
 """
 
+from __future__ import annotations
+
 import bisect
+from array import array
 from collections import OrderedDict
+from typing import Any, TypeAlias
+
+from streamproto.log.batch import BytesLike
+from streamproto.log.natsformat import BatchInfo
+
+#: a cached body: [lengths, data, payload offsets or None until computed]
+BodyEntry: TypeAlias = list[Any]
 
 
 class MessageIndex:
@@ -26,16 +36,16 @@ class MessageIndex:
         entry in C{stride}.
     """
 
-    def __init__(self, max_entries=65536, stride=16):
+    def __init__(self, max_entries: int = 65536, stride: int = 16) -> None:
         self.max_entries = max_entries
         self.stride = stride
-        self._seqs = []
-        self._infos = []
+        self._seqs: list[int] = []
+        self._infos: list[BatchInfo] = []
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._seqs)
 
-    def add(self, info):
+    def add(self, info: BatchInfo) -> None:
         seqs = self._seqs
         if not seqs or info.seq > seqs[-1]:
             seqs.append(info.seq)
@@ -49,32 +59,32 @@ class MessageIndex:
         if len(seqs) > self.max_entries:
             self._thin()
 
-    def _thin(self):
+    def _thin(self) -> None:
         half = len(self._seqs) // 2
         keep = [info for i, info in enumerate(self._infos[:half]) if i % self.stride == 0]
         self._infos = keep + self._infos[half:]
         self._seqs = [info.seq for info in self._infos]
 
-    def forget_before(self, seq):
+    def forget_before(self, seq: int) -> None:
         """Drop what is known of messages below C{seq} (purged)."""
         i = bisect.bisect_left(self._seqs, seq)
         del self._seqs[:i]
         del self._infos[:i]
 
-    def get(self, seq):
+    def get(self, seq: int) -> BatchInfo | None:
         i = bisect.bisect_left(self._seqs, seq)
         if i < len(self._seqs) and self._seqs[i] == seq:
             return self._infos[i]
         return None
 
-    def after(self, info):
+    def after(self, info: BatchInfo) -> BatchInfo | None:
         """The known message right after C{info} (C{seq + 1}), or None."""
         i = bisect.bisect_right(self._seqs, info.seq)
         if i < len(self._seqs) and self._seqs[i] == info.seq + 1:
             return self._infos[i]
         return None
 
-    def bounds(self, key, target):
+    def bounds(self, key: str, target: int) -> tuple[BatchInfo | None, BatchInfo | None]:
         """
         Where the first message whose C{key} end is above C{target} is.
 
@@ -89,7 +99,8 @@ class MessageIndex:
         lo, hi = 0, len(infos)
         while lo < hi:  # first index whose end is above the target
             mid = (lo + hi) // 2
-            if getattr(infos[mid], attr) > target:
+            end: int = getattr(infos[mid], attr)
+            if end > target:
                 hi = mid
             else:
                 lo = mid + 1
@@ -98,7 +109,7 @@ class MessageIndex:
         return below, above
 
 
-def holds(info, key, target):
+def holds(info: BatchInfo, key: str, target: int) -> bool:
     """Whether message C{info} holds position (or payload byte) C{target}."""
     if key == "position":
         return info.count > 0 and info.position <= target < info.end_position
@@ -111,14 +122,15 @@ class BodyCache:
     least recently used first out, bounded in bytes.
     """
 
-    def __init__(self, max_bytes=64 * 1024 * 1024):
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024) -> None:
         self.max_bytes = max_bytes
         self.nbytes = 0
-        self._entries = OrderedDict()   # (log id, seq) -> (lengths, data, offsets or None)
+        # (log id, seq) -> [lengths, data, offsets or None]
+        self._entries: OrderedDict[tuple[int, int], BodyEntry] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def get(self, key):
+    def get(self, key: tuple[int, int]) -> BodyEntry | None:
         entry = self._entries.get(key)
         if entry is None:
             self.misses += 1
@@ -127,7 +139,7 @@ class BodyCache:
         self._entries.move_to_end(key)
         return entry
 
-    def put(self, key, lengths, data):
+    def put(self, key: tuple[int, int], lengths: array[int], data: BytesLike) -> BodyEntry:
         if key in self._entries:
             return self._entries[key]
         size = len(data) + 4 * len(lengths) + 64
@@ -141,7 +153,7 @@ class BodyCache:
             self.nbytes -= len(d) + 4 * len(lens) + 64
         return entry
 
-    def drop_log(self, log_id):
+    def drop_log(self, log_id: int) -> None:
         for key in [k for k in self._entries if k[0] == log_id]:
             lens, d, _offs = self._entries.pop(key)
             self.nbytes -= len(d) + 4 * len(lens) + 64

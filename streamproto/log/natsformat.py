@@ -33,14 +33,17 @@ alone (C{headers_only} consumers) says where a message is in the log,
 which is what followers on other front-ends need.
 """
 
+from __future__ import annotations
+
 import json
 import re
 import struct
 from array import array
+from collections.abc import Mapping, Sequence
 
 from crc32c import crc32c
 
-from streamproto.log.batch import lengths_array
+from streamproto.log.batch import BytesLike, lengths_array
 
 #: the header every message of ours has
 BATCH_HEADER = "Sp-Batch"
@@ -64,18 +67,18 @@ class MessageFormatError(Exception):
     """A message in one of our streams that we did not write (or that was damaged)."""
 
 
-def check_prefix(prefix):
+def check_prefix(prefix: object) -> str:
     """@raise ValueError: unless C{prefix} is 1 to 32 letters and digits."""
     if not isinstance(prefix, str) or not PREFIX_PATTERN.match(prefix):
         raise ValueError(f"prefix {prefix!r}: 1 to 32 letters and digits")
     return prefix
 
 
-def stream_name(prefix, name):
+def stream_name(prefix: str, name: str) -> str:
     return f"{prefix}_{name}"
 
 
-def log_name(prefix, stream):
+def log_name(prefix: str, stream: str) -> str | None:
     """The log name of stream C{stream}, or None when it is not one of this prefix's."""
     head = prefix + "_"
     if stream.startswith(head) and len(stream) > len(head):
@@ -83,15 +86,15 @@ def log_name(prefix, stream):
     return None
 
 
-def subject(prefix, name, kind):
+def subject(prefix: str, name: str, kind: str) -> str:
     return f"{prefix}.{name}.{kind}"
 
 
-def subjects_filter(prefix, name):
+def subjects_filter(prefix: str, name: str) -> str:
     return f"{prefix}.{name}.*"
 
 
-def kind_of(subject_name):
+def kind_of(subject_name: str) -> str:
     return subject_name.rsplit(".", 1)[-1]
 
 
@@ -109,8 +112,9 @@ class BatchInfo:
     __slots__ = ("seq", "kind", "position", "offset", "count", "nbytes", "crc",
                  "attributes", "start", "msg_id")
 
-    def __init__(self, seq, kind, position, offset, count, nbytes, crc=0, attributes=None,
-                 start=None, msg_id=None):
+    def __init__(self, seq: int, kind: str, position: int, offset: int, count: int, nbytes: int,
+                 crc: int = 0, attributes: dict[str, int] | None = None,
+                 start: tuple[int, int] | None = None, msg_id: str | None = None) -> None:
         self.seq = seq
         self.kind = kind
         self.position = position
@@ -123,19 +127,21 @@ class BatchInfo:
         self.msg_id = msg_id
 
     @property
-    def end_position(self):
+    def end_position(self) -> int:
         return self.position + self.count
 
     @property
-    def end_offset(self):
+    def end_offset(self) -> int:
         return self.offset + self.nbytes
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"<BatchInfo seq={self.seq} {self.kind} position={self.position} "
                 f"count={self.count} offset={self.offset} nbytes={self.nbytes}>")
 
 
-def encode_headers(position, offset, count, nbytes, crc, attributes=None, start=None):
+def encode_headers(position: int, offset: int, count: int, nbytes: int, crc: int,
+                   attributes: Mapping[str, int] | None = None,
+                   start: tuple[int, int] | None = None) -> dict[str, str]:
     """The C{Sp-*} headers of a message (a dict, as nats-py takes them)."""
     headers = {BATCH_HEADER: f"{position} {offset} {count} {nbytes} {crc}"}
     if attributes is not None:
@@ -145,7 +151,7 @@ def encode_headers(position, offset, count, nbytes, crc, attributes=None, start=
     return headers
 
 
-def encode_body(lengths, data):
+def encode_body(lengths: array[int], data: BytesLike) -> tuple[bytes, int]:
     """
     @param lengths: the records' sizes, an C{array('I')}.
     @param data: their payloads, concatenated (bytes-like).
@@ -158,29 +164,30 @@ def encode_body(lengths, data):
     return body, crc32c(body)
 
 
-def _swapped(lengths):
+def _swapped(lengths: array[int]) -> bytes:
     a = array("I", lengths)
     a.byteswap()
     return a.tobytes()
 
 
-def decode_info(seq, subject_name, headers):
+def decode_info(seq: int, subject_name: str,
+                headers: Mapping[str, str] | None) -> BatchInfo:
     """
     @param headers: a mapping of the message's headers.
     @raise MessageFormatError: not one of our messages.
     """
     kind = kind_of(subject_name)
     raw = headers.get(BATCH_HEADER) if headers else None
-    if raw is None or kind not in (DATA, ATTRS, MARKER):
+    if headers is None or raw is None or kind not in (DATA, ATTRS, MARKER):
         raise MessageFormatError(f"message {seq} on {subject_name!r} is not a streamproto batch")
     try:
         position, offset, count, nbytes, crc = (int(v) for v in raw.split())
-        attributes = None
+        attributes: dict[str, int] | None = None
         if kind != DATA:
             attributes = json.loads(headers[ATTRS_HEADER])
             if not isinstance(attributes, dict):
                 raise ValueError("attributes")
-        start = None
+        start: tuple[int, int] | None = None
         if kind == MARKER:
             a, b = headers[START_HEADER].split()
             start = (int(a), int(b))
@@ -192,7 +199,7 @@ def decode_info(seq, subject_name, headers):
                      headers.get(MSG_ID))
 
 
-def decode_body(info, body):
+def decode_body(info: BatchInfo, body: BytesLike) -> tuple[array[int], memoryview]:
     """
     @return: (lengths, data): an C{array('I')} and a memoryview of the payloads.
     @raise MessageFormatError: the body does not match its headers or its CRC.
@@ -214,7 +221,7 @@ def decode_body(info, body):
     return lengths, memoryview(body)[4 * n:]
 
 
-def parse_headers(raw):
+def parse_headers(raw: bytes | bytearray | str) -> dict[str, str]:
     """
     The headers of a raw C{NATS/1.0} header block (what the stream message
     get API returns base64-encoded), as a dict.  Our values never repeat a
@@ -222,7 +229,7 @@ def parse_headers(raw):
     """
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else raw
     lines = text.split("\r\n")
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if not line:
             continue
@@ -235,7 +242,7 @@ def parse_headers(raw):
 HEADER_OVERHEAD = 512  # generous bound on our headers, for splitting appends
 
 
-def split_points(lengths, limit):
+def split_points(lengths: Sequence[int], limit: int) -> list[tuple[int, int]]:
     """
     Where to cut an append so that each message's body stays within
     C{limit} bytes (lengths included): a list of (start, stop) record
@@ -245,7 +252,7 @@ def split_points(lengths, limit):
     n = len(lengths)
     if 4 * n + sum(lengths) <= limit:
         return [(0, n)]
-    cuts = []
+    cuts: list[tuple[int, int]] = []
     start = 0
     size = 0
     for i, length in enumerate(lengths):
@@ -258,5 +265,6 @@ def split_points(lengths, limit):
     return cuts
 
 
-def unpack_u32(buf, index):
-    return struct.unpack_from("<I", buf, 4 * index)[0]
+def unpack_u32(buf: BytesLike, index: int) -> int:
+    value: int = struct.unpack_from("<I", buf, 4 * index)[0]
+    return value

@@ -18,15 +18,28 @@ order of appends, retries and caches live on the reactor side
   watcher's events are posted to the reactor in batches.
 """
 
+from __future__ import annotations
+
 import asyncio
 import base64
 import itertools
 import json
-from typing import NamedTuple
+import ssl
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from twisted.logger import Logger
 
 from streamproto.log.natsformat import parse_headers
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+    from nats.aio.msg import Msg
+    from nats.aio.subscription import Subscription
+    from nats.js import JetStreamContext
+
+    from streamproto.log.bridge import AsyncioThreadBridge
 
 log = Logger()
 
@@ -41,7 +54,8 @@ STREAM_NAME_IN_USE = 10058
 class JetStreamError(Exception):
     """An error answered by JetStream (or no answer at all)."""
 
-    def __init__(self, description, code=None, err_code=None):
+    def __init__(self, description: str, code: int | None = None,
+                 err_code: int | None = None) -> None:
         super().__init__(description)
         self.description = description
         self.code = code
@@ -55,9 +69,9 @@ class NotAvailable(JetStreamError):
 class StoredMsg(NamedTuple):
     seq: int
     subject: str
-    headers: dict
+    headers: dict[str, str]
     data: bytes
-    time: str
+    time: str | None
 
 
 class PublishOutcome(NamedTuple):
@@ -69,7 +83,7 @@ class PublishOutcome(NamedTuple):
 
     seq: int = 0
     duplicate: bool = False
-    error: Exception = None
+    error: JetStreamError | None = None
 
 
 #: attempts per server of the first connection (0.25 s apart)
@@ -86,8 +100,10 @@ class NatsIO:
     @param tls: an C{ssl.SSLContext}, or None.
     """
 
-    def __init__(self, servers, bridge, tls=None, name="streamproto", api_timeout=5.0,
-                 publish_timeout=5.0, pending_size=8 * 1024 * 1024):
+    def __init__(self, servers: list[str], bridge: AsyncioThreadBridge | None,
+                 tls: ssl.SSLContext | None = None, name: str = "streamproto",
+                 api_timeout: float = 5.0, publish_timeout: float = 5.0,
+                 pending_size: int = 8 * 1024 * 1024) -> None:
         self.servers = list(servers)
         self.bridge = bridge
         self.tls = tls
@@ -95,42 +111,57 @@ class NatsIO:
         self.api_timeout = api_timeout
         self.publish_timeout = publish_timeout
         self.pending_size = pending_size
-        self.nc = None
-        self.js = None
+        self.nc: Client | None = None
+        self.js: JetStreamContext | None = None
         self.connected = False
-        self.last_error = None
+        self.last_error: str | None = None
         self.max_payload = 1048576
         self._tokens = itertools.count(1)
-        self._replies = {}         # token -> (callback, timer)
-        self._outbox = None        # deque of publishes to send, in order
-        self._sender = None
-        self._wake = None
-        self._reply_prefix = None
-        self.on_reconnect = None   # reactor-side callable, posted on each reconnection
+        # token -> (callback, timer)
+        self._replies: dict[str, tuple[Callable[[PublishOutcome], object],
+                                       asyncio.TimerHandle]] = {}
+        # publishes to send, in order: (subject, reply, headers, body, token)
+        self._outbox: deque[tuple[str, str, dict[str, str], bytes, str]] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._reply_prefix: str | None = None
+        # reactor-side callable, posted on each reconnection
+        self.on_reconnect: Callable[[], object] | None = None
+
+    @property
+    def _client(self) -> Client:
+        """The connection (L{connect}, or a reader's own) that every call needs."""
+        if self.nc is None:
+            raise NotAvailable("not connected")
+        return self.nc
+
+    @property
+    def _bridge(self) -> AsyncioThreadBridge:
+        # only a reader (which neither publishes nor follows) runs without one
+        assert self.bridge is not None, "no bridge to the reactor"
+        return self.bridge
 
     # connection ---------------------------------------------------------
-    async def connect(self):
+    async def connect(self) -> str | None:
         if self.nc is not None and not self.nc.is_closed:
             return None
         import nats
 
-        from collections import deque
-
-        async def error_cb(e):
+        async def error_cb(e: Exception) -> None:
             # kept for problems() and the errors raised; the store logs the
             # state changes (one line, not one per reconnection attempt)
             self.last_error = f"{type(e).__name__}: {e}"
 
-        async def disconnected_cb():
+        async def disconnected_cb() -> None:
             self.connected = False
 
-        async def reconnected_cb():
+        async def reconnected_cb() -> None:
             self.connected = True
             self.last_error = None
             if self.on_reconnect is not None:
-                self.bridge.post(self.on_reconnect)
+                self._bridge.post(self.on_reconnect)
 
-        options = dict(
+        options: dict[str, Any] = dict(
             servers=self.servers, name=self.name, error_cb=error_cb,
             disconnected_cb=disconnected_cb, reconnected_cb=reconnected_cb,
             # a bounded first connection (a cluster that cannot be reached
@@ -144,7 +175,7 @@ class NatsIO:
         try:
             # bounded as a whole too: a TLS handshake the servers refuse can
             # keep the client trying for ever
-            self.nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
+            self.nc = nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
         except asyncio.TimeoutError:
             detail = self.last_error or f"no connection within {CONNECT_DEADLINE:g} s"
             self.last_error = f"cannot connect to {', '.join(self.servers)}: {detail}"
@@ -154,20 +185,20 @@ class NatsIO:
             detail = self.last_error or _describe(e)
             self.last_error = f"cannot connect to {', '.join(self.servers)}: {detail}"
             raise NotAvailable(self.last_error)
-        self.nc.options["max_reconnect_attempts"] = -1
+        nc.options["max_reconnect_attempts"] = -1
         self.connected = True
         self.last_error = None
-        self.max_payload = self.nc.max_payload
-        self.js = self.nc.jetstream(timeout=self.api_timeout)
+        self.max_payload = nc.max_payload
+        self.js = nc.jetstream(timeout=self.api_timeout)
         self._outbox = deque()
         self._wake = asyncio.Event()
-        self._reply_prefix = self.nc.new_inbox() + "."
-        await self.nc.subscribe(self._reply_prefix + "*", cb=self._on_reply)
+        self._reply_prefix = nc.new_inbox() + "."
+        await nc.subscribe(self._reply_prefix + "*", cb=self._on_reply)
         self._sender = asyncio.get_running_loop().create_task(self._send_loop())
-        return self.nc.connected_server_version if hasattr(self.nc, "connected_server_version") \
-            else None
+        version: str | None = getattr(nc, "connected_server_version", None)
+        return version
 
-    async def close(self):
+    async def close(self) -> None:
         if self._sender is not None:
             self._sender.cancel()
         for token in list(self._replies):
@@ -180,7 +211,8 @@ class NatsIO:
         self.connected = False
 
     # JetStream API ------------------------------------------------------
-    async def api(self, what, body=None, timeout=None):
+    async def api(self, what: str, body: object = None,
+                  timeout: float | None = None) -> dict[str, Any]:
         """
         One JetStream API request (C{$JS.API.<what>}).
 
@@ -191,7 +223,7 @@ class NatsIO:
         import nats.errors
         payload = b"" if body is None else json.dumps(body).encode()
         try:
-            msg = await self.nc.request("$JS.API." + what, payload,
+            msg = await self._client.request("$JS.API." + what, payload,
                                         timeout=timeout or self.api_timeout)
         except nats.errors.NoRespondersError:
             raise NotAvailable(f"{what}: no JetStream responders (is JetStream enabled?)")
@@ -199,14 +231,14 @@ class NatsIO:
             raise NotAvailable(f"{what}: JetStream did not answer in time")
         except nats.errors.Error as e:
             raise NotAvailable(f"{what}: {_describe(e)}")
-        response = json.loads(msg.data)
+        response: dict[str, Any] = json.loads(msg.data)
         error = response.get("error")
         if error:
             raise JetStreamError(error.get("description", "error"), error.get("code"),
                                  error.get("err_code"))
         return response
 
-    async def stream_info(self, stream):
+    async def stream_info(self, stream: str) -> dict[str, Any] | None:
         """@return: the info dict, or None if there is no such stream."""
         try:
             return await self.api(f"STREAM.INFO.{stream}")
@@ -215,10 +247,10 @@ class NatsIO:
                 return None
             raise
 
-    async def add_stream(self, config):
+    async def add_stream(self, config: dict[str, Any]) -> dict[str, Any]:
         return await self.api(f"STREAM.CREATE.{config['name']}", config)
 
-    async def delete_stream(self, stream):
+    async def delete_stream(self, stream: str) -> bool:
         try:
             await self.api(f"STREAM.DELETE.{stream}")
         except JetStreamError as e:
@@ -227,13 +259,14 @@ class NatsIO:
             raise
         return True
 
-    async def purge(self, stream, seq):
+    async def purge(self, stream: str, seq: int) -> int:
         """Remove every message below sequence C{seq}."""
         response = await self.api(f"STREAM.PURGE.{stream}", {"seq": seq})
-        return response.get("purged", 0)
+        purged: int = response.get("purged", 0)
+        return purged
 
-    async def stream_names(self, subject_filter):
-        names = []
+    async def stream_names(self, subject_filter: str) -> list[str]:
+        names: list[str] = []
         offset = 0
         while True:
             response = await self.api("STREAM.NAMES", {"offset": offset,
@@ -244,7 +277,9 @@ class NatsIO:
             if not page or offset >= response.get("total", 0):
                 return names
 
-    async def get(self, stream, seq=None, last=None, next=None, start_time=None, timeout=None):
+    async def get(self, stream: str, seq: int | None = None, last: str | None = None,
+                  next: str | None = None, start_time: str | None = None,
+                  timeout: float | None = None) -> StoredMsg | None:
         """
         One message from the stream leader: by sequence, the last on a
         subject, the first at or after C{seq} on a subject (C{next}), or the
@@ -252,7 +287,7 @@ class NatsIO:
 
         @return: a L{StoredMsg}, or None when there is no such message.
         """
-        request = {}
+        request: dict[str, object] = {}
         if seq is not None:
             request["seq"] = seq
         if last is not None:
@@ -272,7 +307,7 @@ class NatsIO:
         data = base64.b64decode(m["data"]) if m.get("data") else b""
         return StoredMsg(m["seq"], m["subject"], headers, data, m.get("time"))
 
-    async def get_direct(self, stream, seq):
+    async def get_direct(self, stream: str, seq: int) -> StoredMsg | None:
         """
         Message C{seq} by JetStream's direct get: any replica answers with
         the raw message (headers and body as stored), so a large body costs
@@ -285,7 +320,7 @@ class NatsIO:
         """
         import nats.errors
         try:
-            msg = await self.nc.request(f"$JS.API.DIRECT.GET.{stream}",
+            msg = await self._client.request(f"$JS.API.DIRECT.GET.{stream}",
                                         json.dumps({"seq": seq}).encode(),
                                         timeout=self.api_timeout)
         except nats.errors.NoRespondersError:
@@ -305,41 +340,47 @@ class NatsIO:
                          headers.get("Nats-Time-Stamp"))
 
     # publishing ---------------------------------------------------------
-    def publish(self, subject, headers, body, callback):
+    def publish(self, subject: str, headers: dict[str, str], body: bytes,
+                callback: Callable[[PublishOutcome], object]) -> None:
         """
         Loop thread: queue one publish behind every earlier one.  Its
         outcome, a L{PublishOutcome}, is handed to C{callback} on the
         reactor thread, within C{publish_timeout} seconds.
         """
+        outbox, wake, reply_prefix = self._outbox, self._wake, self._reply_prefix
+        if outbox is None or wake is None or reply_prefix is None:
+            raise NotAvailable("not connected")
         token = str(next(self._tokens))
-        self.bridge.begin()
+        self._bridge.begin()
         timer = asyncio.get_running_loop().call_later(self.publish_timeout, self._timed_out,
                                                       token)
         self._replies[token] = (callback, timer)
-        self._outbox.append((subject, self._reply_prefix + token, headers, body, token))
-        self._wake.set()
+        outbox.append((subject, reply_prefix + token, headers, body, token))
+        wake.set()
 
-    async def _send_loop(self):
-        outbox = self._outbox
+    async def _send_loop(self) -> None:
+        outbox, wake = self._outbox, self._wake
+        assert outbox is not None and wake is not None  # started by connect, after them
         while True:
-            await self._wake.wait()
-            self._wake.clear()
+            await wake.wait()
+            wake.clear()
             while outbox:
                 subject, reply, headers, body, token = outbox.popleft()
                 if token not in self._replies:
                     continue  # timed out before it could be sent
                 try:
-                    await self.nc.publish(subject, body, reply=reply, headers=headers)
+                    await self._client.publish(subject, body, reply=reply, headers=headers)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:
                     self._settle(token, PublishOutcome(error=NotAvailable(
                         f"publish failed: {_describe(e)}")))
 
-    async def _on_reply(self, msg):
-        token = msg.subject[len(self._reply_prefix):]
+    async def _on_reply(self, msg: Msg) -> None:
+        token = msg.subject[len(self._reply_prefix or ""):]
         if token not in self._replies:
             return
+        outcome: PublishOutcome
         if msg.headers and msg.headers.get("Status") == "503":
             outcome = PublishOutcome(error=NotAvailable("no stream leader answered (503)"))
         else:
@@ -356,24 +397,25 @@ class NatsIO:
                 outcome = PublishOutcome(error=JetStreamError(f"bad publish ack: {e}"))
         self._settle(token, outcome)
 
-    def _timed_out(self, token):
+    def _timed_out(self, token: str) -> None:
         self._settle(token, PublishOutcome(error=NotAvailable(
             f"no publish acknowledgement within {self.publish_timeout:g}s")))
 
-    def _settle(self, token, outcome):
+    def _settle(self, token: str, outcome: PublishOutcome) -> None:
         entry = self._replies.pop(token, None)
         if entry is None:
             return
         callback, timer = entry
         timer.cancel()
-        self.bridge.post(callback, outcome)
-        self.bridge.end()
+        self._bridge.post(callback, outcome)
+        self._bridge.end()
 
-    def pending_publishes(self):
+    def pending_publishes(self) -> int:
         return len(self._replies)
 
     # following ----------------------------------------------------------
-    async def watch(self, stream, subject_filter, start_seq, callback):
+    async def watch(self, stream: str, subject_filter: str, start_seq: int,
+                    callback: Callable[[list[tuple[int, str, dict[str, str]]]], object]) -> Watch:
         """
         Deliver the headers of every message from C{start_seq} on, in
         order, as lists of (seq, subject, headers) to C{callback} on the
@@ -385,19 +427,23 @@ class NatsIO:
         watch = Watch(self, callback)
         config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
                                     opt_start_seq=max(1, start_seq))
+        if self.js is None:
+            raise NotAvailable("not connected")
         watch.sub = await self.js.subscribe(
             subject_filter, stream=stream, ordered_consumer=True, headers_only=True,
             config=config, cb=watch.on_message, idle_heartbeat=2.0)
         return watch
 
-    async def watch_advisories(self, callback):
+    async def watch_advisories(
+        self, callback: Callable[[str, str], object],
+    ) -> list[Subscription]:
         """C{callback(kind, stream)} on the reactor for every stream created or deleted."""
-        async def on_advisory(msg):
+        async def on_advisory(msg: Msg) -> None:
             kind = "created" if ".CREATED." in msg.subject else "deleted"
-            self.bridge.post(callback, kind, msg.subject.rsplit(".", 1)[-1])
+            self._bridge.post(callback, kind, msg.subject.rsplit(".", 1)[-1])
         subs = []
         for kind in ("CREATED", "DELETED"):
-            subs.append(await self.nc.subscribe(f"$JS.EVENT.ADVISORY.STREAM.{kind}.*",
+            subs.append(await self._client.subscribe(f"$JS.EVENT.ADVISORY.STREAM.{kind}.*",
                                                 cb=on_advisory))
         return subs
 
@@ -405,14 +451,15 @@ class NatsIO:
 class Watch:
     """One follower: its events, batched per loop iteration."""
 
-    def __init__(self, io, callback):
+    def __init__(self, io: NatsIO,
+                 callback: Callable[[list[tuple[int, str, dict[str, str]]]], object]) -> None:
         self.io = io
         self.callback = callback
-        self.sub = None
-        self.events = []
+        self.sub: Subscription | None = None
+        self.events: list[tuple[int, str, dict[str, str]]] = []
         self.stopped = False
 
-    async def on_message(self, msg):
+    async def on_message(self, msg: Msg) -> None:
         if self.stopped:
             return
         try:
@@ -423,12 +470,12 @@ class Watch:
             asyncio.get_running_loop().call_soon(self.flush)
         self.events.append((seq, msg.subject, msg.headers or {}))
 
-    def flush(self):
+    def flush(self) -> None:
         events, self.events = self.events, []
         if events and not self.stopped:
-            self.io.bridge.post(self.callback, events)
+            self.io._bridge.post(self.callback, events)
 
-    async def stop(self):
+    async def stop(self) -> None:
         self.stopped = True
         if self.sub is not None:
             try:
@@ -437,6 +484,6 @@ class Watch:
                 pass
 
 
-def _describe(error):
+def _describe(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     return " ".join(text.split())

@@ -15,7 +15,12 @@ when its iterator ends or is closed), so readers pickle cleanly and
 nothing stays open between Spark tasks.
 """
 
+from __future__ import annotations
+
 import asyncio
+import ssl
+from collections.abc import Coroutine, Iterable, Iterator
+from typing import Any, Literal, TypeVar, overload
 
 from streamproto.log.batch import RecordBatch
 from streamproto.log.errors import CorruptLog, LogNotFound, PositionOutOfRange
@@ -23,13 +28,16 @@ from streamproto.log.natsformat import (
     ATTRS, DEFAULT_PREFIX, MARKER, MessageFormatError, check_prefix, decode_body, decode_info,
     log_name, stream_name, subject, subjects_filter,
 )
-from streamproto.log.natsio import NatsIO, NotAvailable
+from streamproto.log.natsformat import BatchInfo
+from streamproto.log.natsio import NatsIO, NotAvailable, StoredMsg
+
+_T = TypeVar("_T")
 
 
 class _Session:
     """One connection on a private loop: run coroutines to completion, then close."""
 
-    def __init__(self, servers, tls, timeout):
+    def __init__(self, servers: list[str], tls: ssl.SSLContext | None, timeout: float) -> None:
         self.loop = asyncio.new_event_loop()
         self.io = NatsIO(servers, bridge=None, tls=tls, name="streamproto-reader",
                          api_timeout=timeout)
@@ -40,13 +48,13 @@ class _Session:
             self.close()
             raise
 
-    async def _connect(self):
+    async def _connect(self) -> None:
         import nats
 
-        async def error_cb(e):
+        async def error_cb(e: Exception) -> None:
             # nats-py prints a traceback without one; the error we raise says it
             self.io.last_error = str(e)
-        options = dict(servers=self.io.servers, name=self.io.name, allow_reconnect=True,
+        options: dict[str, Any] = dict(servers=self.io.servers, name=self.io.name, allow_reconnect=True,
                        max_reconnect_attempts=3, connect_timeout=min(5, self.timeout),
                        error_cb=error_cb)
         if self.io.tls is not None:
@@ -56,10 +64,10 @@ class _Session:
         except Exception as e:
             raise NotAvailable(f"cannot connect to {', '.join(self.io.servers)}: {e}")
 
-    def run(self, coroutine):
+    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         return self.loop.run_until_complete(coroutine)
 
-    def close(self):
+    def close(self) -> None:
         if self.loop.is_closed():
             return
         nc = self.io.nc
@@ -78,7 +86,8 @@ class JetStreamReader:
     @param timeout: seconds to wait for each answer of the cluster.
     """
 
-    def __init__(self, servers, prefix=DEFAULT_PREFIX, tls=None, timeout=10.0):
+    def __init__(self, servers: str | Iterable[str], prefix: str = DEFAULT_PREFIX,
+                 tls: ssl.SSLContext | None = None, timeout: float = 10.0) -> None:
         if isinstance(servers, str):
             servers = [servers]
         self.servers = list(servers)
@@ -86,17 +95,17 @@ class JetStreamReader:
         self.tls = tls
         self.timeout = timeout
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[JetStreamReader], tuple[Any, ...]]:
         # an ssl.SSLContext does not pickle: executors get what makes one
         if self.tls is not None:
             raise TypeError("a JetStreamReader with an SSLContext does not pickle: "
                             "build it on the executor")
         return (JetStreamReader, (self.servers, self.prefix, None, self.timeout))
 
-    def _session(self):
+    def _session(self) -> _Session:
         return _Session(self.servers, self.tls, self.timeout)
 
-    def names(self):
+    def names(self) -> list[str]:
         """The logs of this prefix, sorted."""
         session = self._session()
         try:
@@ -105,7 +114,7 @@ class JetStreamReader:
             session.close()
         return sorted(n for n in (log_name(self.prefix, s) for s in streams) if n)
 
-    def bounds(self, name):
+    def bounds(self, name: str) -> tuple[int, int]:
         """
         @return: C{(start_position, end_position)} of log C{name}: what the
             quorum acknowledged.
@@ -117,7 +126,7 @@ class JetStreamReader:
         finally:
             session.close()
 
-    async def _bounds(self, io, name):
+    async def _bounds(self, io: NatsIO, name: str) -> tuple[int, int]:
         stream = stream_name(self.prefix, name)
         info = await io.stream_info(stream)
         if info is None:
@@ -127,7 +136,10 @@ class JetStreamReader:
             return 0, 0
         end = _decode(name, last).end_position
         marker = await io.get(stream, last=subject(self.prefix, name, MARKER))
-        start = _decode(name, marker).start[0] if marker is not None else 0
+        start = 0
+        if marker is not None:
+            marker_start = _decode(name, marker).start
+            start = marker_start[0] if marker_start is not None else 0
         state = info.get("state", {})
         first = await io.get(stream, seq=max(1, state.get("first_seq", 1)),
                              next=subjects_filter(self.prefix, name))
@@ -137,7 +149,7 @@ class JetStreamReader:
                 start = first_info.position      # purged without a marker
         return min(start, end), end
 
-    def attributes(self, name):
+    def attributes(self, name: str) -> dict[str, int]:
         """The log's attribute map (Pravega's writer state, seals...)."""
         session = self._session()
         try:
@@ -145,7 +157,7 @@ class JetStreamReader:
         finally:
             session.close()
 
-    async def _attributes(self, io, name):
+    async def _attributes(self, io: NatsIO, name: str) -> dict[str, int]:
         stream = stream_name(self.prefix, name)
         got = [await io.get(stream, last=subject(self.prefix, name, kind))
                for kind in (ATTRS, MARKER)]
@@ -154,8 +166,23 @@ class JetStreamReader:
             return {}
         return dict(max(infos, key=lambda i: i.seq).attributes or {})
 
-    def read(self, name, start_position, end_position, max_bytes=8 * 1024 * 1024,
-             with_time=False):
+    @overload
+    def read(self, name: str, start_position: int, end_position: int,
+             max_bytes: int = ..., with_time: Literal[False] = ...) -> Iterator[RecordBatch]: ...
+
+    @overload
+    def read(self, name: str, start_position: int, end_position: int,
+             max_bytes: int = ..., *,
+             with_time: Literal[True]) -> Iterator[tuple[RecordBatch, int | None]]: ...
+
+    @overload
+    def read(self, name: str, start_position: int, end_position: int,
+             max_bytes: int = ..., with_time: bool = ...,
+             ) -> Iterator[RecordBatch | tuple[RecordBatch, int | None]]: ...
+
+    def read(self, name: str, start_position: int, end_position: int,
+             max_bytes: int = 8 * 1024 * 1024, with_time: bool = False,
+             ) -> Iterator[RecordBatch | tuple[RecordBatch, int | None]]:
         """
         Yield L{RecordBatch}es covering C{[start_position, end_position)},
         each at most about C{max_bytes} (at least one record).
@@ -213,10 +240,11 @@ class JetStreamReader:
         finally:
             session.close()
 
-    async def _locate(self, io, stream, name, first_seq, last_seq, position):
+    async def _locate(self, io: NatsIO, stream: str, name: str, first_seq: int, last_seq: int,
+                      position: int) -> int:
         """The sequence of the message holding C{position} (binary search on headers)."""
         lo, hi = first_seq, last_seq
-        found = None
+        found: int | None = None
         filter_ = subjects_filter(self.prefix, name)
         while lo <= hi:
             mid = (lo + hi) // 2
@@ -237,14 +265,14 @@ class JetStreamReader:
         return found
 
 
-def _decode(name, msg):
+def _decode(name: str, msg: StoredMsg) -> BatchInfo:
     try:
         return decode_info(msg.seq, msg.subject, msg.headers)
     except MessageFormatError as e:
         raise CorruptLog(f"log {name!r}: {e}")
 
 
-def stored_time_us(text):
+def stored_time_us(text: str | None) -> int:
     """
     JetStream's C{Nats-Time-Stamp} (RFC 3339 in UTC with up to nanoseconds,
     C{2024-05-01T12:00:00.123456789Z}) as microseconds since the epoch.
@@ -265,7 +293,7 @@ def stored_time_us(text):
     return seconds * 1_000_000 + int((fraction + "000000")[:6])
 
 
-def _split(batch, max_bytes):
+def _split(batch: RecordBatch, max_bytes: int) -> Iterator[RecordBatch]:
     """C{batch} in pieces of about C{max_bytes} (at least one record each)."""
     if len(batch.data) <= max_bytes:
         yield batch

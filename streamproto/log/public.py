@@ -15,11 +15,14 @@ migration, C{pravega-controller} and names starting with C{pravega_}.
 L{PublicLogStore} is the view the public APIs get.
 """
 
-from twisted.internet.defer import fail
+from typing import Any, cast
+
+from twisted.internet.defer import Deferred, fail
 from zope.interface import alsoProvides, implementer
 
+from streamproto.log.config import LogConfig
 from streamproto.log.errors import InvalidLogName, LogNotFound
-from streamproto.log.interfaces import ILogDirectories, ILogStore
+from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore
 
 #: prefixes of the names reserved for the servers' internal state
 RESERVED_PREFIXES = ("__", "pravega_")
@@ -27,13 +30,13 @@ RESERVED_PREFIXES = ("__", "pravega_")
 RESERVED_NAMES = ("pravega-controller",)
 
 
-def is_internal(name):
+def is_internal(name: object) -> bool:
     """Whether log C{name} is in the reserved namespace of internal state."""
     return isinstance(name, str) and (name in RESERVED_NAMES
                                       or name.startswith(RESERVED_PREFIXES))
 
 
-def check_public_name(name):
+def check_public_name(name: str) -> str:
     """
     @raise InvalidLogName: if C{name} is reserved for internal state.
     @return: C{name}.
@@ -53,55 +56,56 @@ class PublicLogStore:
     else passes through.
     """
 
-    def __init__(self, store):
+    def __init__(self, store: ILogStore) -> None:
         self.store = store
         if ILogDirectories.providedBy(store):
             # its path (through __getattr__) and log_path, for backups
             alsoProvides(self, ILogDirectories)
 
-    def names(self):
+    def names(self) -> list[str]:
         return [name for name in self.store.names() if not is_internal(name)]
 
-    def create(self, name, config=None):
+    def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             check_public_name(name)
         except InvalidLogName as e:
             return fail(e)
         return self.store.create(name, config)
 
-    def get_or_create(self, name, config=None):
+    def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
         try:
             check_public_name(name)
         except InvalidLogName as e:
             return fail(e)
         return self.store.get_or_create(name, config)
 
-    def get(self, name):
+    def get(self, name: str) -> Deferred[ILog]:
         if is_internal(name):
             return fail(LogNotFound(f"log {name!r} not found"))
         return self.store.get(name)
 
-    def delete(self, name):
+    def delete(self, name: str) -> Deferred[None]:
         if is_internal(name):
             return fail(LogNotFound(f"log {name!r} not found"))
         return self.store.delete(name)
 
-    def open_logs(self):
+    def open_logs(self) -> list[ILog]:
         return [log for log in self.store.open_logs() if not is_internal(log.name)]
 
-    def problems(self):
+    def problems(self) -> list[str]:
         return self.store.problems()
 
-    def close(self):
+    def close(self) -> Deferred[None]:
         return self.store.close()
 
-    def log_path(self, name):
+    def log_path(self, name: str) -> str:
         """The directory of a public log (file stores: backups)."""
         if is_internal(name):
             raise LogNotFound(f"log {name!r} not found")
-        return self.store.log_path(name)
+        # only called where the store provides it (see __init__)
+        return cast(ILogDirectories, self.store).log_path(name)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # what a particular store offers beyond ILogStore (a file store's
         # path, for restores) passes through
         if name in ("open_log",):

@@ -10,29 +10,34 @@ reads by positions the server reported as synced (a styx-server's
 C{end_position}).
 """
 
+from __future__ import annotations
+
 import copy
 import json
 import os
 from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
 
 from streamproto.log.config import validate_name
 from streamproto.log.errors import LogNotFound, PositionOutOfRange
 from streamproto.log.format import (
     SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header, index_file_name,
 )
+from streamproto.log.batch import RecordBatch
 from streamproto.log.segments import FileIO, Segment, read_records, recover_segment
 
 
 #: Segments already scanned and verified, by (path, inode): a later snapshot
 #: only scans what was appended since (readers are called per Spark task and
 #: per offset query; re-verifying a large last segment each time is costly).
-_SCANNED = OrderedDict()
+_SCANNED: OrderedDict[tuple[str, int], Segment] = OrderedDict()
 _SCANNED_MAX = 4096
 
 
-def _remember(key, seg):
+def _remember(key: tuple[str, int], seg: Segment) -> None:
     state = copy.copy(seg)
-    state.fd = None
+    state.fd = None  # type: ignore[assignment]  # a remembered scan owns no descriptor
     state.idx_pos, state.idx_off, state.idx_file = \
         state.idx_pos[:], state.idx_off[:], state.idx_file[:]
     _SCANNED[key] = state
@@ -41,7 +46,8 @@ def _remember(key, seg):
         _SCANNED.popitem(last=False)
 
 
-def _scan(io, seg, key, last):
+def _scan(io: FileIO, seg: Segment, key: tuple[str, int],
+          last: bool) -> tuple[int, str] | None:
     """Bring C{seg} up to date with its file, reusing an earlier scan."""
     known = _SCANNED.get(key)
     size = io.fstat_size(seg.fd)
@@ -64,16 +70,16 @@ def _scan(io, seg, key, last):
 class _Snapshot:
     """The segments of one log as they are on disk now."""
 
-    def __init__(self, io, path):
-        self.segments = []
-        state = {"start_position": 0}
+    def __init__(self, io: FileIO, path: str) -> None:
+        self.segments: list[Segment] = []
+        state: dict[str, Any] = {"start_position": 0}
         try:
             with open(os.path.join(path, "state.json"), "rb") as f:
                 state.update(json.loads(f.read()))
         except (OSError, ValueError):
             pass
         names = sorted(n for n in os.listdir(path) if n.endswith(".seg"))
-        expected = None
+        expected: int | None = None
         for i, name in enumerate(names):
             seg_path = os.path.join(path, name)
             try:
@@ -97,12 +103,12 @@ class _Snapshot:
                     break
             self.segments.append(seg)
             expected = seg.end_position
-        self.start = max(state["start_position"],
+        self.start: int = max(state["start_position"],
                          self.segments[0].position if self.segments else 0)
         self.end = self.segments[-1].end_position if self.segments else self.start
 
     @staticmethod
-    def _load_index(io, path, seg):
+    def _load_index(io: FileIO, path: str, seg: Segment) -> bool:
         try:
             with open(os.path.join(path, index_file_name(seg.position)), "rb") as f:
                 payload = decode_index(f.read())
@@ -113,7 +119,7 @@ class _Snapshot:
         seg.load_index(payload)
         return True
 
-    def close(self, io):
+    def close(self, io: FileIO) -> None:
         for seg in self.segments:
             io.close(seg.fd)
 
@@ -128,21 +134,21 @@ class LogDirectoryReader:
             ...  # RecordBatch: .position, .lengths, .data, .offsets()
     """
 
-    def __init__(self, path, io=None):
+    def __init__(self, path: str, io: FileIO | None = None) -> None:
         self.path = os.path.abspath(path)
         self._io = io or FileIO()
 
-    def names(self):
+    def names(self) -> list[str]:
         return sorted(n for n in os.listdir(self.path) if not n.startswith(".")
                       and os.path.isfile(os.path.join(self.path, n, "config.json")))
 
-    def _log_dir(self, name):
+    def _log_dir(self, name: str) -> str:
         path = os.path.join(self.path, validate_name(name))
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise LogNotFound(f"log {name!r} not found in {self.path}")
         return path
 
-    def bounds(self, name):
+    def bounds(self, name: str) -> tuple[int, int]:
         """(start_position, end_position) of what is readable now."""
         snap = _Snapshot(self._io, self._log_dir(name))
         try:
@@ -150,7 +156,8 @@ class LogDirectoryReader:
         finally:
             snap.close(self._io)
 
-    def read(self, name, start_position, end_position, max_bytes=8 * 1024 * 1024):
+    def read(self, name: str, start_position: int, end_position: int,
+             max_bytes: int = 8 * 1024 * 1024) -> Iterator[RecordBatch]:
         """
         Yield L{RecordBatch}es covering exactly C{[start_position,
         end_position)}, each of about C{max_bytes} at most.

@@ -4,18 +4,25 @@ ranges, the file layer.  Nothing here touches the reactor, so it runs in a
 worker thread for the live store and directly in the synchronous reader.
 """
 
+from __future__ import annotations
+
 import bisect
 import errno
 import os
 from array import array
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
+from typing import Any, TypeAlias
 
-from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.errors import CorruptLog
 from streamproto.log.format import (
-    BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, FormatError, batch_attributes, batch_lengths,
-    decode_batch_header, verify_batch,
+    BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, BatchHeader, FormatError, batch_attributes,
+    batch_lengths, decode_batch_header, verify_batch,
 )
+
+#: (position, offset, file_pos) of a batch start in a segment file.
+Cursor: TypeAlias = tuple[int, int, int]
 
 #: How much a read asks the OS for at once when scanning batch headers.
 READ_CHUNK = 256 * 1024
@@ -27,42 +34,42 @@ class FileIO:
     injection (fsync errors, ENOSPC, torn writes) can wrap it.
     """
 
-    def open(self, path, flags, mode=0o644):
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
 
-    def writev(self, fd, buffers):
+    def writev(self, fd: int, buffers: Sequence[BytesLike]) -> int:
         return os.writev(fd, buffers)
 
-    def pread(self, fd, n, offset):
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
         return os.pread(fd, n, offset)
 
-    def fsync(self, fd):
+    def fsync(self, fd: int) -> None:
         os.fsync(fd)
 
-    def fsync_dir(self, path):
+    def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
 
-    def ftruncate(self, fd, size):
+    def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
-    def fstat_size(self, fd):
+    def fstat_size(self, fd: int) -> int:
         return os.fstat(fd).st_size
 
-    def close(self, fd):
+    def close(self, fd: int) -> None:
         os.close(fd)
 
-    def unlink(self, path):
+    def unlink(self, path: str) -> None:
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
 
 
-def write_all(io, fd, buffers):
+def write_all(io: FileIO, fd: int, buffers: Sequence[BytesLike]) -> int:
     """C{writev} until everything is written (regular files rarely write short)."""
     total = sum(len(b) for b in buffers)
     done = io.writev(fd, buffers)
@@ -84,7 +91,8 @@ class Segment:
     not; the log bounds reads by its synced end.
     """
 
-    def __init__(self, path, fd, position, offset, created_ms, index_after_size):
+    def __init__(self, path: str, fd: int, position: int, offset: int, created_ms: int,
+                 index_after_size: int) -> None:
         self.path = path
         self.fd = fd
         self.position = position
@@ -100,17 +108,18 @@ class Segment:
         self.refs = 0          # blocking operations in flight on fd
         self.doomed = False    # deleted: close fd when refs drops to 0
         self.indexed = False   # an .idx file was written for it
-        self.cursor = None     # (position, offset, file_pos) of a recent batch
-        self.attrs_at_end = None  # log attributes as of the segment's end, once sealed
+        self.cursor: Cursor | None = None  # (position, offset, file_pos) of a recent batch
+        self.attrs_at_end: dict[str, int] | None = None  # log attributes as of the segment's end, once sealed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<Segment {self.position}..{self.end_position} {self.path}>"
 
     @property
-    def count(self):
+    def count(self) -> int:
         return self.end_position - self.position
 
-    def note_batch(self, file_pos, position, offset, count, data_len, size):
+    def note_batch(self, file_pos: int, position: int, offset: int, count: int, data_len: int,
+                   size: int) -> None:
         """Account for a batch written (or recovered) at C{file_pos}."""
         if not self.idx_file or file_pos - self.idx_file[-1] >= self.index_after_size:
             self.idx_pos.append(position)
@@ -120,7 +129,7 @@ class Segment:
         self.end_offset = offset + data_len
         self.size = file_pos + size
 
-    def seek_position(self, position):
+    def seek_position(self, position: int) -> Cursor:
         """(position, offset, file_pos) of a batch at or before C{position}."""
         i = bisect.bisect_right(self.idx_pos, position) - 1
         best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
@@ -130,7 +139,7 @@ class Segment:
             return c
         return best
 
-    def seek_offset(self, offset):
+    def seek_offset(self, offset: int) -> Cursor:
         i = bisect.bisect_right(self.idx_off, offset) - 1
         best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
             (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
@@ -139,7 +148,7 @@ class Segment:
             return c
         return best
 
-    def index_payload(self, attributes):
+    def index_payload(self, attributes: dict[str, int] | None) -> dict[str, Any]:
         return {
             "position": self.position, "offset": self.offset, "created_ms": self.created_ms,
             "end_position": self.end_position, "end_offset": self.end_offset,
@@ -147,7 +156,7 @@ class Segment:
             "index": [list(self.idx_pos), list(self.idx_off), list(self.idx_file)],
         }
 
-    def load_index(self, payload):
+    def load_index(self, payload: dict[str, Any]) -> None:
         self.end_position = payload["end_position"]
         self.end_offset = payload["end_offset"]
         self.size = payload["size"]
@@ -157,8 +166,18 @@ class Segment:
         self.indexed = True
 
 
-def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True,
-                 skip_verify_before=None, chunk=READ_CHUNK, wanted=None):
+def iter_batches(
+    io: FileIO,
+    fd: int,
+    file_pos: int,
+    position: int,
+    offset: int,
+    end_file: int,
+    verify: bool = True,
+    skip_verify_before: int | None = None,
+    chunk: int = READ_CHUNK,
+    wanted: Callable[[BatchHeader, int], bool] | None = None,
+) -> Iterator[tuple[bytes, BatchHeader, int]]:
     """
     Yield (buf, header, file_pos) for consecutive batches from C{file_pos}
     up to C{end_file}, reading in large chunks.  C{buf} holds the whole
@@ -206,7 +225,10 @@ def iter_batches(io, fd, file_pos, position, offset, end_file, verify=True,
         pos = buf_start + h.end
 
 
-def read_records(io, seg, position, stop_position, max_records, max_bytes):
+def read_records(
+    io: FileIO, seg: Segment, position: int, stop_position: int, max_records: int,
+    max_bytes: int,
+) -> tuple[RecordBatch, Cursor | None]:
     """
     Blocking: records from C{position} (up to C{stop_position}, C{max_records},
     and C{max_bytes} but at least one record) within one segment.
@@ -216,15 +238,15 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
     """
     start_pos, start_off, file_pos = seg.seek_position(position)
     lengths = lengths_array()
-    parts = []
+    parts: list[memoryview] = []
     total = 0
     count = 0
-    cursor = None
+    cursor: Cursor | None = None
     budget_records = max_records if max_records >= 0 else stop_position - position
     # one read for the whole answer where the index lets us start close by
     chunk = min(max(READ_CHUNK, max_bytes + max_bytes // 8 + 4096), 16 * 1024 * 1024)
 
-    def wanted(h, at):
+    def wanted(h: BatchHeader, at: int) -> bool:
         # a whole batch after the first records that does not fit the byte
         # budget is left to the next read: not read, not checked, not cut
         # (a cut costs a pass over its lengths); the next read starts there
@@ -272,14 +294,15 @@ def read_records(io, seg, position, stop_position, max_records, max_bytes):
             break
     if count == 0:
         return empty_batch(position), cursor
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    data: bytes | memoryview = parts[0] if len(parts) == 1 else b"".join(parts)
     return RecordBatch(position, lengths, data), cursor
 
 
-def read_payload(io, seg, offset, stop_offset, max_bytes):
+def read_payload(io: FileIO, seg: Segment, offset: int, stop_offset: int,
+                 max_bytes: int) -> bytes:
     """Blocking: payload bytes from C{offset} up to C{stop_offset}/C{max_bytes}."""
     start_pos, start_off, file_pos = seg.seek_offset(offset)
-    parts = []
+    parts: list[memoryview] = []
     want = min(max_bytes, stop_offset - offset)
     got = 0
     for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size):
@@ -295,7 +318,7 @@ def read_payload(io, seg, offset, stop_offset, max_bytes):
     return b"".join(parts)
 
 
-def position_in_segment(io, seg, offset):
+def position_in_segment(io: FileIO, seg: Segment, offset: int) -> int:
     """Blocking: the position of the record holding payload byte C{offset}."""
     start_pos, start_off, file_pos = seg.seek_offset(offset)
     for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
@@ -307,7 +330,7 @@ def position_in_segment(io, seg, offset):
     return seg.end_position
 
 
-def offset_in_segment(io, seg, position):
+def offset_in_segment(io: FileIO, seg: Segment, position: int) -> int:
     """Blocking: the payload offset at which record C{position} starts."""
     start_pos, start_off, file_pos = seg.seek_position(position)
     for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
@@ -318,7 +341,9 @@ def offset_in_segment(io, seg, position):
     return seg.end_offset
 
 
-def recover_segment(io, seg, verify, attributes, resume=False):
+def recover_segment(
+    io: FileIO, seg: Segment, verify: bool, attributes: dict[str, int], resume: bool = False,
+) -> tuple[int, str] | None:
     """
     Blocking: scan a segment's batches, rebuilding its index and folding
     their attributes into C{attributes}.
@@ -348,7 +373,7 @@ def recover_segment(io, seg, verify, attributes, resume=False):
     return None
 
 
-def damaged_durable_batch(io, seg, bad_pos):
+def damaged_durable_batch(io: FileIO, seg: Segment, bad_pos: int) -> bool:
     """
     Blocking: whether the batch at C{bad_pos}, which failed verification,
     had been fsynced: a whole, checksummed batch after it records (its

@@ -31,14 +31,14 @@ class StoreURL:
     @ivar tls: whether the scheme is C{tls}.
     """
 
-    servers: tuple
+    servers: tuple[str, ...]
     replicas: int | None = None
     prefix: str = DEFAULT_PREFIX
     tls: bool = False
 
-    def __str__(self):
+    def __str__(self) -> str:
         hosts = ",".join(s.split("://", 1)[1] for s in self.servers)
-        query = []
+        query: list[str] = []
         if self.replicas is not None:
             query.append(f"replicas={self.replicas}")
         if self.prefix != DEFAULT_PREFIX:
@@ -47,12 +47,12 @@ class StoreURL:
         return f"{scheme}://{hosts}" + (f"?{'&'.join(query)}" if query else "")
 
 
-def is_store_url(text):
+def is_store_url(text: object) -> bool:
     """Whether C{text} names a JetStream store (rather than a directory)."""
     return isinstance(text, str) and text.startswith(("nats://", "tls://"))
 
 
-def parse_store_url(text):
+def parse_store_url(text: str) -> StoreURL:
     """
     @return: a L{StoreURL}.
     @raise StoreURLError: with what is wrong.
@@ -64,7 +64,7 @@ def parse_store_url(text):
     hosts = hosts.rstrip("/")
     if not hosts:
         raise StoreURLError(f"{text!r}: no server (nats://HOST:PORT[,HOST:PORT...])")
-    servers = []
+    servers: list[str] = []
     for host in hosts.split(","):
         m = _HOST.match(host.strip())
         if m is None:
@@ -75,7 +75,8 @@ def parse_store_url(text):
         server = f"{scheme}://{m.group(1)}:{port}"
         if server not in servers:
             servers.append(server)
-    replicas, prefix = None, DEFAULT_PREFIX
+    replicas: int | None = None
+    prefix = DEFAULT_PREFIX
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:

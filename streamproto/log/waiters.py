@@ -2,8 +2,10 @@
 
 import heapq
 import itertools
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from streamproto.log.errors import LogClosed
 
@@ -14,45 +16,46 @@ class Waiters:
     L{advance} from whatever makes data visible (an fsync).
     """
 
-    def __init__(self, clock):
+    def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
-        self._heap = []  # (target, seq, deferred)
+        self._heap: list[tuple[int, int, Deferred[int]]] = []  # (target, seq, deferred)
         self._seq = itertools.count()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return sum(1 for t in self._heap if not t[2].called)
 
-    def wait(self, target, current, timeout=None):
+    def wait(self, target: int, current: Callable[[], int],
+             timeout: float | None = None) -> Deferred[int]:
         """
         @return: Deferred firing with the current value once it exceeds
             C{target}, or on timeout with whatever it is then.
         """
         if current() > target:
-            d = Deferred()
-            d.callback(current())
-            return d
-        timer = None
+            done: Deferred[int] = Deferred()
+            done.callback(current())
+            return done
+        timer: IDelayedCall | None = None
 
-        def cancel(d):
+        def cancel(d: Deferred[int]) -> None:
             if timer is not None and timer.active():
                 timer.cancel()
 
-        d = Deferred(cancel)
+        d: Deferred[int] = Deferred(cancel)
         if timeout is not None:
-            def expire():
+            def expire() -> None:
                 if not d.called:
                     d.callback(current())
-            timer = self._clock.callLater(max(0, timeout), expire)
+            timer = delayed = self._clock.callLater(max(0, timeout), expire)
 
-            def stop_timer(result):
-                if timer.active():
+            def stop_timer(result: object) -> object:
+                if delayed.active():
                     timer.cancel()
                 return result
             d.addBoth(stop_timer)
         heapq.heappush(self._heap, (target, next(self._seq), d))
         return d
 
-    def advance(self, value):
+    def advance(self, value: int) -> None:
         """Fire every waiter whose target is below C{value}."""
         heap = self._heap
         ready = []
@@ -62,7 +65,7 @@ class Waiters:
             if not d.called:
                 d.callback(value)
 
-    def fail_all(self, reason=None):
+    def fail_all(self, reason: BaseException | None = None) -> None:
         heap, self._heap = self._heap, []
         for _, _, d in heap:
             if not d.called:

@@ -4,11 +4,15 @@ L{IAuthorizer} interface every server asks, L{ALLOW_ALL} (no policy), and
 the hashed token and password lookups.
 """
 
+from __future__ import annotations
+
 import hashlib
 import hmac
 import re
 import tomllib
+from collections.abc import Iterable, Mapping, Sequence
 from fnmatch import translate
+from typing import Any
 
 from zope.interface import Attribute, Interface, implementer
 
@@ -37,7 +41,7 @@ class IAuthorizer(Interface):
 
     enabled = Attribute("False when there is no policy: everything is allowed.")
 
-    def allows(principals, op, resource):
+    def allows(principals: Sequence[str], op: str, resource: str) -> bool:
         """
         @param principals: the connection's principals (strings).
         @param op: C{"read"}, C{"write"} or C{"admin"}.
@@ -45,7 +49,7 @@ class IAuthorizer(Interface):
         @return: whether some rule allows it.
         """
 
-    def token_principal(token):
+    def token_principal(token: str) -> str | None:
         """
         @param token: a bearer token as presented (str).
         @return: C{"token:NAME"} for a known token, else None.  The
@@ -53,7 +57,7 @@ class IAuthorizer(Interface):
         """
 
 
-def hash_token(token):
+def hash_token(token: str | bytes) -> str:
     """The policy file's form of a token: C{sha256:HEX}."""
     if isinstance(token, str):
         token = token.encode("utf-8")
@@ -63,7 +67,7 @@ def hash_token(token):
 class Rule:
     """One C{[[allow]]} entry."""
 
-    def __init__(self, principal, logs, ops):
+    def __init__(self, principal: str, logs: Iterable[str], ops: Iterable[str]) -> None:
         self.principal = principal
         self.logs = tuple(logs)
         self.ops = frozenset(ops)
@@ -71,7 +75,7 @@ class Rule:
         self._logs = re.compile("|".join(f"(?:{translate(g)})" for g in self.logs) or "(?!)",
                                 re.DOTALL)
 
-    def matches(self, principals, op, resource):
+    def matches(self, principals: Sequence[str], op: str, resource: str) -> bool:
         return (op in self.ops and self._logs.match(resource) is not None
                 and any(self._principal.match(p) is not None for p in principals))
 
@@ -86,15 +90,17 @@ class Policy:
 
     enabled = True
 
-    def __init__(self, rules=(), tokens=None, users=None, pravega=None):
+    def __init__(self, rules: Iterable[Rule] = (), tokens: Mapping[str, bytes] | None = None,
+                 users: Mapping[str, bytes] | None = None,
+                 pravega: Mapping[str, Any] | None = None) -> None:
         self.rules = list(rules)
         self.tokens = dict(tokens or {})
         self.users = dict(users or {})
         self.pravega = dict(pravega or {})
         # per operation: rules naming one principal exactly, by principal
         # (most rules: a lookup instead of a scan), and the glob ones
-        self._exact = {op: {} for op in OPS}
-        self._globbed = {op: [] for op in OPS}
+        self._exact: dict[str, dict[str, list[Rule]]] = {op: {} for op in OPS}
+        self._globbed: dict[str, list[Rule]] = {op: [] for op in OPS}
         for rule in self.rules:
             for op in rule.ops:
                 if any(c in rule.principal for c in "*?["):
@@ -102,9 +108,9 @@ class Policy:
                 else:
                     self._exact[op].setdefault(rule.principal, []).append(rule)
         # decisions so far: the policy never changes (a reload makes another)
-        self._decided = {}
+        self._decided: dict[tuple[tuple[str, ...], str, str], bool] = {}
 
-    def allows(self, principals, op, resource):
+    def allows(self, principals: Sequence[str], op: str, resource: str) -> bool:
         if op not in OPS:
             raise ValueError(f"unknown operation {op!r}")
         key = (tuple(principals), op, resource)
@@ -116,7 +122,7 @@ class Policy:
             self._decided[key] = decided
         return decided
 
-    def _decide(self, principals, op, resource):
+    def _decide(self, principals: Sequence[str], op: str, resource: str) -> bool:
         exact = self._exact[op]
         for principal in principals:
             for rule in exact.get(principal, ()):
@@ -124,10 +130,10 @@ class Policy:
                     return True
         return any(r.matches(principals, op, resource) for r in self._globbed[op])
 
-    def token_principal(self, token):
+    def token_principal(self, token: str) -> str | None:
         return _lookup(self.tokens, token, "token:")
 
-    def user_principal(self, user, password):
+    def user_principal(self, user: str, password: str) -> str | None:
         """C{user:NAME} when C{password} is user C{user}'s, else None."""
         digest = self.users.get(user)
         given = hashlib.sha256(password.encode("utf-8")).digest()
@@ -137,7 +143,7 @@ class Policy:
         return f"user:{user}" if hmac.compare_digest(given, digest) else None
 
     @classmethod
-    def from_toml(cls, text, where="policy"):
+    def from_toml(cls, text: str, where: str = "policy") -> Policy:
         """
         Parse a policy document.  @raise PolicyError: naming C{where} and
         the key at fault.
@@ -149,7 +155,7 @@ class Policy:
         return cls.from_document(document, where)
 
     @classmethod
-    def from_document(cls, document, where="policy"):
+    def from_document(cls, document: Mapping[str, Any], where: str = "policy") -> Policy:
         for key in document:
             if key not in _TOP_KEYS:
                 raise PolicyError(f"{where}: unknown key {key!r} (known: "
@@ -174,16 +180,16 @@ class Policy:
         entries = document.get("allow", [])
         if not isinstance(entries, list):
             raise PolicyError(f"{where}: 'allow' must be an array of tables ([[allow]])")
-        rules = []
+        rules: list[Rule] = []
         for i, entry in enumerate(entries, 1):
             rules.append(_rule(entry, f"{where} [[allow]] #{i}", tokens))
         return cls(rules, tokens, users, pravega)
 
 
-def _hashes(table, where):
+def _hashes(table: object, where: str) -> dict[str, bytes]:
     if not isinstance(table, dict):
         raise PolicyError(f"{where}: must be a table of NAME = \"sha256:HEX\"")
-    digests = {}
+    digests: dict[str, bytes] = {}
     for name, value in table.items():
         match = _HASH.match(value) if isinstance(value, str) else None
         if match is None:
@@ -193,7 +199,7 @@ def _hashes(table, where):
     return digests
 
 
-def _rule(entry, where, tokens):
+def _rule(entry: object, where: str, tokens: Mapping[str, bytes]) -> Rule:
     if not isinstance(entry, dict):
         raise PolicyError(f"{where}: must be a table")
     for key in entry:
@@ -228,7 +234,7 @@ def _rule(entry, where, tokens):
     return Rule(principal, logs, ops)
 
 
-def _lookup(digests, secret, prefix):
+def _lookup(digests: Mapping[str, bytes], secret: object, prefix: str) -> str | None:
     """
     The principal of the entry whose digest is C{secret}'s: every entry is
     compared (constant time each, no early exit), so the time taken tells
@@ -239,7 +245,7 @@ def _lookup(digests, secret, prefix):
     if isinstance(secret, str):
         secret = secret.encode("utf-8", "surrogateescape")
     given = hashlib.sha256(secret).digest()
-    found = None
+    found: str | None = None
     for name, digest in digests.items():
         if hmac.compare_digest(given, digest) and found is None:
             found = name
@@ -252,20 +258,20 @@ class AllowAll:
 
     enabled = False
 
-    def allows(self, principals, op, resource):
+    def allows(self, principals: Sequence[str], op: str, resource: str) -> bool:
         return True
 
-    def token_principal(self, token):
+    def token_principal(self, token: str) -> str | None:
         return None
 
-    def user_principal(self, user, password):
+    def user_principal(self, user: str, password: str) -> str | None:
         return None
 
 
 ALLOW_ALL = AllowAll()
 
 
-def load_policy(path):
+def load_policy(path: str) -> Policy:
     """
     @return: the L{Policy} of file C{path}.
     @raise PolicyError: the file cannot be read or is not a valid policy.

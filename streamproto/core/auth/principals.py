@@ -3,6 +3,9 @@ A connection's principals (the one place a TLS client certificate becomes
 C{cn:}/C{san:} names), and reporting a denial (one log line, one metric).
 """
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
 from twisted.logger import Logger
 
 from streamproto.core.auth.policy import ANONYMOUS
@@ -10,7 +13,7 @@ from streamproto.core.auth.policy import ANONYMOUS
 log = Logger(namespace="streamproto.core.auth")
 
 
-def certificate_principals(x509):
+def certificate_principals(x509: Any) -> list[str]:
     """
     The principals of a client certificate (a pyOpenSSL X509 or a
     cryptography Certificate): C{cn:} for each subject common name,
@@ -19,7 +22,7 @@ def certificate_principals(x509):
     from cryptography import x509 as cx509
     from cryptography.x509.oid import NameOID
     cert = x509.to_cryptography() if hasattr(x509, "to_cryptography") else x509
-    found = []
+    found: list[str] = []
     for attribute in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
         value = attribute.value
         if isinstance(value, bytes):
@@ -37,7 +40,7 @@ def certificate_principals(x509):
     return found
 
 
-def connection_principals(transport, extra=()):
+def connection_principals(transport: object, extra: Iterable[str] = ()) -> tuple[str, ...]:
     """
     The principals of a connection: its TLS client certificate's
     (L{certificate_principals}) and C{extra} ones (a token's, a user's),
@@ -63,12 +66,13 @@ def connection_principals(transport, extra=()):
     return tuple(principals) or (ANONYMOUS,)
 
 
-def describe(principals):
+def describe(principals: Iterable[str]) -> str:
     """Principals for a log line (they hold names, never secrets)."""
     return ",".join(principals)
 
 
-def denied(server, principals, op, resource, why=""):
+def denied(server: str, principals: Sequence[str], op: str, resource: str,
+           why: str = "") -> None:
     """
     Report a denial: one log line naming the principals, the operation
     and the resource, and C{streamproto_auth_denied_total{server,op}}.
@@ -80,7 +84,7 @@ def denied(server, principals, op, resource, why=""):
              why=f" ({why})" if why else "")
 
 
-def is_anonymous(principals):
+def is_anonymous(principals: Iterable[str]) -> bool:
     return tuple(principals) == (ANONYMOUS,)
 
 

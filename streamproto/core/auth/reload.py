@@ -4,9 +4,15 @@ and SIGHUP (L{watch_sighup}, installed by L{PolicyService} while a server
 runs, never at import).
 """
 
+from __future__ import annotations
+
 import signal
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, cast
 
 from twisted.application import service
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -26,11 +32,11 @@ class PolicyHolder:
 
     enabled = True
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         self.policy = load_policy(path)
 
-    def reload(self):
+    def reload(self) -> bool:
         """
         Read the file again.  @return: True if the new policy is in force;
         False if it did not parse (the old one stays, and the reason is
@@ -47,29 +53,30 @@ class PolicyHolder:
                  path=self.path, rules=len(policy.rules), tokens=len(policy.tokens))
         return True
 
-    def allows(self, principals, op, resource):
+    def allows(self, principals: Sequence[str], op: str, resource: str) -> bool:
         return self.policy.allows(principals, op, resource)
 
-    def token_principal(self, token):
+    def token_principal(self, token: str) -> str | None:
         return self.policy.token_principal(token)
 
-    def user_principal(self, user, password):
+    def user_principal(self, user: str, password: str) -> str | None:
         return self.policy.user_principal(user, password)
 
 
 # -- SIGHUP ----------------------------------------------------------------------
 
-_watched = []
-_previous_handler = None
+_watched: list[PolicyHolder] = []
+# what signal.signal returned: a handler, SIG_DFL/SIG_IGN, or None
+_previous_handler: Callable[[int, FrameType | None], Any] | int | None = None
 
 
-def reload_all():
+def reload_all() -> None:
     """Reload every watched L{PolicyHolder} (what SIGHUP does)."""
     for holder in list(_watched):
         holder.reload()
 
 
-def watch_sighup(holder, reactor=None):
+def watch_sighup(holder: PolicyHolder, reactor: IReactorFromThreads | None = None) -> None:
     """
     Reload C{holder} on SIGHUP.  The signal handler is installed once, by
     the first holder watched (servers call this when they start, never at
@@ -81,10 +88,12 @@ def watch_sighup(holder, reactor=None):
     _watched.append(holder)
     if len(_watched) == 1 and hasattr(signal, "SIGHUP"):
         if reactor is None:
-            from twisted.internet import reactor
+            from twisted.internet import reactor as _reactor
+            reactor = cast(IReactorFromThreads, _reactor)
+        calls = reactor
 
-        def on_hup(signum, frame):
-            reactor.callFromThread(reload_all)
+        def on_hup(signum: int, frame: FrameType | None) -> None:
+            calls.callFromThread(reload_all)
 
         try:
             _previous_handler = signal.signal(signal.SIGHUP, on_hup)
@@ -92,7 +101,7 @@ def watch_sighup(holder, reactor=None):
             _previous_handler = None
 
 
-def unwatch_sighup(holder):
+def unwatch_sighup(holder: PolicyHolder) -> None:
     global _previous_handler
     if holder in _watched:
         _watched.remove(holder)
@@ -111,13 +120,13 @@ class PolicyService(service.Service):
     (a child of the server's service).
     """
 
-    def __init__(self, holder):
+    def __init__(self, holder: PolicyHolder) -> None:
         self.holder = holder
 
-    def startService(self):
-        super().startService()
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         watch_sighup(self.holder)
 
-    def stopService(self):
-        super().stopService()
+    def stopService(self) -> None:
+        super().stopService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         unwatch_sighup(self.holder)
