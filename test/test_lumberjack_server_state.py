@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from streamproto.core.metrics import ServerMetrics
 from streamproto.lumberjack.codec import (
     VERSION_1, VERSION_2, FrameDecoder, encode_batch, encode_json, encode_json_frames,
     encode_key_values, encode_window,
@@ -103,7 +104,7 @@ class StateTestCase(SynchronousTestCase):
         self.state = LumberjackServerState(
             self.conn, FrameDecoder(**decoder), self.clock, idle_timeout=idle_timeout,
             keepalive_interval=keepalive_interval, flush_bytes=flush_bytes,
-            server_name="lj-state-test")
+            metrics=ServerMetrics("lj-state-test"))
         self.state.connection_made("10.0.0.1:4000")
         return self.state
 

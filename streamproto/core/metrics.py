@@ -49,6 +49,30 @@ RETENTION_DELETIONS = Counter(
     "streamproto_retention_deleted_segments", "Segments deleted by retention or truncation.")
 
 
+class ServerMetrics:
+    """
+    One server's share of the suite-wide metrics: the children labelled
+    with its name, looked up once (C{labels()} costs a lock and a dict
+    lookup; a protocol counts on its hot path).  Every server factory holds
+    one as C{metrics}.
+    """
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.records_in = RECORDS_IN.labels(server)
+        self.records_out = RECORDS_OUT.labels(server)
+        self.acks = ACKS_SENT.labels(server)
+        self.pauses = BACKPRESSURE_PAUSES.labels(server)
+        self._errors: dict[str, Counter] = {}
+
+    def error(self, code: str) -> None:
+        """Count one protocol error (an error reply, or a connection closed) of kind C{code}."""
+        counter = self._errors.get(code)
+        if counter is None:
+            counter = self._errors[code] = ERRORS.labels(self.server, code)
+        counter.inc()
+
+
 class StoreCollector:
     """Per-log sizes and positions, read from the open stores at scrape time."""
 

@@ -55,7 +55,7 @@ class LumberjackServerProtocol(Protocol):
         self.state = LumberjackServerState(
             self, self.decoder, factory.clock, idle_timeout=factory.idle_timeout,
             keepalive_interval=factory.keepalive_interval, flush_bytes=factory.flush_bytes,
-            server_name=factory.server_name)
+            metrics=factory.metrics)
         self.connection = None
         self._principals = None
         self.peer = "?"
@@ -99,7 +99,7 @@ class LumberjackServerProtocol(Protocol):
         self.transport.write(encode_ack(seq, version))
 
     def pause_reading(self):
-        self.factory.metric_pauses.inc()
+        self.factory.metrics.pauses.inc()
         self.transport.pauseProducing()
 
     def resume_reading(self):
@@ -145,8 +145,8 @@ class LumberjackServerProtocol(Protocol):
         factory = self.factory
         factory.events_persisted += count
         factory.release(nbytes)
-        factory.metric_records.inc(count)
-        factory.metric_acks.inc()
+        factory.metrics.records_in.inc(count)
+        factory.metrics.acks.inc()
 
     def finished(self, nbytes):
         self.factory.release(nbytes, self)
@@ -199,9 +199,7 @@ class LumberjackServerFactory(Factory):
         self.connections = set()
         self.events_persisted = 0
         self.server_name = server_name
-        self.metric_records = metrics.RECORDS_IN.labels(server_name)
-        self.metric_acks = metrics.ACKS_SENT.labels(server_name)
-        self.metric_pauses = metrics.BACKPRESSURE_PAUSES.labels(server_name)
+        self.metrics = metrics.ServerMetrics(server_name)
 
     def buildProtocol(self, addr):
         return self.protocol(self)

@@ -30,7 +30,7 @@ from automat import MethodicalMachine
 from twisted.logger import Logger
 from zope.interface import Interface
 
-from streamproto.core import metrics
+from streamproto.core import metrics as core_metrics
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
 from streamproto.lumberjack.codec import VERSION_2, Ack, Events, ProtocolError, UnexpectedFrame, Window
@@ -126,7 +126,7 @@ class LumberjackServerState:
     _machine = MethodicalMachine()
 
     def __init__(self, connection, decoder, clock, idle_timeout=60.0, keepalive_interval=5.0,
-                 flush_bytes=4 * 1048576, server_name="lumberjack-server"):
+                 flush_bytes=4 * 1048576, metrics=None):
         """
         @param connection: the L{ILumberjackConnection} carrying out the effects.
         @param decoder: the L{streamproto.lumberjack.codec.FrameDecoder} the
@@ -137,14 +137,15 @@ class LumberjackServerState:
             is pending (0: none).
         @param flush_bytes: persist (and partially ack) a batch in parts of
             about this many bytes.
-        @param server_name: the C{server} label of the error metric.
+        @param metrics: the server's L{streamproto.core.metrics.ServerMetrics}
+            (errors are counted there; default: C{lumberjack-server}'s).
         """
         self._connection = connection
         self._decoder = decoder
         self._clock = clock
         self._keepalive_interval = keepalive_interval
         self._flush_bytes = flush_bytes
-        self._server_name = server_name
+        self._metrics = metrics or core_metrics.ServerMetrics("lumberjack-server")
         self.peer = "?"
         self._backlog = deque()     # decoded frames past the end of the current batch
         self._window = None         # None between batches
@@ -480,13 +481,13 @@ class LumberjackServerState:
 
     @_machine.output()
     def _log_bad_input(self, code, message):
-        metrics.ERRORS.labels(self._server_name, code).inc()
+        self._metrics.error(code)
         self.log.warn("lumberjack: closing {peer}: {code}: {message}",
                       peer=self.peer, code=code, message=message)
 
     @_machine.output()
     def _log_idle(self):
-        metrics.ERRORS.labels(self._server_name, "idle_timeout").inc()
+        self._metrics.error("idle_timeout")
         self.log.warn("lumberjack: closing {peer}: {code}: {message}", peer=self.peer,
                       code="idle_timeout",
                       message=f"nothing received for {self._idle.seconds:g} s")

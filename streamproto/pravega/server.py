@@ -269,19 +269,19 @@ class PravegaServerProtocol(Protocol):
             self._idle.start()
             return
         self.log.info("closing idle connection from {peer}", peer=self.peer)
-        self.factory.metric_error("idle_timeout")
+        self.factory.metrics.error("idle_timeout")
         self._close()
 
     def send(self, cmd):
         if not self.closed:
             if type(cmd) in _ERROR_TYPES:
-                self.factory.metric_error(type(cmd).__name__)
+                self.factory.metrics.error(type(cmd).__name__)
             self.transport.write(codec.encode(cmd))
 
     def _abort(self, why, code, **kw):
         """Close the connection for C{why}, counted as protocol error C{code}."""
         self.log.warn("closing connection from {peer}: " + why, peer=self.peer, **kw)
-        self.factory.metric_error(code)
+        self.factory.metrics.error(code)
         self._queue.clear()
         self._close()
 
@@ -292,7 +292,7 @@ class PravegaServerProtocol(Protocol):
         if not self._pause_reasons:
             self.transport.pauseProducing()
         if reason == "storage" and reason not in self._pause_reasons:
-            self.factory.metric_pauses.inc()
+            self.factory.metrics.pauses.inc()
         self._pause_reasons.add(reason)
 
     def _unpause(self, reason):
@@ -443,7 +443,7 @@ class PravegaServerProtocol(Protocol):
         denied(self.factory.server_name, principals, op, resources[0], why)
         if type(cmd) is codec.SetupAppend:
             self.assembler.forget(cmd.writer_id)
-        self.factory.metric_error("AuthTokenCheckFailed")
+        self.factory.metrics.error("AuthTokenCheckFailed")
         self.send(codec.AuthTokenCheckFailed(
             cmd.request_id, why or f"{op} on {resources[0]} denied", code))
         return False
@@ -528,12 +528,12 @@ class PravegaServerProtocol(Protocol):
         return None
 
     def _appended(self, end_offset, state, append, events=0):
-        self.factory.metric_records_in.inc(events)
+        self.factory.metrics.records_in.inc(events)
         # acks go out in order and only when the writer's ack level advances
         if append.event_number > state.acked:
             previous = state.acked
             state.acked = append.event_number
-            self.factory.metric_acks.inc()
+            self.factory.metrics.acks.inc()
             self.send(codec.DataAppended(append.writer_id, append.event_number, previous,
                                          append.request_id, end_offset))
 
@@ -632,7 +632,7 @@ class PravegaServerProtocol(Protocol):
             if len(counters) >= 64:
                 counters.clear()     # bounded: readers of many segments recount
             counter = counters[segment] = codec.EventCounter(offset)
-        self.factory.metric_records_out.inc(counter.feed(data))
+        self.factory.metrics.records_out.inc(counter.feed(data))
 
     # -- admin -----------------------------------------------------------
     @replying
@@ -830,18 +830,9 @@ class PravegaServerFactory(Factory):
         self.idle_timeout = idle_timeout
         self.connections = set()
         self.server_name = server_name
-        self.metric_records_in = metrics.RECORDS_IN.labels(server_name)
-        self.metric_records_out = metrics.RECORDS_OUT.labels(server_name)
-        self.metric_acks = metrics.ACKS_SENT.labels(server_name)
-        self.metric_pauses = metrics.BACKPRESSURE_PAUSES.labels(server_name)
-        self._metric_errors = {}
-
-    def metric_error(self, code):
-        """Count one error reply (by command name) or closed connection (by reason)."""
-        counter = self._metric_errors.get(code)
-        if counter is None:
-            counter = self._metric_errors[code] = metrics.ERRORS.labels(self.server_name, code)
-        counter.inc()
+        #: errors are counted by command name (an error reply) or by reason
+        #: (a closed connection)
+        self.metrics = metrics.ServerMetrics(server_name)
 
     def startFactory(self):
         # transient segments die with their connection: after a crash, with

@@ -299,10 +299,10 @@ class ReliableStreamServerProtocol(Protocol):
         """Feed the metrics once per write, not once per message."""
         f = self.factory
         if self._unsent_count:
-            f.metric_records_out.inc(self._unsent_count)
+            f.metrics.records_out.inc(self._unsent_count)
             self._unsent_count = 0
         if self._stored_count:
-            f.metric_records_in.inc(self._stored_count)
+            f.metrics.records_in.inc(self._stored_count)
             self._stored_count = 0
 
     def _fail(self, text, failure=None):
@@ -310,7 +310,7 @@ class ReliableStreamServerProtocol(Protocol):
         if self.phase == "closed" or self._close_after_flush:
             return
         if text != SHUTDOWN_ERROR:
-            metrics.ERRORS.labels(self.factory.server_name, _error_code(text)).inc()
+            self.factory.metrics.error(_error_code(text))
         if failure is not None:
             self.log.failure("reliable-stream: {text}", failure, text=text)
         else:
@@ -338,7 +338,7 @@ class ReliableStreamServerProtocol(Protocol):
         """
         if self.phase == "closed" or self._close_after_flush:
             return
-        metrics.ERRORS.labels(self.factory.server_name, "store_unavailable").inc()
+        self.factory.metrics.error("store_unavailable")
         self.log.warn("reliable-stream: closing {peer} for it to resume later: {why}",
                       peer=self.transport.getPeer(), why=why)
         self._close_after_flush = True
@@ -412,7 +412,7 @@ class ReliableStreamServerProtocol(Protocol):
         if n:
             values, self._cursor = self.factory.sequence.take(self._cursor, n)
             self.transport.write(codec.encode_stateless_values(values))
-            self.factory.metric_records_out.inc(len(values))
+            self.factory.metrics.records_out.inc(len(values))
             self._schedule_pump()
 
     # Stateful mode
@@ -500,7 +500,7 @@ class ReliableStreamServerProtocol(Protocol):
     def _generated(self, message):
         self._in_flight -= 1
         if self.phase == "closed":
-            self.factory.metric_records_in.inc()   # stored after the connection ended
+            self.factory.metrics.records_in.inc()   # stored after the connection ended
         else:
             self._stored_count += 1
         if self.phase == "stateful" and not self._close_after_flush:
@@ -615,8 +615,7 @@ class ReliableStreamFactory(Factory):
         self.clock = clock
         self.rng = rng or random.SystemRandom()
         self.server_name = server_name
-        self.metric_records_in = metrics.RECORDS_IN.labels(server_name)
-        self.metric_records_out = metrics.RECORDS_OUT.labels(server_name)
+        self.metrics = metrics.ServerMetrics(server_name)
         # uuid -> the newest connection of that session
         self.active = {}
         # connection -> the connection it waits for

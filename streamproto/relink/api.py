@@ -261,11 +261,10 @@ class ListenerFactory(Factory):
         self.endpoints = {e.name: e for e in endpoints}
         #: the C{server} label of the suite-wide Prometheus metrics
         self.server_name = server_name
-        self.metric_acks = metrics.ACKS_SENT.labels(server_name)
-        self.metric_pauses = metrics.BACKPRESSURE_PAUSES.labels(server_name)
+        self.metrics = metrics.ServerMetrics(server_name)
 
     def count_error(self, code):
-        metrics.ERRORS.labels(self.server_name, code).inc()
+        self.metrics.error(code)
 
     def buildProtocol(self, addr):
         p = ListenerProtocol(self, self.clock)

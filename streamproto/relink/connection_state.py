@@ -399,7 +399,7 @@ class ListenerState(_ConnectionState):
     def _server(self):
         """The factory when it keeps metrics (a test's may not)."""
         factory = self.factory
-        return factory if hasattr(factory, "metric_acks") else None
+        return factory if hasattr(factory, "metrics") else None
 
     def graceful_shutdown(self):
         """
@@ -486,12 +486,12 @@ class ListenerState(_ConnectionState):
 
     def _ack_counter(self):
         server = self._server()
-        return server.metric_acks if server is not None else None
+        return server.metrics.acks if server is not None else None
 
     def _count_pause(self):
         server = self._server()
         if server is not None:
-            server.metric_pauses.inc()
+            server.metrics.pauses.inc()
 
     def _count_error(self, code):
         server = self._server()

@@ -46,7 +46,7 @@ class EchoHandler(ChannelHandler):
 
     def __init__(self, server_name=SERVER_NAME):
         self._queues = {}   # (link, channel) -> [(messages, Deferred)] waiting for room
-        self._records_out = metrics.RECORDS_OUT.labels(server_name)
+        self._records_out = metrics.ServerMetrics(server_name).records_out
 
     def messages_received(self, link, channel_id, messages):
         key = (link, channel_id)
@@ -117,7 +117,7 @@ class LogBridgeHandler(ChannelHandler):
         self.server_name = server_name
         #: who may append to which log (the link's principals, write)
         self.authorizer = authorizer
-        self._records_in = metrics.RECORDS_IN.labels(server_name)
+        self._records_in = metrics.ServerMetrics(server_name).records_in
         self.template = template
         self._logs = {}
         self._opening = {}

@@ -17,11 +17,6 @@ SERVER = "styx-server"
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# the suite-wide children, looked up once (labels() costs a lock and a dict)
-_RECORDS_IN = core_metrics.RECORDS_IN.labels(SERVER)
-_RECORDS_OUT = core_metrics.RECORDS_OUT.labels(SERVER)
-_ACKS_SENT = core_metrics.ACKS_SENT.labels(SERVER)
-_PAUSES = core_metrics.BACKPRESSURE_PAUSES.labels(SERVER)
 
 
 class _LogSizes:
@@ -43,12 +38,16 @@ class _LogSizes:
 
 class StyxMetrics:
     """
-    Counters shared by the HTTP API and the styx/0 / WebSocket streams.
+    Counters shared by the HTTP API and the styx/0 / WebSocket streams: the
+    reference's (per log, in this server's own registry) and the suite's
+    (L{streamproto.core.metrics.ServerMetrics}, as every server).
 
     @ivar registry: the L{CollectorRegistry} rendered by L{render}.
+    @ivar server: the suite-wide metrics of this server.
     """
 
     def __init__(self, registry=None):
+        self.server = core_metrics.ServerMetrics(SERVER)
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.records_produced = Counter(
@@ -72,29 +71,29 @@ class StyxMetrics:
         if count:
             self.records_produced.labels(log).inc(count)
             self.bytes_produced.labels(log).inc(nbytes)
-            _RECORDS_IN.inc(count)
+            self.server.records_in.inc(count)
 
     def consumed(self, log, count, nbytes):
         if count:
             self.records_consumed.labels(log).inc(count)
             self.bytes_consumed.labels(log).inc(nbytes)
-            _RECORDS_OUT.inc(count)
+            self.server.records_out.inc(count)
 
     def error(self, code):
         self.http_errors.labels(code).inc()
-        core_metrics.ERRORS.labels(SERVER, code).inc()
+        self.server.error(code)
 
     def stream_error(self, name):
         """A styx/0 stream ended with an Error message (C{name}: its ErrorCode name)."""
-        core_metrics.ERRORS.labels(SERVER, "styx0_" + name.lower()).inc()
+        self.server.error("styx0_" + name.lower())
 
     def ack_sent(self):
         """A styx/0 producer stream sent an Ack (one per fsync group, not per record)."""
-        _ACKS_SENT.inc()
+        self.server.acks.inc()
 
     def paused(self):
         """A producer stream stopped reading its socket: storage lags."""
-        _PAUSES.inc()
+        self.server.pauses.inc()
 
     def forget(self, log):
         """Drop the series of a deleted log."""
