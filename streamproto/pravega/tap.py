@@ -5,6 +5,7 @@ import ipaddress
 from twisted.logger import Logger
 from twisted.python import usage
 
+from streamproto.core.endpoints import parse_endpoint
 from streamproto.core.tap import ServerOptions, non_negative_float, positive_int, server_service
 from streamproto.pravega.codec import MAX_FRAME_SIZE
 from streamproto.pravega.controller import ControllerService, parse_controller_endpoint
@@ -94,20 +95,21 @@ def advertised_address(advertise, ports):
     index = _advertised_port_index(ports)
     if index is None:
         raise ValueError("cannot tell the segment store's address from --port: give --advertise")
-    parts = ports[index].split(":")
-    host = "127.0.0.1"
-    for p in parts[2:]:
-        if p.startswith("interface=") and p[10:] not in ("", "0.0.0.0", "::"):
-            host = p[10:]
-    return host, int(parts[1])
+    endpoint = parse_endpoint(ports[index])
+    host = endpoint.interface
+    if host in (None, "", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return host, endpoint.port
 
 
 def _advertised_port_index(ports):
     """Which --port the advertised address comes from (without --advertise), or None."""
     for index, description in enumerate(ports):
-        parts = description.split(":")
-        if parts[0] in ("tcp", "ssl", "tls", "mtls") and len(parts) > 1 and parts[1].isdigit():
-            return index
+        try:
+            if parse_endpoint(description).port is not None:
+                return index
+        except ValueError:
+            continue
     return None
 
 

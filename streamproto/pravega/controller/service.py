@@ -12,6 +12,7 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 
 from streamproto.core.compat import listening_port
+from streamproto.core.endpoints import split_fields
 from streamproto.core.ops import add_readiness_check
 from streamproto.pravega.controller.servicer import ControllerServicer, _RpcError
 from streamproto.pravega.controller.state import ControllerState, ControllerStateDamaged
@@ -35,21 +36,6 @@ class ControllerTLS:
             require_client_auth=self.client_ca is not None)
 
 
-def _split_endpoint(description):
-    """Split at ':' as Twisted endpoint strings do ('\\:' is a literal colon)."""
-    parts, current, chars = [], [], iter(description)
-    for c in chars:
-        if c == "\\":
-            current.append(next(chars, ""))
-        elif c == ":":
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(c)
-    parts.append("".join(current))
-    return parts
-
-
 def _read_pem(path, what):
     try:
         with open(path, "rb") as f:
@@ -69,7 +55,7 @@ def parse_controller_endpoint(description):
     @return: C{(host, port, tls)}: C{tls} a L{ControllerTLS} or None.
     @raise ValueError: on anything else.
     """
-    parts = _split_endpoint(description)
+    parts = split_fields(description)
     kind = parts[0]
     if kind not in ("tcp", "ssl", "mtls") or len(parts) < 2 or not parts[1].isdigit():
         raise ValueError("controller endpoint must be tcp:PORT[:interface=HOST], "
