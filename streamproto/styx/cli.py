@@ -424,7 +424,7 @@ def _retriable(error):
     would be the same next time (an unknown log, a TLS failure).
     """
     from twisted.internet import error as net
-    from twisted.web._newclient import ResponseFailed
+    from twisted.web.client import ResponseFailed
 
     from streamproto.styx.api_client import StyxAPIError
     from streamproto.styx.codec import ErrorCode
