@@ -1,9 +1,9 @@
 """
 Exactly-once under arbitrary connection failures: hypothesis drives a
-SegmentWriter against the real server over an in-memory link that delivers
-bytes in random pieces and can be cut at any byte (in the middle of a
-frame, of a block, of an ack), and checks that the segment holds every
-event written, in order, once.
+SegmentWriter against the real server over in-memory connections
+(L{test.memnet.Connection}) that deliver bytes in random pieces and can be
+cut at any byte (in the middle of a frame, of a block, of an ack), and
+checks that the segment holds every event written, in order, once.
 """
 
 from hypothesis import HealthCheck, settings
@@ -11,102 +11,25 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
-from twisted.internet.error import ConnectionLost, ConnectionRefusedError
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.log import MemoryLogStore
 from streamproto.pravega import codec, segments
 from streamproto.pravega.client import SegmentWriter
 from streamproto.pravega.server import PravegaServerFactory
+from test.memnet import Connection
 
 SEG = "scope/stream/0.#epoch.0"
 
 
-class _End:
-    """One side's transport: buffers what its protocol writes."""
-
-    def __init__(self, link, port):
-        self.link = link
-        self.out = bytearray()
-        self.connected = True
-        self.disconnecting = False
-        self.address = IPv4Address("TCP", "127.0.0.1", port)
-
-    def write(self, data):
-        if self.connected:
-            self.out += data
-
-    def writeSequence(self, seq):
-        self.write(b"".join(seq))
-
-    def loseConnection(self):
-        self.disconnecting = True
-        self.link.closing = True
-
-    abortConnection = loseConnection
-
-    def getPeer(self):
-        return self.address
-
-    getHost = getPeer
-
-    def registerProducer(self, producer, streaming):
-        pass
-
-    def unregisterProducer(self):
-        pass
-
-    def pauseProducing(self):
-        pass
-
-    def resumeProducing(self):
-        pass
-
-
-class Link:
-    """A connection between a client and a server protocol, moved by hand."""
-
-    def __init__(self, client, server, n):
-        self.client, self.server = client, server
-        self.closing = False
-        self.up = True
-        self.c, self.s = _End(self, 2 * n), _End(self, 2 * n + 1)
-        server.makeConnection(self.s)
-        client.makeConnection(self.c)
-
-    def step(self, size):
-        """Deliver up to C{size} bytes each way; finish a requested close."""
-        if not self.up:
-            return False
-        moved = False
-        for src, dst in ((self.c, self.server), (self.s, self.client)):
-            if src.out and self.up:
-                piece = bytes(src.out[:size])
-                del src.out[:size]
-                dst.dataReceived(piece)
-                moved = True
-        if self.closing and self.up and not self.c.out and not self.s.out:
-            self.cut()
-            moved = True
-        return moved
-
-    def cut(self):
-        """Drop the connection now: whatever is still buffered is lost."""
-        if not self.up:
-            return
-        self.up = False
-        for end in (self.c, self.s):
-            end.connected = False
-            end.out.clear()
-        self.server.connectionLost(Failure(ConnectionLost()))
-        self.client.connectionLost(Failure(ConnectionLost()))
-
-
 class Endpoint:
-    def __init__(self, server_factory):
+    """Connects each writer's connection to a new server connection (a L{Connection})."""
+
+    def __init__(self, server_factory, clock):
         self.server_factory = server_factory
+        self.clock = clock
         self.links = []
         self.refuse = 0
 
@@ -116,7 +39,11 @@ class Endpoint:
             return defer.fail(ConnectionRefusedError())
         client = factory.buildProtocol(None)
         server = self.server_factory.buildProtocol(None)
-        self.links.append(Link(client, server, len(self.links)))
+        n = len(self.links)
+        self.links.append(Connection(
+            server, client, self.clock,
+            server_address=IPv4Address("TCP", "127.0.0.1", 2 * n + 1),
+            client_address=IPv4Address("TCP", "127.0.0.1", 2 * n)))
         return defer.succeed(client)
 
     @property
@@ -148,7 +75,7 @@ class ExactlyOnce(RuleBasedStateMachine):
         self.store = SlowDiskStore(self.clock)
         factory = PravegaServerFactory(self.store, clock=self.clock, idle_timeout=0)
         factory.segments.create(SEG)
-        self.endpoint = Endpoint(factory)
+        self.endpoint = Endpoint(factory, self.clock)
         self.writer = SegmentWriter(self.endpoint, SEG, clock=self.clock, block_size=64,
                                     window_events=25, retry_delay=0.01, max_retry_delay=0.05,
                                     max_retries=10 ** 6, keepalive_interval=0)
@@ -183,13 +110,8 @@ class ExactlyOnce(RuleBasedStateMachine):
     def cut_after(self, nbytes):
         """The server gets C{nbytes} more of what the client sent, then the link dies."""
         link = self.endpoint.live[-1]
-        piece = bytes(link.c.out[:nbytes])
-        link.c.out.clear()
-        link.s.out.clear()                      # its acks are lost too
-        if piece:
-            link.server.dataReceived(piece)
         self.cuts += 1
-        link.cut()
+        link.cut(to_server=nbytes)              # its acks are lost
 
     @rule(refusals=st.integers(0, 2))
     def refuse(self, refusals):

@@ -22,6 +22,7 @@ from streamproto.reliable.errors import StreamGaveUp
 from streamproto.reliable.mt19937 import first_random_int
 from streamproto.reliable.server import ReliableStreamFactory
 from streamproto.reliable.session import MemorySessionStore, SQLiteSessionStore
+from test.memnet import CLIENT, SERVER, Connection
 from test.test_reliable_server import TurnClock
 from test.test_reliable_session import crash
 
@@ -29,121 +30,13 @@ SERVER_ADDRESS = IPv4Address("TCP", "10.0.0.1", 7341)
 CLIENT_ADDRESS = IPv4Address("TCP", "10.0.0.2", 40000)
 
 
-class PipeTransport:
-    """One end of an in-memory connection; the network moves the bytes."""
-
-    def __init__(self, link, protocol, host, peer):
-        self.link = link
-        self.protocol = protocol
-        self.outbox = bytearray()
-        self.disconnecting = False
-        self.dead = False
-        self.producer = None
-        self.paused = False     # the protocol stopped reading: nothing is delivered to it
-        self._host, self._peer = host, peer
-
-    def write(self, data):
-        if not self.dead and not self.disconnecting:
-            self.outbox += data
-
-    def writeSequence(self, seq):
-        self.write(b"".join(seq))
-
-    def loseConnection(self):
-        self.disconnecting = True
-
-    def abortConnection(self):
-        self.link.cut(abort=True)
-
-    def pauseProducing(self):
-        self.paused = True
-
-    def resumeProducing(self):
-        self.paused = False
-
-    def registerProducer(self, producer, streaming):
-        self.producer = producer
-
-    def unregisterProducer(self):
-        self.producer = None
-
-    def getHost(self):
-        return self._host
-
-    def getPeer(self):
-        return self._peer
-
-
-class Link:
-    def __init__(self, network, server_protocol, client_protocol):
-        self.network = network
-        self.server = PipeTransport(self, server_protocol, SERVER_ADDRESS, CLIENT_ADDRESS)
-        self.client = PipeTransport(self, client_protocol, CLIENT_ADDRESS, SERVER_ADDRESS)
-        self.closed = False
-        self.client_got_data = False
-        self.server_told = False
-        self.client_told = False
-
-    def deliver(self, rng):
-        """Move a random chunk each way; finish a clean close. True if anything happened."""
-        moved = False
-        for source, sink in ((self.server, self.client), (self.client, self.server)):
-            if self.closed:
-                return moved
-            if source.outbox and not sink.dead and not sink.paused:
-                n = rng.randint(1, self.network.chunk)
-                chunk = bytes(source.outbox[:n])
-                del source.outbox[:n]
-                if sink is self.client:
-                    self.network.failures_in_a_row = 0
-                    self.client_got_data = True
-                sink.protocol.dataReceived(chunk)
-                moved = True
-        if not self.closed and ((self.server.disconnecting and not self.server.outbox)
-                                or (self.client.disconnecting and not self.client.outbox)):
-            self._tell_server()
-            self._tell_client()
-            self.closed = True
-            moved = True
-        return moved
-
-    def cut(self, abort=False, server_late=False):
-        """The connection breaks: bytes in flight are lost."""
-        if self.closed and self.server_told and self.client_told:
-            return
-        self.closed = True
-        self.server.dead = self.client.dead = True
-        self.server.outbox.clear()
-        self.client.outbox.clear()
-        reason = Failure(error.ConnectionLost("cut by the network"))
-        if abort:
-            self._tell_server(reason)
-            self._tell_client(reason)
-        elif server_late:
-            # half-open: the client knows, the server hears much later
-            self._tell_client(reason)
-            self.network.late.append(self)
-        elif self.network.rng.random() < 0.5:
-            self._tell_server(reason)
-            self._tell_client(reason)
-        else:
-            self._tell_client(reason)
-            self._tell_server(reason)
-
-    def _tell_server(self, reason=None):
-        if not self.server_told:
-            self.server_told = True
-            self.server.dead = True
-            self.server.protocol.connectionLost(reason or Failure(error.ConnectionDone()))
-
-    def _tell_client(self, reason=None):
-        if not self.client_told:
-            self.client_told = True
-            self.client.dead = True
-            self.client.protocol.connectionLost(reason or Failure(error.ConnectionDone()))
-
-
 class Network:
+    """
+    Connections on demand, each a L{Connection} moved in random chunks and
+    cut at random (sometimes telling the server only much later), and
+    refused connection attempts.
+    """
+
     def __init__(self, rng, clock, server_factory, cut_rate, refuse_rate):
         self.rng = rng
         self.clock = clock
@@ -169,31 +62,49 @@ class Network:
         def established():
             server = self.server_factory.buildProtocol(CLIENT_ADDRESS)
             client = client_factory.buildProtocol(SERVER_ADDRESS)
-            link = Link(self, server, client)
+            link = Connection(server, client, self.clock, server_address=SERVER_ADDRESS,
+                              client_address=CLIENT_ADDRESS)
             self.links.append(link)
-            server.makeConnection(link.server)
-            client.makeConnection(link.client)
             d.callback(client)
         self.clock.callLater(0, established)
         return d
 
+    def cut(self, link, server_late=False):
+        """The connection breaks: bytes in flight are lost."""
+        if server_late:
+            # half-open: the client knows, the server hears much later
+            link.cut(tell=[CLIENT])
+            self.late.append(link)
+        elif self.rng.random() < 0.5:
+            link.cut(tell=[SERVER, CLIENT])
+        else:
+            link.cut(tell=[CLIENT, SERVER])
+
+    def deliver(self, link):
+        """Move a random chunk each way; finish a clean close. True if anything happened."""
+        before = link.delivered[CLIENT]
+        moved = link.step(lambda: self.rng.randint(1, self.chunk))
+        if link.delivered[CLIENT] > before:
+            self.failures_in_a_row = 0
+        return moved
+
     def step(self):
         moved = False
         for link in list(self.links):
-            if link.closed:
+            if not link.up:
                 self.links.remove(link)
                 continue
             if self.rng.random() < self.cut_rate and (
-                    link.client_got_data or self.failures_in_a_row < 3):
-                if not link.client_got_data:
+                    link.delivered[CLIENT] or self.failures_in_a_row < 3):
+                if not link.delivered[CLIENT]:
                     self.failures_in_a_row += 1
                 self.cuts += 1
-                link.cut(server_late=self.rng.random() < 0.2)
+                self.cut(link, server_late=self.rng.random() < 0.2)
                 moved = True
             else:
-                moved = link.deliver(self.rng) or moved
+                moved = self.deliver(link) or moved
         if self.late and self.rng.random() < 0.1:
-            self.late.pop(0)._tell_server(Failure(error.ConnectionLost("noticed late")))
+            self.late.pop(0).notify(SERVER, Failure(error.ConnectionLost("noticed late")))
             moved = True
         return moved
 
@@ -201,7 +112,7 @@ class Network:
         for _ in range(max_steps):
             if d.called:
                 for link in self.late:
-                    link._tell_server()
+                    link.notify(SERVER, Failure(error.ConnectionDone()))
                 self.clock.advance(0)
                 return
             moved = self.step()
@@ -314,7 +225,7 @@ class FaultInjectionTests(SynchronousTestCase):
         clock.advance(3)
         dropped_at = clock.seconds()
         for link in network.links:
-            link.cut(abort=True)
+            link.cut()
         clock.advance(0)
         for _ in range(200):
             clock.advance(0.5)
@@ -431,7 +342,7 @@ class DurableFaultInjectionTests(TestCase):
                 restarted_at = session.last_id
                 crash(stores[-1])
                 for link in list(network.links) + network.late:
-                    link.cut(abort=True)
+                    link.cut()
                 network.late = []
                 network.server_factory = start_server()
             moved = network.step()

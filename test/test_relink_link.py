@@ -16,7 +16,7 @@ from streamproto.relink.channels import _unwrap
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.endpoints import EchoHandler
 from streamproto.relink.errors import ChannelBusy, ChannelClosing, LinkError, LinkLost
-from test.test_relink_support import Pair, PausingTransport, Recorder
+from test.test_relink_support import Pair, Recorder
 
 
 def fired(d):
@@ -352,7 +352,7 @@ class StalledEcho(SynchronousTestCase):
         """
         p = Pair(server=EchoHandler(), config=self.server_config)
         p.honour_pauses = True
-        p.connect(server_transport=PausingTransport(limit=512))
+        p.connect(server_limit=512)
         p.link.config = LinkConfig(window=100000, max_queued=100000, window_bytes=1 << 30,
                                    max_queued_bytes=1 << 30, ping_interval=1000)
         p.ct.pauseProducing()       # the connector stops reading
@@ -440,8 +440,8 @@ class TransportFlowControl(SynchronousTestCase):
         p = Pair().connect()
         self.assertIs(p.ct.producer, p.cp)
         self.assertIs(p.st.producer, p.sp)
-        self.assertTrue(p.ct.streaming)
-        self.assertTrue(p.st.streaming)
+        self.assertTrue(p.ct.streamingProducer)
+        self.assertTrue(p.st.streamingProducer)
 
     def test_sends_wait_while_the_transport_is_paused(self):
         p = Pair().connect()
@@ -550,8 +550,8 @@ class TransportFlowControl(SynchronousTestCase):
 
     def test_each_write_is_bounded_by_the_chunk(self):
         config = LinkConfig(write_chunk_bytes=1000)
-        t = PausingTransport(limit=500)
-        p = Pair(config=config).connect(client_transport=t)
+        p = Pair(config=config).connect(client_limit=500)
+        t = p.ct
         ch = p.link.channel(1)
         d = fired(ch.send_many([[b"x" * 300]] * 20))
         p.clock.advance(0)
@@ -582,9 +582,9 @@ class TransportFlowControl(SynchronousTestCase):
         from streamproto.relink.endpoints import EchoHandler
         config = LinkConfig(window_bytes=64 * 1024, max_queued_bytes=64 * 1024,
                             write_chunk_bytes=32 * 1024)
-        server_t = PausingTransport(limit=16 * 1024)
         p = Pair(server=EchoHandler(), config=config, id_sizes=(4, 4))
-        p.connect(run=False, server_transport=server_t)
+        p.connect(run=False, server_limit=16 * 1024)
+        server_t = p.st
         p.run()
         server_t.take()
         ch = p.link.channel(2)

@@ -1,14 +1,14 @@
 """
 In-memory Relink peers for the link tests: a listener and a connector on a
-Clock, joined by StringTransports that the test pumps (in random pieces and
-with cuts at random byte positions when asked).  No tests here.
+Clock, joined by a L{test.memnet.Connection} that the test pumps (in random
+pieces and with cuts at random byte positions when asked).  No tests here.
 """
 
 import random
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -17,6 +17,11 @@ from streamproto.relink.api import (
 )
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.protocol import ConnectorProtocol
+from test.memnet import CLIENT, SERVER, Connection
+
+#: the addresses StringTransport gives (the link tests used it)
+SERVER_ADDRESS = IPv4Address("TCP", "10.0.0.1", 12345)
+CLIENT_ADDRESS = IPv4Address("TCP", "192.168.1.1", 54321)
 
 
 @implementer(IChannelHandler)
@@ -81,47 +86,6 @@ class Recorder(ChannelHandler):
         self.links_closed.append(reason)
 
 
-class PausingTransport(StringTransport):
-    """
-    A StringTransport that flow-controls its streaming producer the way a
-    real transport does: it pauses the producer when more than C{limit}
-    bytes wait to be sent, and resumes it when the test takes them
-    (L{take}: the peer read them).
-    """
-
-    def __init__(self, limit=65536):
-        super().__init__()
-        self.limit = limit
-        self.largest = 0     # most bytes ever waiting
-        self.paused_producer = False
-
-    def write(self, data):
-        super().write(data)
-        self._written()
-
-    def writeSequence(self, data):
-        super().writeSequence(data)
-        self._written()
-
-    def _written(self):
-        waiting = len(self.value())
-        self.largest = max(self.largest, waiting)
-        if (waiting > self.limit and self.producer is not None and self.streaming
-                and not self.paused_producer):
-            self.paused_producer = True
-            self.producer.pauseProducing()
-
-    def take(self):
-        """The peer read everything: @return: the bytes; resumes the producer."""
-        data = self.value()
-        self.clear()
-        if self.paused_producer:
-            self.paused_producer = False
-            if self.producer is not None:
-                self.producer.resumeProducing()
-        return data
-
-
 class Pair:
     """
     A listener endpoint and a connector, connected in memory.
@@ -148,7 +112,8 @@ class Pair:
                                    connector_id_size=sizes[0], listener_id_size=sizes[1],
                                    connector_transactions=tx[0], listener_transactions=tx[1],
                                    config=self.config, clock=self.clock)
-        self.sp = self.cp = None
+        self.sp = self.cp = self.conn = None
+        self.st = self.ct = None     # the transports of the last connection
         self.connections = 0
         #: deliver nothing to a side whose transport was paused (it stopped reading)
         self.honour_pauses = False
@@ -164,14 +129,23 @@ class Pair:
         assert len(links) == 1, links
         return links[0]
 
-    def connect(self, run=True, server_transport=None, client_transport=None):
+    def connect(self, run=True, server_limit=None, client_limit=None):
+        """
+        A new connection between the listener and the connector.
+
+        @param run: deliver what the handshakes write (L{run}).
+        @param server_limit: the flow-control C{limit} of the listener's
+            transport (L{test.memnet.MemoryTransport}); C{client_limit}:
+            the connector's.
+        """
         self.connections += 1
         self.sp = self.factory.buildProtocol(None)
-        self.st = server_transport or StringTransport()
-        self.sp.makeConnection(self.st)
         self.cp = ConnectorProtocol(self.connector, self.clock)
-        self.ct = client_transport or StringTransport()
-        self.cp.makeConnection(self.ct)
+        self.conn = Connection(self.sp, self.cp, self.clock,
+                               server_address=SERVER_ADDRESS, client_address=CLIENT_ADDRESS,
+                               server_limit=server_limit, client_limit=client_limit,
+                               honour_pauses=self.honour_pauses)
+        self.st, self.ct = self.conn.server_transport, self.conn.client_transport
         if run:
             self.run()
         return self
@@ -180,30 +154,19 @@ class Pair:
     def connected(self):
         return self.sp is not None
 
-    def _move(self, src, dst_proto, limit=None):
-        data = src.value()
-        if limit is not None:
-            data = data[:limit]
-        src.io.seek(0)
-        rest = src.value()[len(data):]
-        src.clear()
-        src.io.write(rest)
-        if data:
-            dst_proto.dataReceived(data)
-        return len(data)
-
     def step(self, chunk=None):
         """Deliver pending bytes both ways (in random chunks if C{chunk})."""
         moved = 0
         self.clock.advance(0)
-        for src, dst, reader in ((self.ct, self.sp, self.st), (self.st, self.cp, self.ct)):
-            if self.sp is None:
-                break
-            while src.value() and self.sp is not None:
-                if self.honour_pauses and reader.producerState == "paused":
-                    break   # the reader stopped reading: bytes wait in flight
-                limit = self.rng.randint(1, chunk) if chunk else None
-                moved += self._move(src, dst, limit)
+        size = (lambda: self.rng.randint(1, chunk)) if chunk else None
+        if self.conn is not None:
+            self.conn.honour_pauses = self.honour_pauses
+        for to in (SERVER, CLIENT):
+            while self.sp is not None:
+                n = self.conn.send(to, size)
+                if not n:
+                    break
+                moved += n
                 self._check_closed()
         self.clock.advance(0)
         self._check_closed()
@@ -230,22 +193,14 @@ class Pair:
         """
         if self.sp is None:
             return
-        sp, cp, st, ct = self.sp, self.cp, self.st, self.ct
+        conn = self.conn
         self.sp = self.cp = None
         if deliver:
-            for src, dst in ((ct, sp), (st, cp)):
-                data = src.value()
-                src.clear()
-                if data:
-                    dst.dataReceived(data)
+            arrives = None
         elif rng is not None:
-            for src, dst in ((ct, sp), (st, cp)):
-                data = src.value()
-                src.clear()
-                n = rng.randint(0, len(data))
-                if n:
-                    dst.dataReceived(data[:n])
-        lost = Failure(ConnectionError("cut"))
-        sp.connectionLost(lost)
-        cp.connectionLost(lost)
+            def arrives(data):
+                return rng.randint(0, len(data))
+        else:
+            arrives = 0
+        conn.cut(to_server=arrives, to_client=arrives, reason=Failure(ConnectionError("cut")))
         self.clock.advance(0)
