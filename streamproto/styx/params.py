@@ -12,7 +12,7 @@ C{follow} (default false) keeps the stream open at the end of the log.
 
 from dataclasses import dataclass
 
-from streamproto.styx.errors import invalid_params
+from streamproto.styx.errors import APIError, invalid_params
 
 WHENCES = ("origin", "start", "current", "end")
 _TRUE = ("1", "t", "T", "true", "TRUE", "True")
@@ -42,6 +42,20 @@ class ReadParams:
     def resolve_log(self, log):
         """L{resolve} against an L{streamproto.log.ILog}."""
         return self.resolve(log.start_position, log.end_position)
+
+    def start_in(self, log):
+        """
+        Where a consumer of C{log} starts (L{resolve_log}).
+
+        @raise APIError: C{invalid_params} (the reference's answer) when
+            that is outside the log's readable range.
+        """
+        position = self.resolve_log(log)
+        if not log.start_position <= position <= log.end_position:
+            raise APIError("invalid_params",
+                           f"api: params: position {position} outside "
+                           f"[{log.start_position}, {log.end_position}]")
+        return position
 
 
 def _first(args, name):

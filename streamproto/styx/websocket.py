@@ -544,12 +544,10 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
         if params is None:
             from streamproto.styx.params import ReadParams
             params = ReadParams()
-        position = params.resolve_log(log)
-        if not log.start_position <= position <= log.end_position:
-            return _error_response(request, APIError(
-                "invalid_params",
-                f"api: params: position {position} outside "
-                f"[{log.start_position}, {log.end_position}]"))
+        try:
+            position = params.start_in(log)
+        except APIError as e:
+            return _error_response(request, e)
         protocol = ConsumeProtocol(log, position, params.count, params.follow, clock, metrics,
                                    timeout, **{k: v for k, v in options.items()
                                                if k == "read_bytes"})
