@@ -45,7 +45,8 @@ from twisted.internet import endpoints, reactor
 from streamproto.styx.resource import make_site
 if {urls!r}:
     from streamproto.log.jetstream import JetStreamLogStore
-    store = JetStreamLogStore({urls!r}, replicas={replicas!r}, prefix={prefix!r})
+    store = JetStreamLogStore({urls!r}, replicas={replicas!r}, prefix={prefix!r},
+                              max_message_bytes={max_message!r})
     ready = store.start()
 else:
     from twisted.internet.defer import succeed
@@ -65,20 +66,21 @@ reactor.run()
 """
 
 
-def start_server(directory, urls, replicas, prefix):
+def start_server(directory, urls, replicas, prefix, max_message=1 << 20):
     server, port = spawn(SERVER.format(root=ROOT, data=os.path.join(directory, "store"),
-                                       urls=urls, replicas=replicas, prefix=prefix))
+                                       urls=urls, replicas=replicas, prefix=prefix,
+                                       max_message=max_message))
     if not port:
         server.wait()
         raise SystemExit("the styx-server could not start on its store")
     return server, port
 
 
-def measure(directory, runs, urls=None, replicas=1, prefix="bench"):
+def measure(directory, runs, urls=None, replicas=1, prefix="bench", max_message=1 << 20):
     """Produce and consume C{runs} through styx-servers on one store."""
-    servers = [start_server(directory, urls, replicas, prefix)]
+    servers = [start_server(directory, urls, replicas, prefix, max_message)]
     if urls:
-        servers.append(start_server(directory, urls, replicas, prefix))
+        servers.append(start_server(directory, urls, replicas, prefix, max_message))
     try:
         child = os.fork()
         if child == 0:
@@ -147,6 +149,9 @@ def main(argv=None):
     parser.add_argument("--sync", default="always", choices=("always", "default"),
                         help="the cluster's jetstream sync_interval: always (fsync every "
                              "write) or nats-server's default timer (2 minutes)")
+    parser.add_argument("--max-payload", type=int, default=1 << 20, metavar="BYTES",
+                        help="the NATS servers' max_payload, and the largest message the "
+                             "store sends (default 1 MiB, nats-server's own default)")
     parser.add_argument("--bridge", action="store_true",
                         help="measure only the reactor/asyncio bridge's round trip")
     args = parser.parse_args(argv)
@@ -160,20 +165,22 @@ def main(argv=None):
 
     from test.natsutil import NatsCluster
     directory = tempfile.mkdtemp(prefix="jetstream-bench-")
-    # max_payload as the servers' default (1 MiB): messages carry many records
-    cluster = NatsCluster(size=3, sync_interval="always" if args.sync == "always" else "2m")
+    # messages carry many records: max_payload bounds how many
+    cluster = NatsCluster(size=3, sync_interval="always" if args.sync == "always" else "2m",
+                          max_payload=args.max_payload)
     cluster.start()
     results = {}
     try:
         results["file"] = measure(directory, runs)
         for r in replica_counts:
             results[f"R{r}"] = measure(directory, runs, urls=cluster.urls, replicas=r,
-                                       prefix=f"bench{r}")
+                                       prefix=f"bench{r}", max_message=args.max_payload)
     finally:
         cluster.stop()
 
     print(f"styx/0 through one front-end: file store vs JetStream (3 nodes, "
-          f"sync_interval {args.sync}); 2 shared cores: absolute figures are noisy")
+          f"sync_interval {args.sync}, max_payload {args.max_payload}); 2 shared cores: "
+          "absolute figures are noisy")
     header = (f"{'store':>6} {'size':>6} {'records':>9} | {'produce rec/s':>14} "
               f"{'MB/s':>7} | {'consume rec/s':>14} {'MB/s':>7} | "
               f"{'prod/file':>9} {'cons/file':>9}")
