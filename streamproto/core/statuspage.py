@@ -23,6 +23,7 @@ from collections import deque
 from prometheus_client import REGISTRY
 from twisted.web import resource
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.summary import SERVER_RATES, rates, summarise_families
 from streamproto.log.public import is_internal
 
@@ -157,8 +158,7 @@ def install_status_page(root, clock=None, collect=None):
     Serve the page at C{/} and its data at C{/status.json} under C{root}
     (the metrics site's root resource).  @return: the L{StatusHistory}.
     """
-    if clock is None:
-        from twisted.internet import reactor as clock
+    clock = default_reactor(clock)
     history = StatusHistory(clock, collect)
     root.putChild(b"", StatusPage())
     root.putChild(b"status.json", StatusJSON(history))

@@ -40,6 +40,7 @@ from collections import deque
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
+from streamproto.core.clock import default_reactor
 
 
 class BridgeClosed(Exception):
@@ -99,8 +100,7 @@ class AsyncioThreadBridge:
     """
 
     def __init__(self, reactor=None, name="streamproto-nats"):
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self._reactor = reactor  # False: no reactor (the synchronous bridge)
         self._loop = _Loop(name)
         self._lock = threading.Lock()

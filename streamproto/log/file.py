@@ -33,6 +33,7 @@ from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
@@ -780,8 +781,7 @@ class FileLogStore:
 
     def __init__(self, path, reactor=None, run_blocking=None, io=None,
                  retention_interval=60.0):
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self.path = os.path.abspath(path)
         self._reactor = reactor
         self._run_blocking = run_blocking or thread_runner(reactor)

@@ -62,6 +62,7 @@ from twisted.internet.defer import fail, succeed
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.observer import SharedCall
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
@@ -119,11 +120,6 @@ def _store_errors(method):
     def wrapper(*args, **kwargs):
         return method(*args, **kwargs).addErrback(translated)
     return wrapper
-
-
-def _default_clock():
-    from twisted.internet import reactor
-    return reactor
 
 
 class _Append:
@@ -1263,7 +1259,7 @@ class JetStreamLogStore:
         self.servers = list(servers)
         self.prefix = check_prefix(prefix)
         self.replicas = replicas if replicas is not None else (3 if len(self.servers) >= 3 else 1)
-        self.clock = clock or _default_clock()
+        self.clock = default_reactor(clock)
         self.bridge = bridge or AsyncioThreadBridge(self.clock)
         self.timeout = timeout
         self.io = io or NatsIO(self.servers, self.bridge, tls=tls, name=connection_name,

@@ -9,6 +9,7 @@ import bisect
 from twisted.internet.defer import fail, succeed
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
@@ -18,11 +19,6 @@ from streamproto.log.errors import (
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
-
-
-def _default_clock():
-    from twisted.internet import reactor
-    return reactor
 
 
 @implementer(ILog)
@@ -208,7 +204,7 @@ class MemoryLogStore:
     """Logs kept in a dict.  C{clock} (an IReactorTime) times L{ILog.wait}."""
 
     def __init__(self, clock=None):
-        self._clock = clock or _default_clock()
+        self._clock = default_reactor(clock)
         self._logs = {}
         self.closed = False
 

@@ -22,6 +22,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IPolicyForHTTPS
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.styx import formats
 
 DEFAULT_URL = "http://localhost:7123"
@@ -90,8 +91,7 @@ class StyxClient:
 
     def __init__(self, base_url=DEFAULT_URL, reactor=None, pool=None, tls_options=None,
                  agent=None, token=None):
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self.reactor = reactor
         self.base_url = base_url.rstrip("/")
         self.tls_options = tls_options

@@ -24,6 +24,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.web.server import NOT_DONE_YET
 
+from streamproto.core.clock import default_reactor
 from streamproto.styx.errors import APIError
 from streamproto.styx.follow import LogFollower
 
@@ -42,11 +43,6 @@ CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 SHUTDOWN_REASON = "server shutting down"
 CLOSE_INTERNAL_ERROR = 1011
-
-
-def _clock():
-    from twisted.internet import reactor
-    return reactor
 
 
 def is_produce(request):
@@ -286,7 +282,7 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
         drops it if no pong comes within as long again.
     @return: C{NOT_DONE_YET} (the request is finished or taken over).
     """
-    clock = clock or _clock()
+    clock = default_reactor(clock)
     limit = log.config.max_record_size
     attrs = {"log_": log, "clock": clock, "metrics": metrics}
     if is_produce(request):

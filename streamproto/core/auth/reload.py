@@ -10,6 +10,7 @@ from twisted.application import service
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.auth.policy import IAuthorizer, PolicyError, load_policy
 
 log = Logger(namespace="streamproto.core.auth")
@@ -80,8 +81,7 @@ def watch_sighup(holder, reactor=None):
         return
     _watched.append(holder)
     if len(_watched) == 1 and hasattr(signal, "SIGHUP"):
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
 
         def on_hup(signum, frame):
             reactor.callFromThread(reload_all)
