@@ -230,8 +230,12 @@ def store_problems(stores):
     return problems
 
 
-def metrics_site(stores):
-    """A twisted.web Site serving /metrics, /health, /ready and the status page at /."""
+def metrics_site(stores, clock=None):
+    """
+    A twisted.web Site serving /metrics, /health, /ready and the status page at /.
+
+    @param clock: times the status page's history (default: the global reactor).
+    """
     from prometheus_client.twisted import MetricsResource
 
     root = resource.Resource()
@@ -240,7 +244,7 @@ def metrics_site(stores):
     root.putChild(b"health", health)
     root.putChild(b"ready", health)
     from streamproto.core.statuspage import install_status_page
-    install_status_page(root)     # / and /status.json
+    install_status_page(root, clock)     # / and /status.json
     return Site(root)
 
 
