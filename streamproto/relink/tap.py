@@ -128,4 +128,5 @@ def build_service(config, store=None, reactor=None):
 
 
 def makeService(options, store=None, reactor=None):
+    """twistd's entry point: L{build_service} of the parsed C{options}' config."""
     return build_service(as_config(options), store, reactor)

@@ -115,6 +115,7 @@ class Options(ServerOptions):
         """Origin allowed to call the API from browsers, "*" wildcards allowed (repeatable; default "*" like the reference; "none" turns CORS off)."""
         self["cors-origin"].append(origin)
 
+
 def build_service(config, store=None, reactor=None):
     """
     The styx-server service of C{config} (a L{StyxServerConfig}).
@@ -136,4 +137,5 @@ def build_service(config, store=None, reactor=None):
 
 
 def makeService(options, store=None, reactor=None):
+    """twistd's entry point: L{build_service} of the parsed C{options}' config."""
     return build_service(as_config(options), store, reactor)
