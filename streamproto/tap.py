@@ -1,6 +1,13 @@
 """
 C{twistd streamproto}: every server built so far on its default port, over
 one log store (one C{--data} for all, or one C{--store nats://...}).
+
+Each server's config is made from values, not from a command line: its
+options' defaults, its table of the C{--config} file and what the umbrella
+decides for it, each set and coerced as its command line would, then
+checked by its config class (the same rules and usage errors as C{twistd
+<server>}); L{makeService} builds every server from its config with
+C{build_service}.
 """
 
 import importlib
@@ -10,7 +17,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python import usage
 
-from streamproto.core.config import ConfigurableOptions, table_arguments
+from streamproto.core.config import ConfigurableOptions, set_option, table_values
 from streamproto.core.stores import STORE_PARAMETERS, check_store_options
 from streamproto.core.tap import (
     ServerService,
@@ -111,11 +118,16 @@ class Options(ConfigurableOptions):
                 raise usage.UsageError(f"--config {self['config']!r}: unknown table "
                                        f"[{table}]; known: {sorted(known | {'streamproto'})}")
         # every server's options are checked now, not when twistd builds the service
+        #: server name -> its option values (its Options, not parsed: set)
         self.server_options = {}
+        #: server name -> its config (a ServerConfig), what it is built from
+        self.server_configs = {}
         for name, module in servers.items():
             if self.get("only") and name not in self["only"]:
                 continue
-            self.server_options[name] = server_options(name, module, self)
+            sub = server_options(name, module, self)
+            self.server_options[name] = sub
+            self.server_configs[name] = sub.config
 
 
 #: options every server of the umbrella shares: set once, for all of them
@@ -127,10 +139,15 @@ STORE_KEYS = ("store", "store-ca", "store-cert", "store-key")
 
 def server_options(name, module, options):
     """
-    Server C{name}'s parsed options under the umbrella: its table of the
-    C{--config} file, then what the umbrella decides for it (the shared
-    data directory, its C{--listen} endpoints, the C{--pravega-*} options
-    given explicitly).  @raise usage.UsageError: naming the server.
+    Server C{name}'s option values under the umbrella, without a command
+    line: its C{module.Options} defaults, its table of the C{--config} file,
+    then what the umbrella decides for it (the shared data directory, its
+    C{--listen} endpoints, the C{--pravega-*} options given explicitly),
+    each set as its command line would set it (L{set_option}), then
+    checked by its config class.
+
+    @return: the server's C{module.Options}, with its C{config}.
+    @raise usage.UsageError: naming the server.
     """
     sub = module.Options()
     table = dict((options.config_document or {}).get(name, {}))
@@ -141,40 +158,41 @@ def server_options(name, module, options):
             raise usage.UsageError(f"{where}: {key!r} is shared by every server: set it in "
                                    "[streamproto]")
     ports = options["ports"].get(name, [])
-    args = table_arguments(sub, table, where, skip={"port"} if ports else set())
-    args += ["--data", options["data"], "--shutdown-timeout", str(options["shutdown-timeout"])]
+    values = table_values(sub, table, where, skip={"port"} if ports else set())
+    values += [("data", options["data"]), ("shutdown-timeout", options["shutdown-timeout"])]
     if options.get("auth-policy"):
-        args += ["--auth-policy", options["auth-policy"]]
-    for endpoint in ports:
-        args += ["--port", endpoint]
-    args += server_arguments(name, options, table)
+        values.append(("auth-policy", options["auth-policy"]))
+    values += [("port", endpoint) for endpoint in ports]
+    values += server_values(name, options, table)
     try:
-        sub.parseOptions(args)
+        for key, value in values:
+            set_option(sub, key, value)
+        sub.config = sub.configClass.from_options(sub)
     except usage.UsageError as e:
         raise usage.UsageError(f"{name}: {e}")
     return sub
 
 
-def server_arguments(name, options, table=None):
-    """The umbrella options that go on to server C{name}'s own options."""
-    args = []
+def server_values(name, options, table=None):
+    """The umbrella options that go on to server C{name}: C{(long name, value)} pairs."""
+    values = []
     table = table or {}
     if options.get("store") and not (name == "reliable-stream-server" and "store" in table):
         # every server on the umbrella's cluster (reliable keeps its sessions
         # there too, unless its own table says otherwise)
-        args += ["--store", options["store"]]
+        values.append(("store", options["store"]))
         for key in ("store-ca", "store-cert", "store-key"):
             if options.get(key):
-                args += [f"--{key}", options[key]]
+                values.append((key, options[key]))
     if name == "pravega-server":
         # the umbrella's default controller, unless [pravega-server] sets one
         if "pravega-controller" in options.explicit or "controller" not in table:
-            args += ["--controller", options["pravega-controller"]]
+            values.append(("controller", options["pravega-controller"]))
         if options["pravega-advertise"]:
-            args += ["--advertise", options["pravega-advertise"]]
+            values.append(("advertise", options["pravega-advertise"]))
         if options["pravega-retention-interval"] is not None:
-            args += ["--retention-interval", options["pravega-retention-interval"]]
-    return args
+            values.append(("retention-interval", options["pravega-retention-interval"]))
+    return values
 
 
 class UmbrellaService(ServerService):
@@ -191,20 +209,26 @@ class UmbrellaService(ServerService):
             yield store.stopService()
 
 
-def makeService(options):
+def makeService(options, reactor=None):
+    """
+    Every server (of C{--only}) on one store, from the configs made while
+    C{options} were parsed.
+
+    @param reactor: the reactor everything runs on (default: the global one).
+    """
     from streamproto.core.ops import metrics_site
 
-    top = UmbrellaService(options["shutdown-timeout"], options["log-format"])
-    owner = StoreService(options)
+    top = UmbrellaService(options["shutdown-timeout"], options["log-format"], clock=reactor)
+    owner = StoreService(options, reactor=reactor)
     owner.setServiceParent(top)
     if options["metrics"] and options["metrics"] != "none":
-        listen(top, [options["metrics"]], metrics_site([owner.store]))
+        listen(top, [options["metrics"]], metrics_site([owner.store], clock=reactor), reactor)
     only = options.get("only")
-    parsed = getattr(options, "server_options", {})
+    configs = getattr(options, "server_configs", {})
     for name, module in available_servers():
         if only and name not in only:
             continue
-        sub = parsed.get(name) or server_options(name, module, options)
-        module.makeService(sub, store=owner.store).setServiceParent(top)
-        log.info("streamproto: {name} on {ports}", name=name, ports=sub["port"])
+        config = configs.get(name) or server_options(name, module, options).config
+        module.build_service(config, store=owner.store, reactor=reactor).setServiceParent(top)
+        log.info("streamproto: {name} on {ports}", name=name, ports=list(config.ports))
     return top

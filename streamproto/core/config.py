@@ -19,7 +19,7 @@ import getopt
 import sys
 import tomllib
 
-from twisted.python import usage
+from twisted.python import reflect, usage
 
 
 def load_config(path):
@@ -72,9 +72,11 @@ def _takes_value(options, name):
         o.rstrip("=") == name.replace("-", "_") and o.endswith("=") for o in options.longOpt)
 
 
-def table_arguments(options, table, where, skip=()):
+def table_values(options, table, where, skip=()):
     """
-    The command-line arguments equivalent to C{table} for C{options}.
+    The option values C{table} gives for C{options}: C{(long name, value)}
+    pairs in the table's order, each value as the command line would give
+    it (a string), or C{True} for a flag that is set.
 
     @param where: names the table in errors (C{"--config x.toml [styx-server]"}).
     @param skip: long names not to take from the table (given on the
@@ -82,7 +84,7 @@ def table_arguments(options, table, where, skip=()):
     @raise usage.UsageError: for a key that is not an option of C{options},
         or a value of the wrong kind.
     """
-    args = []
+    values = []
     for key, value in table.items():
         name = _long_name(options, str(key))
         if name is None or name in ("config", "help", "version"):
@@ -90,19 +92,61 @@ def table_arguments(options, table, where, skip=()):
         if name in skip:
             continue
         if _takes_value(options, name):
-            values = value if isinstance(value, list) else [value]
-            for v in values:
+            for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, (dict, list)):
                     raise usage.UsageError(f"{where}: {key!r} takes a value, not {v!r}")
                 if isinstance(v, bool):
                     v = "true" if v else "false"
-                args.append(f"--{name}={v}")
+                values.append((name, str(v)))
         else:
             if not isinstance(value, bool):
                 raise usage.UsageError(f"{where}: {key!r} is a flag: true or false")
             if value:
-                args.append(f"--{name}")
-    return args
+                values.append((name, True))
+    return values
+
+
+def table_arguments(options, table, where, skip=()):
+    """
+    The command-line arguments equivalent to C{table} for C{options} (see
+    L{table_values}), for a parse where the command line wins.
+    """
+    return [f"--{name}" if value is True else f"--{name}={value}"
+            for name, value in table_values(options, table, where, skip)]
+
+
+def set_option(options, name, value):
+    """
+    Give option C{name} (a long name) of C{options}, a C{usage.Options},
+    C{value} as its command line would, without one: through the option's
+    C{opt_} method, or coerced as its C{optParameters} entry says (the
+    same usage error for a bad value); C{True} sets a flag.  Nothing is
+    checked beyond that: C{postOptions} is not called.
+    """
+    method = getattr(options, "opt_" + name.replace("-", "_"), None)
+    if method is not None:
+        if value is True:
+            method()
+        else:
+            method(value)
+        return
+    parameters = []
+    reflect.accumulateClassList(type(options), "optParameters", parameters)
+    for parameter in reversed(parameters):     # the last entry wins, as in usage.Options
+        if parameter[0] != name:
+            continue
+        coerce = (parameter[4] if len(parameter) > 4 else None) or str
+        try:
+            value = coerce(value)
+        except ValueError as e:
+            # usage.Options' own wording
+            raise usage.UsageError(f"Parameter type enforcement failed: {e}")
+        options[name] = value
+        return
+    if value is True:
+        options[name] = 1       # a flag, as usage.Options sets it
+        return
+    raise usage.UsageError(f"unknown option {name!r}")
 
 
 class ConfigurableOptions(usage.Options):

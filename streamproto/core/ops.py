@@ -255,12 +255,13 @@ def store_problems(stores: Iterable[IReadiness]) -> list[str]:
     return problems
 
 
-def metrics_site(stores: Iterable[object]) -> Site:
+def metrics_site(stores: Iterable[object], clock: IReactorTime | None = None) -> Site:
     """
     A twisted.web Site serving /metrics, /health, /ready and the status page at /.
 
     @param stores: the L{IReadiness} providers C{/ready} asks (the server's
         L{ILogStore<streamproto.log.interfaces.ILogStore>}s).
+    @param clock: times the status page's history (default: the global reactor).
     @raise TypeError: for a store that does not provide L{IReadiness} (at
         start-up, not at the first C{/ready}).
     """
@@ -273,7 +274,7 @@ def metrics_site(stores: Iterable[object]) -> Site:
     root.putChild(b"health", health)
     root.putChild(b"ready", health)
     from streamproto.core.statuspage import install_status_page
-    install_status_page(root)     # / and /status.json
+    install_status_page(root, clock)     # / and /status.json
     return Site(root)
 
 

@@ -28,6 +28,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
 from twisted.web.server import Request
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.summary import SERVER_RATES, Summary, rates, summarise_families
 from streamproto.log.public import is_internal
 
@@ -166,9 +167,7 @@ def install_status_page(root: resource.Resource, clock: IReactorTime | None = No
     Serve the page at C{/} and its data at C{/status.json} under C{root}
     (the metrics site's root resource).  @return: the L{StatusHistory}.
     """
-    if clock is None:
-        from twisted.internet import reactor
-        clock = cast(IReactorTime, reactor)
+    clock = cast(IReactorTime, default_reactor(clock))
     history = StatusHistory(clock, collect)
     root.putChild(b"", StatusPage())  # type: ignore[no-untyped-call]  # untyped in Twisted
     root.putChild(b"status.json", StatusJSON(history))

@@ -95,18 +95,22 @@ def store_tls_context(options: Options) -> ssl.SSLContext | None:
     return context
 
 
-def open_log_store(options: Options, **kwargs: Any) -> ILogStore:
+def open_log_store(options: Options, reactor: Any = None, **kwargs: Any) -> ILogStore:
     """
     The log store these (checked) options name: a L{JetStreamLogStore}
     for C{--store nats://...}, else the file store under C{--data}.
+
+    @param reactor: the reactor the store runs on (default: the global one).
     """
     url = options.get("store-url")
     if url is None:
         from streamproto.log import open_store
+        if reactor is not None:
+            kwargs["reactor"] = reactor
         return open_store(options["data"], **kwargs)
     from streamproto.log.jetstream import JetStreamLogStore
     return JetStreamLogStore(url.servers, replicas=url.replicas, prefix=url.prefix,
-                             tls=store_tls_context(options))
+                             tls=store_tls_context(options), clock=reactor)
 
 
 def describe_store(options: Options) -> str:

@@ -3,14 +3,22 @@ What every server plugin shares: the core options (C{--port}, repeatable,
 C{--data} or C{--store}) and building listening services from endpoint
 strings.
 
-A protocol's C{tap.py} subclasses L{ServerOptions} and defines
-C{makeService(options, store=None)}; with a store given (the umbrella
-C{twistd streamproto}) it shares it, otherwise it opens its own on
-C{--data} through L{StoreService}.
+A protocol's C{tap.py} has three parts, as magic-wormhole-transit-relay's
+C{server_tap.py}: a frozen L{ServerConfig} subclass (what the server is
+built from; C{from_options(options)} checks a mapping of option values
+and makes one), a L{ServerOptions} subclass (the command line, whose
+C{postOptions} makes that config: C{options.config}), and
+C{build_service(config, store=None, reactor=None)}, with
+C{makeService(options, store=None, reactor=None)} for twistd.  With a
+store given (the umbrella C{twistd streamproto}) the server shares it,
+otherwise it opens its own on C{--data} through L{StoreService}.  The
+reactor given is the one every listener, factory and store uses (default:
+the global one, imported only when needed).
 """
 
 import os
 import sys
+from dataclasses import dataclass
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
@@ -18,22 +26,114 @@ from twisted.internet import defer
 from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
+from streamproto.core.auth import ALLOW_ALL
+from streamproto.core.clock import default_reactor
 from streamproto.core.compat import endpoint_tls_options, fail_at_start
 from streamproto.core.config import ConfigurableOptions
 from streamproto.core.stores import STORE_PARAMETERS, StoreService, check_store_options
 
-__all__ = ["ServerOptions", "ServerService", "StoreService", "check_auth_policy",
-           "check_data_directory", "check_endpoint", "check_ops_options", "listen",
-           "server_service", "watch_policy"]
+__all__ = ["ServerConfig", "ServerOptions", "ServerService", "StoreService", "as_config",
+           "check_auth_policy", "check_data_directory", "check_endpoint", "check_ops_options",
+           "common_fields", "listen", "server_service", "watch_policy"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """
+    What every server is built from (its core options, checked): a
+    server's own config class adds its fields.
+
+    @ivar ports: endpoint descriptions to listen on.
+    @ivar data: the absolute data directory.
+    @ivar store: C{--store} as given (None: the file store under C{data}).
+    @ivar store_url: C{store} parsed (a L{StoreURL}), or None.
+    @ivar metrics: endpoint of the metrics/health server, or None.
+    @ivar authorizer: the L{streamproto.core.auth.IAuthorizer} of
+        C{auth_policy} (a L{PolicyHolder}), or L{ALLOW_ALL}.
+    """
+
+    ports: tuple = ()
+    data: str = ""
+    store: str | None = None
+    store_url: object = None
+    store_ca: str | None = None
+    store_cert: str | None = None
+    store_key: str | None = None
+    metrics: str | None = None
+    shutdown_timeout: float = 3.0
+    log_format: str = "text"
+    auth_policy: str | None = None
+    authorizer: object = ALLOW_ALL
+
+    @classmethod
+    def from_options(cls, options):
+        """
+        Check C{options} (a mapping of long option names to values, such as
+        a parsed L{ServerOptions}) and make the config; the values derived
+        on the way (C{store-url}, C{authorizer}, the default port) are also
+        set in C{options}.  @raise usage.UsageError: as the command line
+        reports it.
+        """
+        return cls(**common_fields(options, getattr(options, "defaultPort", None),
+                                   getattr(options, "localStores", ())))
+
+    def store_options(self):
+        """The store options as L{StoreService} and L{store_tls_context} take them."""
+        return {"data": self.data, "store": self.store, "store-url": self.store_url,
+                "store-ca": self.store_ca, "store-cert": self.store_cert,
+                "store-key": self.store_key}
+
+
+def common_fields(options, default_port=None, local_stores=()):
+    """
+    Check the core options in C{options} (a mutable mapping) as every
+    server's command line does, completing them (the default port, the
+    absolute data directory, C{store-url}, C{authorizer}).
+
+    @param local_stores: values of C{--store} that name a store of the
+        server's own (see L{check_store_options}).
+    @return: the L{ServerConfig} fields, as keyword arguments.
+    @raise usage.UsageError: naming the option.
+    """
+    if not options["port"] and default_port:
+        options["port"] = [default_port]
+    for description in options["port"]:
+        check_endpoint("port", description)
+    if check_store_options(options, local_stores) is None:
+        options["data"] = check_data_directory(options["data"])
+    else:
+        # the cluster holds everything: nothing of ours on local disk
+        options["data"] = os.path.abspath(options["data"])
+    check_ops_options(options)
+    options["authorizer"] = check_auth_policy(options.get("auth-policy"))
+    return dict(ports=tuple(options["port"]), data=options["data"],
+                store=options.get("store"), store_url=options["store-url"],
+                store_ca=options.get("store-ca"), store_cert=options.get("store-cert"),
+                store_key=options.get("store-key"), metrics=options.get("metrics"),
+                shutdown_timeout=options["shutdown-timeout"], log_format=options["log-format"],
+                auth_policy=options.get("auth-policy"), authorizer=options["authorizer"])
+
+
+def as_config(options):
+    """
+    The config of C{options}: a parsed L{ServerOptions} (its C{config}), or
+    a L{ServerConfig} already.
+    """
+    config = getattr(options, "config", None)
+    return config if isinstance(config, ServerConfig) else options
 
 
 class ServerOptions(ConfigurableOptions):
     """
     Core options.  Subclasses set C{defaultPort}, C{configTable} (their
-    twistd name: their table in a C{--config} file) and add their own.
+    twistd name: their table in a C{--config} file), C{configClass} (their
+    L{ServerConfig}, which checks the options) and add their own.
+
+    @ivar config: once parsed, the C{configClass} of the options.
     """
 
     defaultPort = None
+    configClass = ServerConfig
     optParameters = [
         ["data", "d", "streamproto-data", "Data directory of the embedded log store."],
         ["metrics", None, None,
@@ -62,17 +162,7 @@ class ServerOptions(ConfigurableOptions):
     opt_p = opt_port
 
     def postOptions(self):
-        if not self["port"] and self.defaultPort:
-            self["port"] = [self.defaultPort]
-        for description in self["port"]:
-            check_endpoint("port", description)
-        if check_store_options(self, self.localStores) is None:
-            self["data"] = check_data_directory(self["data"])
-        else:
-            # the cluster holds everything: nothing of ours on local disk
-            self["data"] = os.path.abspath(self["data"])
-        check_ops_options(self)
-        self["authorizer"] = check_auth_policy(self.get("auth-policy"))
+        self.config = self.configClass.from_options(self)
 
 
 def check_auth_policy(path):
@@ -226,9 +316,7 @@ class ServerService(service.MultiService):
         self.start_failure = error
         self.log.critical("{name} cannot start, stopping: {error}",
                           name=self.name or "streamproto", error=_describe(error))
-        clock = self.clock
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(self.clock)
         # twistd starts the reactor next: stop at once (what did start is
         # stopped in order, the store closed), then exit non-zero
         clock.callWhenRunning(clock.stop)
@@ -237,9 +325,7 @@ class ServerService(service.MultiService):
     @defer.inlineCallbacks
     def stopService(self):
         service.Service.stopService(self)
-        clock = self.clock
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(self.clock)
         children = list(self)
         listeners = [c for c in children if getattr(c, "_streamproto_listener", False)]
         yield defer.DeferredList([defer.maybeDeferred(c.stopService) for c in listeners
@@ -276,60 +362,64 @@ def server_endpoint(description, reactor=None):
     from twisted.internet.endpoints import serverFromString
 
     from streamproto.core.tls import tolerate_alpn
-    if reactor is None:
-        from twisted.internet import reactor
-    endpoint = serverFromString(reactor, description)
+    endpoint = serverFromString(default_reactor(reactor), description)
     options = endpoint_tls_options(endpoint)
     if options is not None:
         tolerate_alpn(options)
     return endpoint
 
 
-def listen(parent, descriptions, factory):
-    """Add one listening service per endpoint description to C{parent}."""
+def listen(parent, descriptions, factory, reactor=None):
+    """
+    Add one listening service per endpoint description to C{parent}.
+
+    @param reactor: the reactor listening (default: the global one).
+    """
     for description in descriptions:
-        listener = StreamServerEndpointService(server_endpoint(description), factory)
+        listener = StreamServerEndpointService(server_endpoint(description, reactor), factory)
         fail_at_start(listener)     # as strports.service: fail twistd at start
         listener._streamproto_listener = True
         listener.setServiceParent(parent)
 
 
-def watch_policy(top, options):
+def watch_policy(top, authorizer):
     """
-    Make C{--auth-policy}'s holder reload on SIGHUP while C{top} runs (a
-    L{PolicyService} child; nothing without a policy).
+    Make C{authorizer}, C{--auth-policy}'s holder, reload on SIGHUP while
+    C{top} runs (a L{PolicyService} child; nothing without a policy).
     """
-    authorizer = options.get("authorizer")
     if getattr(authorizer, "reload", None) is not None:
         from streamproto.core.auth import PolicyService
         PolicyService(authorizer).setServiceParent(top)
 
 
-def server_service(options, factory_from_store, store=None, name=None):
+def server_service(config, factory_from_store, store=None, name=None, reactor=None):
     """
-    The usual shape of a server's C{makeService}: a L{ServerService} owning
-    the store (unless one is shared in), one listener per C{--port} serving
-    the factory wrapped in a L{TrackingFactory}, and the metrics/health
-    endpoint if C{--metrics} is given.
+    The usual shape of a server's C{build_service}: a L{ServerService}
+    owning the store (unless one is shared in), one listener per port
+    serving the factory wrapped in a L{TrackingFactory}, and the
+    metrics/health endpoint if C{config.metrics} is set.
 
+    @param config: a L{ServerConfig} (or parsed L{ServerOptions}).
     @param factory_from_store: callable(store) -> server protocol factory.
     @param name: the server's name in logs and metrics (e.g. "styx").
+    @param reactor: the reactor everything runs on (default: the global one).
     """
     from streamproto.core.ops import TrackingFactory, metrics_site
 
-    top = ServerService(options.get("shutdown-timeout", 3.0), options.get("log-format", "text"))
+    config = as_config(config)
+    top = ServerService(config.shutdown_timeout, config.log_format, clock=reactor)
     if name:
         top.setName(name)
     stores = []
     if store is None:
-        owner = StoreService(options)
+        owner = StoreService(config.store_options(), reactor=reactor)
         store = owner.store
         owner.setServiceParent(top)  # first in, so stopped last
     stores.append(store)
-    watch_policy(top, options)
+    watch_policy(top, config.authorizer)
     tracker = TrackingFactory(factory_from_store(store), name or "server")
     top.trackers.append(tracker)
-    listen(top, options["port"], tracker)
-    if options.get("metrics"):
-        listen(top, [options["metrics"]], metrics_site(stores))
+    listen(top, config.ports, tracker, reactor)
+    if config.metrics:
+        listen(top, [config.metrics], metrics_site(stores, clock=reactor), reactor)
     return top

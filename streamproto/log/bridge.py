@@ -45,6 +45,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, cast
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
+from streamproto.core.clock import default_reactor
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -112,11 +113,8 @@ class AsyncioThreadBridge:
 
     def __init__(self, reactor: IReactorFromThreads | Literal[False] | None = None,
                  name: str = "streamproto-nats") -> None:
-        if reactor is None:
-            from twisted.internet import reactor as _reactor
-            reactor = cast(IReactorFromThreads, _reactor)
         # False: no reactor (the synchronous bridge, whose post does not use it)
-        self._reactor = cast(IReactorFromThreads, reactor)
+        self._reactor = cast(IReactorFromThreads, default_reactor(reactor))
         self._loop = _Loop(name)
         self._lock = threading.Lock()
         self._to_loop: deque[_Call] = deque()

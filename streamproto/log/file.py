@@ -40,6 +40,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
@@ -822,9 +823,7 @@ class FileLogStore:
     def __init__(self, path: str, reactor: IReactorTime | None = None,
                  run_blocking: RunBlocking | None = None, io: FileIO | None = None,
                  retention_interval: float = 60.0) -> None:
-        if reactor is None:
-            from twisted.internet import reactor as _reactor
-            reactor = cast(IReactorTime, _reactor)
+        reactor = cast(IReactorTime, default_reactor(reactor))
         self.path = os.path.abspath(path)
         self._reactor = reactor
         # without run_blocking, reactor is a real one, with a thread pool

@@ -70,6 +70,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.observer import SharedCall
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
@@ -139,11 +140,6 @@ def _store_errors(method: Callable[_P, Deferred[_T]]) -> Callable[_P, Deferred[_
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         return method(*args, **kwargs).addErrback(translated)
     return wrapper
-
-
-def _default_clock() -> IReactorTime:
-    from twisted.internet import reactor
-    return cast(IReactorTime, reactor)
 
 
 class _Append:
@@ -1319,7 +1315,7 @@ class JetStreamLogStore:
         self.servers = list(servers)
         self.prefix = check_prefix(prefix)
         self.replicas = replicas if replicas is not None else (3 if len(self.servers) >= 3 else 1)
-        self.clock = clock or _default_clock()
+        self.clock = cast(IReactorTime, default_reactor(clock))
         # the reactor is also the IReactorFromThreads the bridge posts to
         self.bridge = bridge or AsyncioThreadBridge(cast(Any, self.clock))
         self.timeout = timeout

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
@@ -23,11 +24,6 @@ from streamproto.log.errors import (
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
-
-
-def _default_clock() -> IReactorTime:
-    from twisted.internet import reactor
-    return reactor
 
 
 @implementer(ILog)
@@ -222,7 +218,7 @@ class MemoryLogStore:
     """Logs kept in a dict.  C{clock} (an IReactorTime) times L{ILog.wait}."""
 
     def __init__(self, clock: IReactorTime | None = None) -> None:
-        self._clock = clock or _default_clock()
+        self._clock = cast(IReactorTime, default_reactor(clock))
         self._logs: dict[str, MemoryLog] = {}
         self.closed = False
 

@@ -27,6 +27,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.errors import describe
 from streamproto.core.observer import OneShotObserver
 from streamproto.lumberjack.codec import Ack, FrameDecoder, ProtocolError, encode_batch
@@ -145,8 +146,7 @@ class LumberjackClient:
     def __init__(self, endpoint, clock=None, bulk_max_size=2048, compression_level=3,
                  pipelining=2, timeout=30.0, slow_start=True, initial_window=10,
                  backoff_initial=1.0, backoff_max=60.0):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.endpoint = endpoint
         self.clock = clock
         self.bulk_max_size = bulk_max_size

@@ -20,6 +20,7 @@ from twisted.internet.defer import maybeDeferred, succeed
 from twisted.internet.protocol import Factory, Protocol
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.tcp import set_no_delay
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core import metrics
@@ -182,8 +183,7 @@ class LumberjackServerFactory(Factory):
                  idle_timeout=DEFAULT_IDLE_TIMEOUT, keepalive_interval=DEFAULT_KEEPALIVE_INTERVAL,
                  flush_bytes=DEFAULT_FLUSH_BYTES, max_buffered=DEFAULT_MAX_BUFFERED,
                  server_name="lumberjack-server", authorizer=ALLOW_ALL):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.sink = sink
         self.authorizer = authorizer
         self.clock = clock

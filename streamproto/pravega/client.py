@@ -37,6 +37,7 @@ from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.clock import default_reactor
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER
 
@@ -420,8 +421,7 @@ class SegmentWriter:
     def __init__(self, endpoint, segment, writer_id=None, clock=None, block_size=256 * 1024,
                  window_events=100000, window_bytes=16 * 1024 * 1024, max_retries=20,
                  retry_delay=0.05, max_retry_delay=2.0, keepalive_interval=10.0, token=""):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         if not 8 <= block_size <= codec.MAX_FRAME_SIZE - 64:
             raise ValueError("block_size out of range")
         self.endpoint = endpoint

@@ -23,6 +23,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
 from streamproto.core import metrics
@@ -813,8 +814,7 @@ class PravegaServerFactory(Factory):
                  max_outstanding_bytes=32 * 1024 * 1024, max_queued_commands=4096,
                  max_pending_reads=64, idle_timeout=300.0, server_name="pravega-server",
                  authorizer=ALLOW_ALL, tokens=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         from streamproto.pravega.auth import DelegationTokens
         self.authorizer = authorizer
         self.tokens = tokens or DelegationTokens(authorizer)

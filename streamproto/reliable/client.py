@@ -27,6 +27,7 @@ from twisted.internet import defer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.errors import describe
 from streamproto.reliable import codec
 from streamproto.reliable.errors import (
@@ -408,8 +409,7 @@ class _Client:
     def __init__(self, endpoint, clock=None, retry_delay=DEFAULT_RETRY_DELAY, backoff=1.0,
                  max_retry_delay=DEFAULT_GIVE_UP_AFTER, give_up_after=DEFAULT_GIVE_UP_AFTER,
                  idle_timeout=DEFAULT_IDLE_TIMEOUT, max_line=codec.DEFAULT_MAX_LINE):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         if retry_delay < DEFAULT_RETRY_DELAY:
             # the spec: wait at least 5 s after a failed connect
             raise ValueError("retry_delay must be at least 5 seconds")

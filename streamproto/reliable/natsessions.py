@@ -37,6 +37,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
 from streamproto.reliable.errors import StoreFailed, StoreUnavailable, UnknownSession
@@ -76,8 +77,7 @@ class JetStreamSessionStore:
                  replicas=None, tls=None, bridge=None, timeout=10.0):
         from streamproto.log.bridge import AsyncioThreadBridge
         from streamproto.log.natsio import NatsIO
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.clock = clock
         self.expiry = expiry
         self.servers = list(servers)

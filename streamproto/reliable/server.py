@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
 from streamproto.core.interfaces import IGracefulShutdown
@@ -599,8 +600,7 @@ class ReliableStreamFactory(Factory):
                  window=DEFAULT_WINDOW, turn_batch=DEFAULT_TURN_BATCH,
                  initial_timeout=DEFAULT_INITIAL_TIMEOUT, stall_timeout=DEFAULT_STALL_TIMEOUT,
                  clock=None, rng=None, server_name=SERVER_NAME, authorizer=ALLOW_ALL):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         if rate is not None and rate <= 0:
             raise ValueError("rate must be positive")
         self.store = store

@@ -29,6 +29,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.reliable.errors import (
     OutOfOrderAck,
     SessionFull,
@@ -236,8 +237,7 @@ class MemorySessionStore:
     """Sessions in memory: lost with the process."""
 
     def __init__(self, clock=None, expiry=DEFAULT_EXPIRY):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self._table = _SessionTable(clock, expiry)
 
     @property
@@ -342,8 +342,7 @@ class SQLiteSessionStore:
         @param reactor: the reactor that runs the database thread and the
             per-turn flush (default: the global reactor).
         """
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self.path = path
         self._reactor = reactor
         self._clock = clock = clock or reactor

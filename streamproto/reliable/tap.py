@@ -8,6 +8,7 @@ that fits SQLite better than an append-only log.
 """
 
 import os
+from dataclasses import dataclass
 
 from twisted.application import service
 from twisted.logger import Logger
@@ -18,7 +19,8 @@ from streamproto.core.stores import cannot_start
 from streamproto.log.interfaces import log_problems
 from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import (
-    ServerOptions, ServerService, listen, positive_float, positive_int, watch_policy,
+    ServerConfig, ServerOptions, ServerService, as_config, common_fields, listen, positive_float,
+    positive_int, watch_policy,
 )
 from streamproto.reliable import codec
 from streamproto.reliable.server import DEFAULT_WINDOW, SERVER_NAME, ReliableStreamFactory
@@ -26,12 +28,36 @@ from streamproto.reliable.session import DEFAULT_EXPIRY, MemorySessionStore, SQL
 
 DEFAULT_PORT = "tcp:7341"
 SQLITE_FILE = "reliable-sessions.sqlite"
+#: values of --store naming a session store of its own
+LOCAL_STORES = ("sqlite", "memory")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReliableServerConfig(ServerConfig):
+    """
+    What C{reliable-stream-server} is built from; C{store} chooses the
+    session store (C{sqlite}, C{memory}, or a NATS cluster: C{store_url}).
+    """
+
+    store: str | None = "sqlite"
+    expiry: float = DEFAULT_EXPIRY
+    rate: float | None = None
+    max_line: int = codec.DEFAULT_MAX_LINE
+    window: int = DEFAULT_WINDOW
+
+    @classmethod
+    def from_options(cls, options):
+        """See L{ServerConfig.from_options}."""
+        return cls(**common_fields(options, DEFAULT_PORT, LOCAL_STORES),
+                   expiry=options["expiry"], rate=options["rate"],
+                   max_line=options["max-line"], window=options["window"])
 
 
 class Options(ServerOptions):
     configTable = "reliable-stream-server"
+    configClass = ReliableServerConfig
     defaultPort = DEFAULT_PORT
-    localStores = ("sqlite", "memory")
+    localStores = LOCAL_STORES
     optParameters = [
         ["expiry", None, DEFAULT_EXPIRY, "Seconds a disconnected session is kept.",
          positive_float("expiry")],
@@ -107,43 +133,54 @@ class SessionStoreHealth:
         return (own.problems() if own is not None else []) + log_problems(self.open_logs())
 
 
-def make_store(options, clock=None):
-    url = options.get("store-url")
-    if url is not None:
+def make_store(config, clock=None):
+    """The session store of C{config} (a L{ReliableServerConfig})."""
+    config = as_config(config)
+    if config.store_url is not None:
         from streamproto.core.stores import store_tls_context
         from streamproto.reliable.natsessions import JetStreamSessionStore
-        return JetStreamSessionStore(url.servers, clock, expiry=options["expiry"],
+        url = config.store_url
+        return JetStreamSessionStore(url.servers, clock, expiry=config.expiry,
                                      prefix=url.prefix, replicas=url.replicas,
-                                     tls=store_tls_context(options))
-    if options["store"] == "memory":
-        return MemorySessionStore(clock, expiry=options["expiry"])
-    os.makedirs(options["data"], exist_ok=True)
-    return SQLiteSessionStore(os.path.join(options["data"], SQLITE_FILE), clock,
-                              expiry=options["expiry"])
+                                     tls=store_tls_context(config.store_options()))
+    if config.store == "memory":
+        return MemorySessionStore(clock, expiry=config.expiry)
+    os.makedirs(config.data, exist_ok=True)
+    return SQLiteSessionStore(os.path.join(config.data, SQLITE_FILE), clock,
+                              expiry=config.expiry, reactor=clock)
 
 
-def makeService(options, store=None):
+def build_service(config, store=None, reactor=None):
     """
+    The reliable-stream-server service of C{config} (a L{ReliableServerConfig}).
+
     @param store: the umbrella's shared log store, not used (see the module
         docstring); the session store is opened here.
+    @param reactor: the reactor it runs on (default: the global one).
     """
     from streamproto.core.ops import TrackingFactory, metrics_site
 
     # a ServerService stops the listeners, drains every connection (each
     # gets "server shutting down" once its stores are done), then the rest
-    top = ServerService(options["shutdown-timeout"], options["log-format"])
+    top = ServerService(config.shutdown_timeout, config.log_format, clock=reactor)
     top.setName(SERVER_NAME)
-    sessions = make_store(options)
+    sessions = make_store(config, reactor)
     # added first so that it stops last, after the connections are drained
     SessionStoreService(sessions).setServiceParent(top)
-    watch_policy(top, options)
-    factory = ReliableStreamFactory(sessions, rate=options["rate"], max_line=options["max-line"],
-                                    window=options["window"],
-                                    authorizer=options.get("authorizer", ALLOW_ALL))
+    watch_policy(top, config.authorizer)
+    factory = ReliableStreamFactory(sessions, rate=config.rate, max_line=config.max_line,
+                                    window=config.window, clock=reactor,
+                                    authorizer=config.authorizer or ALLOW_ALL)
     tracker = TrackingFactory(factory, SERVER_NAME)
     top.trackers.append(tracker)
-    listen(top, options["port"], tracker)
-    if options.get("metrics"):
+    listen(top, config.ports, tracker, reactor)
+    if config.metrics:
         # no log store: /ready reports on the session store instead
-        listen(top, [options["metrics"]], metrics_site([SessionStoreHealth(sessions)]))
+        listen(top, [config.metrics], metrics_site([SessionStoreHealth(sessions)], reactor),
+               reactor)
     return top
+
+
+def makeService(options, store=None, reactor=None):
+    """twistd's entry point: L{build_service} of the parsed C{options}' config."""
+    return build_service(as_config(options), store, reactor)

@@ -21,6 +21,7 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
 from streamproto.core.observer import Observers
 from streamproto.relink.codec import ConnectorHandshake, ProtocolError
@@ -109,8 +110,7 @@ class RelinkEndpoint:
     def __init__(self, name, handler, *, connector_id_size=0, listener_id_size=0,
                  connector_transactions=False, listener_transactions=False, config=None,
                  clock=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.name = name
         self.handler = IChannelHandler(handler)
         self.connector_id_size = connector_id_size
@@ -250,8 +250,7 @@ class ListenerFactory(Factory):
 
     def __init__(self, endpoints, config=None, clock=None, server_name=SERVER_NAME,
                  authorizer=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         from streamproto.core.auth import ALLOW_ALL
         #: the L{streamproto.core.auth.IAuthorizer}: who may link to which
         #: endpoint (resource C{relink:NAME}, operation write)
@@ -299,8 +298,7 @@ class Connector:
                  listener_id_size=0, connector_transactions=False,
                  listener_transactions=False, require_old_link=False, config=None,
                  clock=None, retry_policy=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.name = name
         self.handler = IChannelHandler(handler or ChannelHandler())
         self.connector_id_size = connector_id_size

@@ -4,10 +4,14 @@ C{twistd relink-server}: the echo and log-bridge endpoints.
 Default port: C{tcp:7350} (not assigned by IANA; chosen for this project).
 """
 
+from dataclasses import dataclass
+
 from twisted.python import usage
 
 from streamproto.core.auth import ALLOW_ALL
-from streamproto.core.tap import ServerOptions, positive_int, server_service
+from streamproto.core.tap import (
+    ServerConfig, ServerOptions, as_config, common_fields, positive_int, server_service,
+)
 from streamproto.log.config import validate_name
 from streamproto.log.public import check_public_name
 from streamproto.relink.api import ListenerFactory
@@ -27,10 +31,58 @@ def _id_size(value):
 _id_size.coerceDoc = "0..8."
 
 
+@dataclass(frozen=True, kw_only=True)
+class RelinkServerConfig(ServerConfig):
+    """
+    What C{relink-server} is built from; C{log}: the log name template of
+    channel N (C{{channel}} replaced by N).
+    """
+
+    log: str = DEFAULT_LOG_TEMPLATE
+    id_size: int = 4
+    window: int = SERVER_WINDOW
+    max_unconsumed: int = LinkConfig.max_unconsumed
+    max_buffered_bytes: int = LinkConfig.max_buffered_bytes
+    window_bytes: int = 4 * 1024 * 1024
+    link_timeout: int = 60
+
+    @classmethod
+    def from_options(cls, options):
+        """See L{ServerConfig.from_options}."""
+        common = common_fields(options, DEFAULT_PORT)
+        try:
+            name = options["log"].format(channel=0)
+        except (KeyError, IndexError, ValueError):
+            raise usage.UsageError("--log may only contain {channel}")
+        try:
+            # checked now, not when the first message arrives
+            validate_name(name)
+        except ValueError:
+            raise usage.UsageError(
+                f"--log {options['log']!r}: channel 0 would go to {name!r}, not a valid log "
+                "name (letters, digits, '_' and '-', at most 200 characters)")
+        try:
+            check_public_name(name)
+        except ValueError as e:
+            raise usage.UsageError(f"--log {options['log']!r}: {e}")
+        return cls(**common, log=options["log"], id_size=options["id-size"],
+                   window=options["window"], max_unconsumed=options["max-unconsumed"],
+                   max_buffered_bytes=options["max-buffered-bytes"],
+                   window_bytes=options["window-bytes"], link_timeout=options["link-timeout"])
+
+    def link_config(self):
+        """The L{LinkConfig} of every link."""
+        return LinkConfig(window=self.window, max_queued=min(self.window, 4096),
+                          window_bytes=self.window_bytes, max_queued_bytes=self.window_bytes,
+                          link_timeout=self.link_timeout, max_unconsumed=self.max_unconsumed,
+                          max_buffered_bytes=self.max_buffered_bytes)
+
+
 class Options(ServerOptions):
     """Options of C{twistd relink-server}."""
 
     configTable = "relink-server"
+    configClass = RelinkServerConfig
 
     defaultPort = DEFAULT_PORT
     synopsis = "[options]"
@@ -55,37 +107,26 @@ class Options(ServerOptions):
          positive_int("link-timeout")],
     ]
 
-    def postOptions(self):
-        super().postOptions()
-        try:
-            name = self["log"].format(channel=0)
-        except (KeyError, IndexError, ValueError):
-            raise usage.UsageError("--log may only contain {channel}")
-        try:
-            # checked now, not when the first message arrives
-            validate_name(name)
-        except ValueError:
-            raise usage.UsageError(
-                f"--log {self['log']!r}: channel 0 would go to {name!r}, not a valid log name "
-                "(letters, digits, '_' and '-', at most 200 characters)")
-        try:
-            check_public_name(name)
-        except ValueError as e:
-            raise usage.UsageError(f"--log {self['log']!r}: {e}")
 
+def build_service(config, store=None, reactor=None):
+    """
+    The relink-server service of C{config} (a L{RelinkServerConfig}).
 
-def makeService(options, store=None):
-    config = LinkConfig(window=options["window"], max_queued=min(options["window"], 4096),
-                        window_bytes=options["window-bytes"],
-                        max_queued_bytes=options["window-bytes"],
-                        link_timeout=options["link-timeout"],
-                        max_unconsumed=options["max-unconsumed"],
-                        max_buffered_bytes=options["max-buffered-bytes"])
+    @param store: a log store to share (default: one of its own).
+    @param reactor: the reactor it runs on (default: the global one).
+    """
+    link_config = config.link_config()
 
     def factory(store):
-        authorizer = options.get("authorizer")
-        return ListenerFactory(server_endpoints(store, options["log"], options["id-size"],
-                                                config, authorizer=authorizer or ALLOW_ALL),
-                               config=config, authorizer=authorizer)
+        authorizer = config.authorizer
+        return ListenerFactory(server_endpoints(store, config.log, config.id_size, link_config,
+                                                clock=reactor,
+                                                authorizer=authorizer or ALLOW_ALL),
+                               config=link_config, clock=reactor, authorizer=authorizer)
 
-    return server_service(options, factory, store=store, name="relink-server")
+    return server_service(config, factory, store=store, name="relink-server", reactor=reactor)
+
+
+def makeService(options, store=None, reactor=None):
+    """twistd's entry point: L{build_service} of the parsed C{options}' config."""
+    return build_service(as_config(options), store, reactor)

@@ -27,6 +27,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IPolicyForHTTPS
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.styx import formats
 
 DEFAULT_URL = "http://localhost:7123"
@@ -124,8 +125,7 @@ class StyxClient:
 
     def __init__(self, base_url=DEFAULT_URL, reactor=None, pool=None, tls_options=None,
                  agent=None, token=None):
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self.reactor = reactor
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.base_urls = [u.strip().rstrip("/") for u in urls if u.strip()]

@@ -10,6 +10,7 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.compat import request_gone
 from streamproto.core.ops import IOutputCounter
 from streamproto.core.sendpath import SocketSender
@@ -123,8 +124,7 @@ class RecordStreamer:
         if self.metrics is not None:
             self.metrics.active_streams.labels("http_consume").inc()
         transport = self.request.channel.transport if self.request.channel else None
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self._reactor = reactor
         self._direct = self.direct_send and transport is not None and \
             SocketSender.usable(transport, reactor)

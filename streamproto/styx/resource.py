@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.compat import request_gone
 from streamproto.log.config import LogConfig
@@ -129,9 +130,8 @@ class StyxResource(Resource):
         self.timeout = timeout
         self.default_config = default_config or LogConfig()
         self.metrics = metrics or StyxMetrics()
-        from twisted.internet import reactor
-        self.reactor = reactor
-        self.clock = clock if clock is not None else reactor
+        self.reactor = default_reactor()
+        self.clock = default_reactor(clock)
         # callable(request, log, params, **kw) taking over upgraded
         # connections; default: streamproto.styx.stream.upgrade
         self._upgrade_fn = upgrade

@@ -24,6 +24,7 @@ from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
 from streamproto.core.interfaces import IGracefulShutdown
@@ -72,11 +73,6 @@ DEFAULT_CONSUMER_START_DELAY = 0.01
 OWN_CLIENT_AGENT = b"streamproto-styx"
 
 
-def _clock():
-    from twisted.internet import reactor
-    return reactor
-
-
 def error_code_for(failure_or_exception):
     """The styx/0 L{ErrorCode} for a log store error."""
     exc = getattr(failure_or_exception, "value", failure_or_exception)
@@ -121,7 +117,7 @@ class _StyxStream(Protocol):
         remote = self.timeout if remote_timeout is None else remote_timeout
         #: heartbeat period: half the peer's timeout, at least a second
         self.heartbeat_interval = max(1.0, remote / 2.0)
-        self._clock = clock or _clock()
+        self._clock = default_reactor(clock)
         self._decoder = StyxDecoder(
             min(log.config.max_record_size, MAX_WIRE_RECORD_SIZE), accept=self._accept)
         self._error_code = None

@@ -31,6 +31,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.observer import Observers
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.log.batch import RecordBatch
@@ -298,8 +299,7 @@ class StyxProducer:
 
     def __init__(self, name, timeout=DEFAULT_TIMEOUT, window_bytes=DEFAULT_WINDOW_BYTES,
                  clock=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.name = name
         self.window_bytes = window_bytes
         self.sent_count = 0          # records handed to the transport

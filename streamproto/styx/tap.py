@@ -5,9 +5,13 @@ C{twistd styx-server}: the Styx HTTP API and styx/0 streams on one port.
         --port ssl:7443:privateKey=key.pem:certKey=cert.pem
 """
 
+from dataclasses import dataclass
+
 from twisted.python import usage
 
-from streamproto.core.tap import ServerOptions, positive_int, server_service
+from streamproto.core.tap import (
+    ServerConfig, ServerOptions, as_config, common_fields, positive_int, server_service,
+)
 from streamproto.log.config import LogConfig
 from streamproto.styx.resource import (
     DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_RESTORE_SIZE, DEFAULT_TIMEOUT, MIN_TIMEOUT,
@@ -38,14 +42,51 @@ def _retention(name):
 
 
 _DEFAULTS = LogConfig()
+DEFAULT_PORT = "tcp:7123"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StyxServerConfig(ServerConfig):
+    """
+    What C{styx-server} is built from.
+
+    @ivar cors_origins: origins allowed to call the API from browsers
+        (empty: no CORS headers).
+    @ivar log_config: the L{LogConfig} new logs get by default.
+    """
+
+    timeout: int = DEFAULT_TIMEOUT
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE
+    http_idle_timeout: int = 60
+    max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE
+    cors_origins: tuple = ("*",)
+    log_config: LogConfig = _DEFAULTS
+
+    @classmethod
+    def from_options(cls, options):
+        """See L{ServerConfig.from_options}; also sets C{cors_origins} and C{log_config}."""
+        common = common_fields(options, DEFAULT_PORT)
+        origins = options["cors-origin"] or ["*"]
+        options["cors_origins"] = [] if origins == ["none"] else origins
+        try:
+            options["log_config"] = LogConfig(**{
+                name: options[name.replace("_", "-")] for name in LogConfig.field_names()})
+        except ValueError as e:
+            raise usage.UsageError(str(e))
+        return cls(**common, timeout=options["timeout"], max_body_size=options["max-body-size"],
+                   http_idle_timeout=options["http-idle-timeout"],
+                   max_restore_size=options["max-restore-size"],
+                   cors_origins=tuple(options["cors_origins"]),
+                   log_config=options["log_config"])
 
 
 class Options(ServerOptions):
     """Options of C{twistd styx-server}."""
 
     configTable = "styx-server"
+    configClass = StyxServerConfig
 
-    defaultPort = "tcp:7123"
+    defaultPort = DEFAULT_PORT
     optParameters = [
         ["timeout", "t", DEFAULT_TIMEOUT,
          "styx/0 heartbeat timeout in seconds (announced in X-Styx-Timeout).", _timeout],
@@ -74,27 +115,27 @@ class Options(ServerOptions):
         """Origin allowed to call the API from browsers, "*" wildcards allowed (repeatable; default "*" like the reference; "none" turns CORS off)."""
         self["cors-origin"].append(origin)
 
-    def postOptions(self):
-        super().postOptions()
-        origins = self["cors-origin"] or ["*"]
-        self["cors_origins"] = [] if origins == ["none"] else origins
-        try:
-            self["log_config"] = LogConfig(**{
-                name: self[name.replace("_", "-")] for name in LogConfig.field_names()})
-        except ValueError as e:
-            raise usage.UsageError(str(e))
 
+def build_service(config, store=None, reactor=None):
+    """
+    The styx-server service of C{config} (a L{StyxServerConfig}).
 
-def makeService(options, store=None):
+    @param store: a log store to share (default: one of its own).
+    @param reactor: the reactor it runs on (default: the global one).
+    """
     from streamproto.styx.resource import make_site
 
     def factory(the_store):
-        return make_site(the_store, timeout=options["timeout"],
-                         default_config=options["log_config"],
-                         max_body_size=options["max-body-size"],
-                         max_restore_size=options["max-restore-size"],
-                         cors_origins=options["cors_origins"],
-                         http_idle_timeout=options["http-idle-timeout"],
-                         authorizer=options["authorizer"])
+        return make_site(the_store, timeout=config.timeout, default_config=config.log_config,
+                         max_body_size=config.max_body_size,
+                         max_restore_size=config.max_restore_size,
+                         cors_origins=config.cors_origins,
+                         http_idle_timeout=config.http_idle_timeout,
+                         authorizer=config.authorizer, clock=reactor)
 
-    return server_service(options, factory, store=store, name="styx-server")
+    return server_service(config, factory, store=store, name="styx-server", reactor=reactor)
+
+
+def makeService(options, store=None, reactor=None):
+    """twistd's entry point: L{build_service} of the parsed C{options}' config."""
+    return build_service(as_config(options), store, reactor)

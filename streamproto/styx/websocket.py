@@ -37,6 +37,7 @@ from wsproto.frame_protocol import CloseReason, Opcode, RsvBits
 from wsproto.utilities import generate_accept_token
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.observer import OneShotObserver
 from streamproto.styx.errors import APIError
@@ -63,11 +64,6 @@ CLOSE_INTERNAL_ERROR = 1011
 _OPEN = ConnectionState.OPEN
 _REMOTE_CLOSING = ConnectionState.REMOTE_CLOSING
 _CLOSED = ConnectionState.CLOSED
-
-
-def _clock():
-    from twisted.internet import reactor
-    return reactor
 
 
 def is_produce(request):
@@ -533,7 +529,7 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
         (consume); others (C{protocol}) are ignored.
     @return: C{NOT_DONE_YET} (the request is finished or taken over).
     """
-    clock = clock or _clock()
+    clock = default_reactor(clock)
     if request.channel is None or request.channel.transport is None:
         return _error_response(request, APIError(
             "not_supported", "api: WebSocket needs an HTTP/1.1 connection"))

@@ -16,6 +16,7 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.auth.policy import IAuthorizer, PolicyError, load_policy
 
 log = Logger(namespace="streamproto.core.auth")
@@ -87,10 +88,7 @@ def watch_sighup(holder: PolicyHolder, reactor: IReactorFromThreads | None = Non
         return
     _watched.append(holder)
     if len(_watched) == 1 and hasattr(signal, "SIGHUP"):
-        if reactor is None:
-            from twisted.internet import reactor as _reactor
-            reactor = cast(IReactorFromThreads, _reactor)
-        calls = reactor
+        calls = cast(IReactorFromThreads, default_reactor(reactor))
 
         def on_hup(signum: int, frame: FrameType | None) -> None:
             calls.callFromThread(reload_all)

@@ -11,6 +11,7 @@ from twisted.application import service
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
+from streamproto.core.clock import default_reactor
 from streamproto.core.compat import listening_port
 from streamproto.core.endpoints import split_fields
 from streamproto.core.ops import add_readiness_check
@@ -103,8 +104,7 @@ class ControllerService(service.Service):
     def __init__(self, store, segments, host, port, segment_store_address, reactor=None,
                  max_workers=8, expiry_interval=1.0, tls=None, retention_interval=60.0,
                  store_listener=None, authorizer=None, tokens=None):
-        if reactor is None:
-            from twisted.internet import reactor
+        reactor = default_reactor(reactor)
         self.reactor = reactor
         #: who may do what (L{streamproto.core.auth.IAuthorizer}; None: everyone)
         self.authorizer = authorizer

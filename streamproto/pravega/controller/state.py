@@ -14,6 +14,7 @@ import uuid
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from streamproto.core.clock import default_reactor
 from streamproto.log.errors import AppendConflict
 from streamproto.pravega.controller.layout import (
     MAX_SEGMENTS, Layout, choose_retention_cut, name_of, retention_policy, segment_name,
@@ -48,8 +49,7 @@ class ControllerState:
     log = Logger()
 
     def __init__(self, store, segments, clock=None):
-        if clock is None:
-            from twisted.internet import reactor as clock
+        clock = default_reactor(clock)
         self.clock = clock
         self.store = store
         self.segments = segments
