@@ -1,6 +1,7 @@
 """The Lumberjack client against a scripted server, with a fake clock."""
 
 import json
+import random
 
 from twisted.internet.defer import fail, succeed
 from twisted.internet.error import ConnectionDone, ConnectionRefusedError
@@ -80,6 +81,7 @@ class ClientTests(SynchronousTestCase):
     def make(self, **kwargs):
         self.clock = Clock()
         self.endpoint = ScriptedEndpoint()
+        kwargs.setdefault("jitter", 0)     # exact delays: these tests count seconds
         return LumberjackClient(self.endpoint, clock=self.clock, **kwargs)
 
     def test_slow_start_and_pipelining(self):
@@ -190,6 +192,22 @@ class ClientTests(SynchronousTestCase):
         self.endpoint.batches()
         self.endpoint.ack(1)
         self.assertEqual(self.successResultOf(d), 1)
+        self.flushLoggedErrors()
+
+    def test_reconnect_backoff_jittered(self):
+        """Each delay is drawn between the nominal one and half as much again."""
+        client = self.make(backoff_initial=1, backoff_max=5, jitter=0.5,
+                           rng=random.Random(11))
+        expected = random.Random(11)
+        self.endpoint.refuse = 4
+        client.send(events(1))
+        for nominal, attempts in [(1, 2), (2, 3), (4, 4), (5, 5)]:
+            delay = min(5, nominal * (1 + 0.5 * expected.random()))
+            self.assertTrue(nominal <= delay <= min(5, nominal * 1.5))
+            self.clock.advance(delay - 0.001)
+            self.assertEqual(self.endpoint.attempts, attempts - 1)
+            self.clock.advance(0.001)
+            self.assertEqual(self.endpoint.attempts, attempts)
         self.flushLoggedErrors()
 
     def test_bad_ack_drops_connection(self):

@@ -171,7 +171,7 @@ class FaultInjectionTests(SynchronousTestCase):
             rng, clock, store, server_rng, factory, network = self.setup_run(seed)
             count = rng.choice([1, 2, 15, 16, 17, rng.randint(1, 300)])
             client = StatefulClient(Endpoint(network), count, uuid=f"run-{seed}", clock=clock,
-                                    ack_every=rng.choice([0, 1, 5, 16]))
+                                    ack_every=rng.choice([0, 1, 5, 16]), rng=rng)
             d = client.run()
             network.run(d)
             result = self.successResultOf(d)
@@ -196,7 +196,7 @@ class FaultInjectionTests(SynchronousTestCase):
         for seed in range(1000, 1100):
             rng, clock, store, server_rng, factory, network = self.setup_run(seed)
             count = rng.randint(1, 400)
-            d = StatelessClient(Endpoint(network), count, clock=clock).run()
+            d = StatelessClient(Endpoint(network), count, clock=clock, rng=rng).run()
             network.run(d)
             values = [int(v) for v in self.successResultOf(d).values]
             self.assertEqual(len(values), count)
@@ -233,7 +233,7 @@ class FaultInjectionTests(SynchronousTestCase):
         return d, dropped_at, attempts_at
 
     def test_reconnect_at_once_then_every_5_s_then_give_up(self):
-        d, dropped_at, attempts_at = self.attempts_after_server_vanishes()
+        d, dropped_at, attempts_at = self.attempts_after_server_vanishes(jitter=0)
         self.failureResultOf(d, StreamGaveUp)
         self.assertEqual(attempts_at[0], dropped_at)
         self.assertEqual([b - a for a, b in zip(attempts_at, attempts_at[1:])], [5.0] * 6)
@@ -241,9 +241,26 @@ class FaultInjectionTests(SynchronousTestCase):
 
     def test_backoff(self):
         d, dropped_at, attempts_at = self.attempts_after_server_vanishes(backoff=2.0,
-                                                                        retry_delay=5.0)
+                                                                        retry_delay=5.0,
+                                                                        jitter=0)
         self.failureResultOf(d, StreamGaveUp)
         self.assertEqual([b - a for a, b in zip(attempts_at, attempts_at[1:])], [5.0, 10.0])
+
+    def test_jittered_waits(self):
+        """
+        By default each wait is drawn between 5 and 7.5 s (never less than the
+        spec's 5 s), and the client still gives up within 30 s.
+        """
+        d, dropped_at, attempts_at = self.attempts_after_server_vanishes(
+            rng=random.Random(5))
+        self.failureResultOf(d, StreamGaveUp)
+        self.assertEqual(attempts_at[0], dropped_at)
+        # the test clock moves in steps of 0.5 s
+        gaps = [b - a for a, b in zip(attempts_at, attempts_at[1:])]
+        self.assertGreaterEqual(len(gaps), 3)
+        self.assertTrue(all(5.0 <= gap <= 8.0 for gap in gaps), gaps)
+        self.assertGreater(len(set(gaps)), 1)
+        self.assertLessEqual(attempts_at[-1] - dropped_at, 30)
 
 
 class _ReferenceLikeSession(_StatefulSession):
@@ -270,7 +287,7 @@ class _ReferenceLikeSession(_StatefulSession):
 
 class ReferenceLikeClient(StatefulClient):
     def __init__(self, *args, rng, **kwargs):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, rng=rng, **kwargs)   # the backoff's jitter too
         self.rng = rng
 
     def _session(self):
@@ -329,7 +346,7 @@ class DurableFaultInjectionTests(TestCase):
                                          clock=clock, ack_every=16, rng=rng)
         else:
             client = StatefulClient(Endpoint(network), count, uuid=f"durable-{seed}",
-                                    clock=clock, ack_every=rng.choice([0, 5, 16]))
+                                    clock=clock, ack_every=rng.choice([0, 5, 16]), rng=rng)
         d = client.run()
         # kill the server once it has generated this many messages
         restart_when = rng.randint(1, count - 1)

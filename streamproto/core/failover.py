@@ -29,7 +29,8 @@ class FailoverEndpoint:
     """
     Connect to the address that worked last; when it refuses (or times
     out), to the next, and so on once round.  The client's own
-    reconnection (its backoff) decides when to try the round again.
+    reconnection (its backoff, L{streamproto.core.reconnect.Reconnector})
+    decides when to try the round again.
 
     @param endpoints: client endpoints, one per address, in order of
         preference.

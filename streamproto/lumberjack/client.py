@@ -9,8 +9,8 @@ A Lumberjack v2 client with Filebeat's sending behaviour.
 - A batch not fully acked within C{timeout} seconds (keepalive C{ACK 0}
   frames and partial acks restart the clock) counts as an error: the
   connection is dropped, and every unacked event goes back to the front of
-  the queue.  The client reconnects with exponential backoff and sends them
-  again (at least once).
+  the queue.  The client reconnects with exponential backoff (jittered, see
+  L{streamproto.core.reconnect}) and sends them again (at least once).
 
 Each batch is numbered 1..n, as Filebeat does.  That makes the two ack
 conventions in the wild agree: logstash-input-beats acks the highest
@@ -19,9 +19,9 @@ received, and for a batch numbered from 1 both are "the first k events".
 """
 
 import json
+import random
 from collections import deque
 
-from automat import MethodicalMachine
 from msgspec.json import encode as _fast_encode  # ~8x the stdlib, same compact UTF-8
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Factory, Protocol
@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from streamproto.core.clock import default_reactor
 from streamproto.core.errors import describe
 from streamproto.core.observer import OneShotObserver
+from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
 from streamproto.lumberjack.codec import Ack, FrameDecoder, ProtocolError, encode_batch
 from streamproto.core.tcp import set_no_delay
 
@@ -108,7 +109,6 @@ class _ClientProtocol(Protocol):
 
     def connectionMade(self):
         set_no_delay(self.transport)
-        self.client._connection_made(self)
 
     def dataReceived(self, data):
         self.decoder.feed(data)
@@ -139,13 +139,17 @@ class LumberjackClient:
         otherwise every batch is C{bulk_max_size}.
     @param backoff_initial: first reconnect delay, doubled per failure up to
         C{backoff_max}.
+    @param jitter: each reconnect delay is drawn between the nominal one
+        and this fraction more (0: exact); see
+        L{streamproto.core.reconnect.backoff_policy}.
+    @param rng: the random source of the jitter (C{random()} in [0, 1)).
     """
 
     log = Logger()
 
     def __init__(self, endpoint, clock=None, bulk_max_size=2048, compression_level=3,
                  pipelining=2, timeout=30.0, slow_start=True, initial_window=10,
-                 backoff_initial=1.0, backoff_max=60.0):
+                 backoff_initial=1.0, backoff_max=60.0, jitter=DEFAULT_JITTER, rng=random):
         clock = default_reactor(clock)
         self.endpoint = endpoint
         self.clock = clock
@@ -160,13 +164,15 @@ class LumberjackClient:
         self._queued = 0
         self._inflight = deque()    # batches sent on the current connection
         self._protocol = None
-        self._attempt = None
-        self._retry_call = None
         self._timeout_call = None
         self._loss_reason = None    # why the last connection ended (for the log)
         self._closed_event = OneShotObserver()
-        self._failures = 0
         self._stopped = False
+        # connects only while there are events to send (start() in send())
+        self._reconnector = Reconnector(
+            lambda: endpoint.connect(Factory.forProtocol(lambda: _ClientProtocol(self))),
+            clock, backoff_policy(backoff_initial, backoff_max, 2.0, jitter, rng),
+            connected=self._adopt, cannot_connect=self._cannot_connect)
         self.events_acked = 0
         self.connections_made = 0
 
@@ -196,7 +202,10 @@ class LumberjackClient:
             return request.deferred
         self._queue.append([payloads, 0, request])
         self._queued += len(payloads)
-        self._work_queued()
+        if self._protocol is not None:
+            self._pump()
+        else:
+            self._reconnector.start()
         return request.deferred
 
     def close(self):
@@ -206,146 +215,25 @@ class LumberjackClient:
 
         @return: a Deferred firing once disconnected.
         """
-        self._stopped = True
-        done = self._closed_event.when_fired()
-        self._close()
-        return done
+        if not self._stopped:
+            self._stopped = True
+            self._reconnector.stop().addCallback(self._finish)
+        return self._closed_event.when_fired()
 
-    # -- the connection's life: an automat machine ------------------------------
-    _machine = MethodicalMachine()
-
-    @_machine.state(initial=True)
-    def _idle(self):
-        "Not connected, nothing to send."
-
-    @_machine.state()
-    def _connecting(self):
-        "A connection attempt is under way."
-
-    @_machine.state()
-    def _connected(self):
-        "Sending batches and reading acks."
-
-    @_machine.state()
-    def _waiting(self):
-        "Backing off before the next attempt."
-
-    @_machine.state()
-    def _closing(self):
-        "Closed by the user; waiting for the connection to end."
-
-    @_machine.state()
-    def _closed(self):
-        "Done for good."
-
-    @_machine.input()
-    def _work_queued(self):
-        "send() queued events."
-
-    @_machine.input()
-    def _attempt_succeeded(self, protocol):
-        "The connection is up (connectionMade)."
-
-    @_machine.input()
-    def _attempt_failed(self, reason):
-        "The endpoint could not connect."
-
-    @_machine.input()
-    def _retry_due(self):
-        "The backoff delay is over."
-
-    @_machine.input()
-    def _lost_with_work(self):
-        "The connection ended with events still to send (requeued)."
-
-    @_machine.input()
-    def _lost_idle(self):
-        "The connection ended with nothing left to send."
-
-    @_machine.input()
-    def _close(self):
-        "close() was called."
-
-    @_machine.output()
-    def _connect(self):
-        self._retry_call = None
-        factory = Factory.forProtocol(lambda: _ClientProtocol(self))
-        self._attempt = self.endpoint.connect(factory)
-        self._attempt.addErrback(self._attempt_failed)
-
-    @_machine.output()
+    # -- the connection (see L{Reconnector}) -------------------------------------
     def _adopt(self, protocol):
-        self._attempt = None
         self._protocol = protocol
         self.connections_made += 1
-
-    @_machine.output()
-    def _send_more(self):
         self._pump()
 
-    @_machine.output()
-    def _note_failure(self, reason):
-        self._attempt = None
-        self._failures += 1
+    def _cannot_connect(self, reason, delay):
         self.log.warn("lumberjack client: cannot connect: {error}", error=reason.value)
 
-    @_machine.output()
-    def _note_loss(self):
-        # a TLS refusal (wrong CA, no client certificate) shows up here, as a
-        # connection lost right after it was made: say why before retrying
-        self.log.warn("lumberjack client: connection lost ({reason}); reconnecting",
-                      reason=self._loss_reason)
-
-    @_machine.output()
-    def _schedule_retry(self):
-        delay = min(self.backoff_max, self.backoff_initial * 2 ** max(0, self._failures - 1))
-        self._retry_call = self.clock.callLater(delay, self._retry_due)
-
-    @_machine.output()
-    def _cancel_retry(self):
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
-        self._retry_call = None
-
-    @_machine.output()
-    def _cancel_attempt(self):
-        if self._attempt is not None:
-            self._attempt.cancel()
-
-    @_machine.output()
-    def _disconnect(self):
-        self._protocol.transport.loseConnection()
-
-    @_machine.output()
-    def _finish(self):
+    def _finish(self, ignored=None):
         self._fail_pending()
         self._closed_event.fire()
 
-    _idle.upon(_work_queued, enter=_connecting, outputs=[_connect])
-    _idle.upon(_close, enter=_closed, outputs=[_finish])
-    _connecting.upon(_work_queued, enter=_connecting, outputs=[])
-    _connecting.upon(_attempt_succeeded, enter=_connected, outputs=[_adopt, _send_more])
-    _connecting.upon(_attempt_failed, enter=_waiting, outputs=[_note_failure, _schedule_retry])
-    _connecting.upon(_close, enter=_closing, outputs=[_cancel_attempt])
-    _waiting.upon(_work_queued, enter=_waiting, outputs=[])
-    _waiting.upon(_retry_due, enter=_connecting, outputs=[_connect])
-    _waiting.upon(_close, enter=_closed, outputs=[_cancel_retry, _finish])
-    _connected.upon(_work_queued, enter=_connected, outputs=[_send_more])
-    _connected.upon(_lost_with_work, enter=_waiting, outputs=[_note_loss, _schedule_retry])
-    _connected.upon(_lost_idle, enter=_idle, outputs=[])
-    _connected.upon(_close, enter=_closing, outputs=[_disconnect])
-    _closing.upon(_close, enter=_closing, outputs=[])
-    _closing.upon(_attempt_succeeded, enter=_closing, outputs=[_adopt, _disconnect])
-    _closing.upon(_attempt_failed, enter=_closed, outputs=[_finish])
-    _closing.upon(_lost_with_work, enter=_closed, outputs=[_finish])
-    _closing.upon(_lost_idle, enter=_closed, outputs=[_finish])
-    _closed.upon(_close, enter=_closed, outputs=[_finish])
-    _closed.upon(_attempt_failed, enter=_closed, outputs=[])
-
     # -- called by the protocol ---------------------------------------------------
-    def _connection_made(self, protocol):
-        self._attempt_succeeded(protocol)
-
     def _disconnected(self, protocol, reason):
         if protocol is not self._protocol:
             return
@@ -354,13 +242,18 @@ class LumberjackClient:
         self._cancel_timeout()
         if self._inflight:
             # whatever was not acked goes out again, first
-            self._failures += 1
             self._shrink()
             self._requeue()
-        if self._queued:
-            self._lost_with_work()
-        else:
-            self._lost_idle()
+        if not self._queued:
+            # nothing to send: connect again on the next send()
+            self._reconnector.lost(reason, reconnect=False)
+            return
+        if not self._stopped:
+            # a TLS refusal (wrong CA, no client certificate) shows up here, as a
+            # connection lost right after it was made: say why before retrying
+            self.log.warn("lumberjack client: connection lost ({reason}); reconnecting",
+                          reason=self._loss_reason)
+        self._reconnector.lost(reason)
 
     def _requeue(self):
         segments = []
@@ -442,7 +335,7 @@ class LumberjackClient:
         batch.credit(seq)
         if seq == size:
             self._inflight.popleft()
-            self._failures = 0
+            self._reconnector.progress()
             self.window = min(float(self.bulk_max_size), self.window * 1.5)
             if not self._inflight:
                 self._cancel_timeout()

@@ -26,6 +26,7 @@ after the durable events once the server is back (L{SegmentWriter.when_set_up}).
 
 import bisect
 import operator
+import random
 import struct
 import uuid
 from collections import deque
@@ -38,6 +39,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
+from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER
 
@@ -413,6 +415,9 @@ class SegmentWriter:
         and not yet acknowledged (one chunk may exceed it alone).
     @param max_retries: consecutive failed connection attempts before every
         pending Deferred fails.
+    @param retry_delay, max_retry_delay: the wait after a failure, doubling
+        up to C{max_retry_delay}; each drawn up to C{jitter} (a fraction)
+        longer, with C{rng} (see L{streamproto.core.reconnect.backoff_policy}).
     """
 
     log = Logger()
@@ -420,7 +425,8 @@ class SegmentWriter:
 
     def __init__(self, endpoint, segment, writer_id=None, clock=None, block_size=256 * 1024,
                  window_events=100000, window_bytes=16 * 1024 * 1024, max_retries=20,
-                 retry_delay=0.05, max_retry_delay=2.0, keepalive_interval=10.0, token=""):
+                 retry_delay=0.05, max_retry_delay=2.0, keepalive_interval=10.0, token="",
+                 jitter=DEFAULT_JITTER, rng=random):
         clock = default_reactor(clock)
         if not 8 <= block_size <= codec.MAX_FRAME_SIZE - 64:
             raise ValueError("block_size out of range")
@@ -448,13 +454,16 @@ class SegmentWriter:
         self._proto = None            # set while ready
         self._setup_request = -1
         self._flush_call = None
-        self._failures = 0
-        self._delay = retry_delay
-        self._retry_call = None
-        self._connecting = None
         self._idle_waiters = []
         self._setup_waiters = []
         self.error = None
+        # the connection's failures count until a DataAppended (or a setup
+        # with nothing to resend): see reply() and _start_appending
+        self._reconnector = Reconnector(
+            lambda: connect(endpoint), clock,
+            backoff_policy(retry_delay, max_retry_delay, 2.0, jitter, rng),
+            connected=self.connected, cannot_connect=self._retrying, gave_up=self._give_up,
+            max_retries=max_retries)
         self.start()
 
     # -- state machine -----------------------------------------------------
@@ -463,8 +472,8 @@ class SegmentWriter:
         "Not started."
 
     @_machine.state()
-    def connecting(self):
-        "Connecting and exchanging Hellos."
+    def dialing(self):
+        "Connecting (and exchanging Hellos), or waiting before the next attempt."
 
     @_machine.state()
     def setting_up(self):
@@ -473,10 +482,6 @@ class SegmentWriter:
     @_machine.state()
     def ready(self):
         "Appending."
-
-    @_machine.state()
-    def backing_off(self):
-        "Waiting before the next connection attempt."
 
     @_machine.state()
     def stopped(self):
@@ -491,10 +496,6 @@ class SegmentWriter:
         "The connection and Hello exchange succeeded."
 
     @_machine.input()
-    def connect_failed(self, reason):
-        "The connection attempt failed."
-
-    @_machine.input()
     def setup_done(self, reply):
         "AppendSetup arrived."
 
@@ -503,21 +504,15 @@ class SegmentWriter:
         "The connection dropped."
 
     @_machine.input()
-    def retry(self):
-        "The back-off delay passed."
-
-    @_machine.input()
     def stop(self, error):
         "Close (error None) or fail for good."
 
     @_machine.output()
-    def _connect(self):
-        d = self._connecting = connect(self.endpoint)
-        d.addCallbacks(self.connected, self.connect_failed)
+    def _dial(self):
+        self._reconnector.start()
 
     @_machine.output()
     def _send_setup(self, proto):
-        self._connecting = None
         proto.writers[self.writer_id] = self
         self._setup_proto = proto
         rid = proto.next_request_id()
@@ -538,8 +533,7 @@ class SegmentWriter:
             # nothing to prove: a setup is progress enough.  Otherwise only a
             # DataAppended resets the count, so a server that takes the
             # connection but never the data cannot hold us in a loop
-            self._failures = 0
-            self._delay = self.retry_delay
+            self._reconnector.progress()
         self.connections += 1
         self._setup_request = reply.request_id
         last = reply.last_event_number
@@ -568,60 +562,46 @@ class SegmentWriter:
         self._keepalive = None
 
     @_machine.output()
-    def _schedule_retry(self, reason):
+    def _redial(self, reason):
         self._stop_keepalive()
         self._proto = None
-        self._connecting = None
-        self._failures += 1
-        if self._failures > self.max_retries:
-            self.log.warn("writer {writer}: giving up after {n} attempts: {reason}",
-                          writer=self.writer_id, n=self._failures, reason=reason)
-            self._retry_call = self.clock.callLater(0, self.stop, ConnectionError(str(reason)))
-            return
-        delay = self._delay
-        self._delay = min(self._delay * 2, self.max_retry_delay)
-        self.log.info("writer {writer}: reconnecting in {delay}s", writer=self.writer_id,
-                      delay=delay)
-        self._retry_call = self.clock.callLater(delay, self.retry)
+        self._retrying(reason, self._reconnector.lost(reason))
+
+    def _retrying(self, reason, delay):
+        if delay is not None:
+            self.log.info("writer {writer}: reconnecting in {delay}s", writer=self.writer_id,
+                          delay=delay)
+
+    def _give_up(self, reason):
+        self.log.warn("writer {writer}: giving up after {n} attempts: {reason}",
+                      writer=self.writer_id, n=self._reconnector.failures, reason=reason)
+        self.stop(ConnectionError(str(reason)))
 
     @_machine.output()
     def _halt(self, error):
         self.error = error or WriterClosed(f"writer {self.writer_id} closed")
         self._stop_keepalive()
         self._proto = None
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
+        # cancels the attempt or the wait, closes the connection
+        self._reconnector.stop()
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
-        if self._connecting is not None:
-            self._connecting.cancel()
         proto = getattr(self, "_setup_proto", None)
         if proto is not None:
             proto.writers.pop(self.writer_id, None)
             for rid in [r for r, w in proto.writer_requests.items() if w is self]:
                 del proto.writer_requests[rid]
-            if proto.transport is not None and proto.transport.connected:
-                proto.transport.loseConnection()
         self._fail_all(self.error)
 
-    @_machine.output()
-    def _drop_late(self, proto):
-        proto.transport.loseConnection()
-
-    idle.upon(start, enter=connecting, outputs=[_connect])
+    idle.upon(start, enter=dialing, outputs=[_dial])
     idle.upon(stop, enter=stopped, outputs=[_halt])
-    connecting.upon(connected, enter=setting_up, outputs=[_send_setup])
-    connecting.upon(connect_failed, enter=backing_off, outputs=[_schedule_retry])
-    connecting.upon(stop, enter=stopped, outputs=[_halt])
+    dialing.upon(connected, enter=setting_up, outputs=[_send_setup])
+    dialing.upon(stop, enter=stopped, outputs=[_halt])
     setting_up.upon(setup_done, enter=ready, outputs=[_start_appending])
-    setting_up.upon(connection_lost, enter=backing_off, outputs=[_schedule_retry])
+    setting_up.upon(connection_lost, enter=dialing, outputs=[_redial])
     setting_up.upon(stop, enter=stopped, outputs=[_halt])
-    ready.upon(connection_lost, enter=backing_off, outputs=[_schedule_retry])
+    ready.upon(connection_lost, enter=dialing, outputs=[_redial])
     ready.upon(stop, enter=stopped, outputs=[_halt])
-    backing_off.upon(retry, enter=connecting, outputs=[_connect])
-    backing_off.upon(stop, enter=stopped, outputs=[_halt])
-    stopped.upon(connected, enter=stopped, outputs=[_drop_late])
-    stopped.upon(connect_failed, enter=stopped, outputs=[])
     stopped.upon(setup_done, enter=stopped, outputs=[])
     stopped.upon(connection_lost, enter=stopped, outputs=[])
     stopped.upon(stop, enter=stopped, outputs=[])
@@ -635,8 +615,7 @@ class SegmentWriter:
     def reply(self, reply):
         t = type(reply)
         if t is codec.DataAppended:
-            self._failures = 0
-            self._delay = self.retry_delay
+            self._reconnector.progress()
             self._acknowledge(reply.event_number)
             self._flush()
         elif t is codec.ConditionalCheckFailed:

@@ -9,26 +9,28 @@ endless stream.  Both survive dropped connections::
     result = yield StatefulClient(endpoint, count=1000).run()
     print(result.crc, len(result.values), result.reconnects)
 
-Reconnection (the spec's rules, in L{_Reconnector}, an automat machine):
+Reconnection (the spec's rules, on L{streamproto.core.reconnect.Reconnector}):
 after an established connection drops the client reconnects at once; after
 a failed connection attempt it waits (C{retry_delay}, default 5 s, may grow
-with C{backoff}) and gives up once C{give_up_after} (30 s) have passed since
-the connection was lost, because the server may have dropped the session
-by then.  An C{{"error"}} from the server ends the run at once (no resume).
+with C{backoff}; each wait drawn up to C{jitter} (half) longer, never
+shorter) and gives up once C{give_up_after} (30 s) have passed since the
+connection was lost, because the server may have dropped the session by
+then.  An C{{"error"}} from the server ends the run at once (no resume).
 """
 
+import random
 import uuid as uuid_module
 import zlib
 from struct import Struct
 from typing import NamedTuple
 
-from automat import MethodicalMachine
 from twisted.internet import defer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.errors import describe
+from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
 from streamproto.reliable import codec
 from streamproto.reliable.errors import (
     CRCMismatch,
@@ -219,167 +221,60 @@ class ReliableStreamClientProtocol(Protocol):
 
 class _Reconnector:
     """
-    Connections of one stream: connect, reconnect at once after a drop,
-    wait after a failed attempt, give up after C{give_up_after} seconds
-    without a connection.
+    Connections of one stream, on a L{Reconnector}: connect, reconnect at
+    once after a drop, wait after a failed attempt, give up after
+    C{give_up_after} seconds without a connection.
     """
 
-    _machine = MethodicalMachine()
     log = Logger()
 
     def __init__(self, endpoint, session, clock, retry_delay, backoff, max_retry_delay,
-                 give_up_after, idle_timeout, max_line):
-        self.endpoint = endpoint
+                 give_up_after, idle_timeout, max_line, jitter, rng):
         self.session = session
         self.clock = clock
-        self.retry_delay = retry_delay
-        self.backoff = backoff
-        self.max_retry_delay = max_retry_delay
         self.give_up_after = give_up_after
         self.idle_timeout = idle_timeout
         self.max_line = max_line
         self.result = defer.Deferred()
         self.reconnects = 0
         self._connections = 0
-        self._failed_attempts = 0
-        self._disconnected_at = None
-        self._retry_call = None
-        self._attempt = None
-        self._protocol = None
+        factory = Factory.forProtocol(lambda: ReliableStreamClientProtocol(session, self))
+        self._connection = Reconnector(
+            lambda: endpoint.connect(factory), clock,
+            backoff_policy(retry_delay, max_retry_delay, backoff, jitter, rng),
+            connected=self._count_connection, cannot_connect=self._retrying,
+            gave_up=self._gave_up, give_up_after=give_up_after)
 
-    # states
-
-    @_machine.state(initial=True)
-    def idle(self):
-        "Not started."
-
-    @_machine.state()
-    def connecting(self):
-        "A connection attempt is in progress."
-
-    @_machine.state()
-    def connected(self):
-        "Streaming over a connection."
-
-    @_machine.state()
-    def waiting(self):
-        "Waiting before the next attempt, after a failed one."
-
-    @_machine.state()
-    def closing(self):
-        "Done (or failed); waiting for the last connection to close."
-
-    @_machine.state()
-    def stopped(self):
-        "The result has been delivered."
-
-    # inputs
-
-    @_machine.input()
     def start(self):
-        "Begin."
+        self._connection.start()
 
-    @_machine.input()
-    def attempt_succeeded(self, protocol):
-        "The endpoint connected."
-
-    @_machine.input()
-    def attempt_failed(self, reason):
-        "The endpoint could not connect."
-
-    @_machine.input()
-    def retry_due(self):
-        "The wait after a failed attempt is over."
-
-    @_machine.input()
-    def _lost(self):
-        "The connection dropped before the stream was complete."
-
-    @_machine.input()
-    def _lost_before_data(self, reason):
-        "The connection dropped before the server said anything (TLS refusal, reset...)."
-
-    @_machine.input()
-    def _closed(self):
-        "The connection closed after the end (or an error) of the stream."
-
-    @_machine.input()
-    def _end(self, outcome):
-        "The stream is complete (outcome: result) or failed (outcome: exception)."
-
-    # outputs
-
-    @_machine.output()
-    def _connect(self):
-        factory = Factory.forProtocol(lambda: ReliableStreamClientProtocol(self.session, self))
-        self._attempt = self.endpoint.connect(factory)
-        self._attempt.addCallbacks(self.attempt_succeeded, self.attempt_failed)
-
-    @_machine.output()
     def _count_connection(self, protocol):
         # the failure count and the give-up clock are reset by the first
         # data from the server (established()), not by a mere TCP connect
-        self._protocol = protocol
         if self._connections:
             self.reconnects += 1
         self._connections += 1
 
-    @_machine.output()
-    def _note_drop(self):
-        self._protocol = None
-        self._disconnected_at = self.clock.seconds()
-        self.log.info("reliable-stream connection lost; reconnecting")
-
-    @_machine.output()
-    def _wait_or_give_up(self, reason):
-        now = self.clock.seconds()
-        if self._disconnected_at is None:
-            self._disconnected_at = now
-        self._failed_attempts += 1
-        delay = min(self.max_retry_delay,
-                    self.retry_delay * self.backoff ** (self._failed_attempts - 1))
-        if now + delay - self._disconnected_at > self.give_up_after:
-            self._retry_call = self.clock.callLater(0, self._end, StreamGaveUp(
-                f"no connection for {self.give_up_after:g} s ({describe(reason)}); "
-                "the server may have dropped the stream"))
-        else:
+    def _retrying(self, reason, delay):
+        if delay is not None:
             self.log.info("reliable-stream connect failed ({why}); retry in {delay:g} s",
                           why=reason.getErrorMessage(), delay=delay)
-            self._retry_call = self.clock.callLater(delay, self.retry_due)
 
-    @_machine.output()
-    def _cancel_retry(self, outcome):
-        if self._retry_call is not None and self._retry_call.active():
-            self._retry_call.cancel()
-        self._retry_call = None
+    def _gave_up(self, reason):
+        self.result.errback(StreamGaveUp(
+            f"no connection for {self.give_up_after:g} s ({describe(reason)}); "
+            "the server may have dropped the stream"))
 
-    @_machine.output()
-    def _keep_outcome(self, outcome):
-        self._outcome = outcome
-
-    @_machine.output()
-    def _deliver(self, outcome):
-        self._fire(outcome)
-
-    @_machine.output()
-    def _deliver_kept(self):
-        self._fire(self._outcome)
+    def _end(self, outcome):
+        """The stream is complete (outcome: None) or failed (outcome: exception)."""
+        # delivered once the connection has closed
+        self._connection.stop().addCallback(lambda _: self._fire(outcome))
 
     def _fire(self, outcome):
         if isinstance(outcome, Exception):
             self.result.errback(outcome)
         else:
             self.result.callback(self.session.result(self.reconnects))
-
-    idle.upon(start, enter=connecting, outputs=[_connect])
-    connecting.upon(attempt_succeeded, enter=connected, outputs=[_count_connection])
-    connecting.upon(attempt_failed, enter=waiting, outputs=[_wait_or_give_up])
-    waiting.upon(retry_due, enter=connecting, outputs=[_connect])
-    waiting.upon(_end, enter=stopped, outputs=[_cancel_retry, _deliver])
-    connected.upon(_lost, enter=connecting, outputs=[_note_drop, _connect])
-    connected.upon(_lost_before_data, enter=waiting, outputs=[_wait_or_give_up])
-    connected.upon(_end, enter=closing, outputs=[_keep_outcome])
-    closing.upon(_closed, enter=stopped, outputs=[_deliver_kept])
 
     # what the protocol reports
 
@@ -391,24 +286,39 @@ class _Reconnector:
 
     def established(self):
         """The server answered: the connection counts as re-established."""
-        self._failed_attempts = 0
-        self._disconnected_at = None
+        self._connection.progress()
 
     def connection_lost(self, was_done, received, reason):
         if was_done:
-            self._closed()
+            # the end of the stream (or its error): not reconnecting
+            self._connection.lost(reason, reconnect=False)
         elif received:
-            self._lost()
+            self.log.info("reliable-stream connection lost; reconnecting")
+            self._connection.lost(reason, failed=False)
         else:
-            self._lost_before_data(reason)
+            # before the server said anything (TLS refusal, reset...): as a
+            # failed attempt
+            self._retrying(reason, self._connection.lost(reason))
 
 
 class _Client:
+    """
+    @param retry_delay: the wait after a failed attempt (at least 5 s),
+        multiplied by C{backoff} after each, up to C{max_retry_delay}.
+    @param jitter: each wait is drawn up to this fraction longer (never
+        shorter); 0 for exact waits.  See
+        L{streamproto.core.reconnect.backoff_policy}.
+    @param rng: the random source of the jitter (C{random()} in [0, 1)).
+    @param give_up_after: seconds without a connection before the run fails
+        with L{StreamGaveUp}.
+    """
+
     log = Logger()
 
     def __init__(self, endpoint, clock=None, retry_delay=DEFAULT_RETRY_DELAY, backoff=1.0,
                  max_retry_delay=DEFAULT_GIVE_UP_AFTER, give_up_after=DEFAULT_GIVE_UP_AFTER,
-                 idle_timeout=DEFAULT_IDLE_TIMEOUT, max_line=codec.DEFAULT_MAX_LINE):
+                 idle_timeout=DEFAULT_IDLE_TIMEOUT, max_line=codec.DEFAULT_MAX_LINE,
+                 jitter=DEFAULT_JITTER, rng=random):
         clock = default_reactor(clock)
         if retry_delay < DEFAULT_RETRY_DELAY:
             # the spec: wait at least 5 s after a failed connect
@@ -418,7 +328,7 @@ class _Client:
         self._options = dict(retry_delay=retry_delay, backoff=backoff,
                              max_retry_delay=max(max_retry_delay, retry_delay),
                              give_up_after=give_up_after, idle_timeout=idle_timeout,
-                             max_line=max_line)
+                             max_line=max_line, jitter=jitter, rng=rng)
 
     def run(self):
         """Fires with a L{StreamResult}, or fails (L{RemoteError}, L{StreamGaveUp}...)."""
