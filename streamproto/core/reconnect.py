@@ -34,9 +34,16 @@ Like every clock-driven class of the suite the clock is injected; the
 reactor is never imported here.
 """
 
+from __future__ import annotations
+
 import random
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from automat import MethodicalMachine
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
 
 from streamproto.core.observer import OneShotObserver
 
@@ -47,7 +54,16 @@ __all__ = ["DEFAULT_JITTER", "Reconnector", "backoff_policy"]
 DEFAULT_JITTER = 0.5
 
 
-def backoff_policy(initial, maximum, factor=2.0, jitter=DEFAULT_JITTER, rng=random):
+class _Random(Protocol):
+    def random(self) -> float: ...
+
+
+#: attempt (0, 1, ...) -> seconds
+Policy = Callable[[int], float]
+
+
+def backoff_policy(initial: float, maximum: float, factor: float = 2.0,
+                   jitter: float = DEFAULT_JITTER, rng: _Random = random) -> Policy:
     """
     Exponential backoff with jitter.
 
@@ -82,7 +98,7 @@ def backoff_policy(initial, maximum, factor=2.0, jitter=DEFAULT_JITTER, rng=rand
     if jitter < 0:
         raise ValueError("jitter must not be negative")
 
-    def policy(attempt):
+    def policy(attempt: int) -> float:
         try:
             nominal = min(maximum, initial * factor ** attempt)
         except OverflowError:
@@ -112,10 +128,13 @@ class Reconnector:
         giving up).
     """
 
-    _machine = MethodicalMachine()
+    _machine = MethodicalMachine()  # type: ignore[no-untyped-call]
 
-    def __init__(self, connect, clock, policy, connected, cannot_connect=None, gave_up=None,
-                 max_retries=None, give_up_after=None):
+    def __init__(self, connect: Callable[[], Deferred[Any]], clock: IReactorTime, policy: Policy,
+                 connected: Callable[[Any], object],
+                 cannot_connect: Callable[[Failure, float | None], object] | None = None,
+                 gave_up: Callable[[Failure], object] | None = None,
+                 max_retries: int | None = None, give_up_after: float | None = None) -> None:
         """
         @param connect: one connection attempt: a callable returning a
             Deferred that fires with the connected protocol, or fails.
@@ -147,16 +166,16 @@ class Reconnector:
         self.max_retries = max_retries
         self.give_up_after = give_up_after
         self.failures = 0
-        self.protocol = None
-        self.delay = None
-        self._down_since = None
-        self._attempt = None
-        self._call = None
-        self._stopped = OneShotObserver()
+        self.protocol: Any = None
+        self.delay: float | None = None
+        self._down_since: float | None = None
+        self._attempt: Deferred[Any] | None = None
+        self._call: IDelayedCall | None = None
+        self._stopped: OneShotObserver[None] = OneShotObserver()
 
     # -- what the client calls ---------------------------------------------
 
-    def lost(self, reason, failed=True, reconnect=True):
+    def lost(self, reason: Failure, failed: bool = True, reconnect: bool = True) -> float | None:
         """
         The current connection is gone.
 
@@ -178,7 +197,7 @@ class Reconnector:
             self._lost_working(reason)
         return self.delay
 
-    def progress(self):
+    def progress(self) -> None:
         """The connection works: the next failure is the first again."""
         self.failures = 0
         self._down_since = None
@@ -186,41 +205,41 @@ class Reconnector:
     # -- states ---------------------------------------------------------------
 
     @_machine.state(initial=True)
-    def _idle(self):
+    def _idle(self) -> None:
         "Not connected, and not trying."
 
     @_machine.state()
-    def _connecting(self):
+    def _connecting(self) -> None:
         "An attempt is under way."
 
     @_machine.state()
-    def _connected_state(self):
+    def _connected_state(self) -> None:
         "The client has a connection."
 
     @_machine.state()
-    def _waiting(self):
+    def _waiting(self) -> None:
         "Waiting before the next attempt (or before giving up, at once)."
 
     @_machine.state()
-    def _cancelling(self):
+    def _cancelling(self) -> None:
         "Stopped during an attempt: waiting for it to end."
 
     @_machine.state()
-    def _disconnecting(self):
+    def _disconnecting(self) -> None:
         "Stopped with a connection: waiting for the client to report it lost."
 
     @_machine.state()
-    def _done(self):
+    def _done(self) -> None:
         "Stopped (or given up) for good."
 
     # -- inputs ---------------------------------------------------------------
 
     @_machine.input()
-    def start(self):
+    def start(self) -> None:
         "Connect, unless connecting or connected already."
 
     @_machine.input()
-    def stop(self):
+    def stop(self) -> None:
         """
         Stop: cancel the attempt or the wait, or close the connection.
 
@@ -229,55 +248,55 @@ class Reconnector:
         """
 
     @_machine.input()
-    def _attempt_succeeded(self, protocol):
+    def _attempt_succeeded(self, protocol: Any) -> None:
         "The attempt connected."
 
     @_machine.input()
-    def _attempt_failed(self, reason):
+    def _attempt_failed(self, reason: Failure) -> None:
         "The attempt failed."
 
     @_machine.input()
-    def _wait_over(self):
+    def _wait_over(self) -> None:
         "Time for the next attempt."
 
     @_machine.input()
-    def _give_up(self, reason):
+    def _give_up(self, reason: Failure) -> None:
         "A limit was reached."
 
     @_machine.input()
-    def _lost_failing(self, reason):
+    def _lost_failing(self, reason: Failure) -> None:
         "The connection ended as a failure."
 
     @_machine.input()
-    def _lost_working(self, reason):
+    def _lost_working(self, reason: Failure) -> None:
         "The connection ended after it had worked."
 
     @_machine.input()
-    def _lost_resting(self, reason):
+    def _lost_resting(self, reason: Failure) -> None:
         "The connection ended, and the client has nothing to do."
 
     # -- outputs --------------------------------------------------------------
 
     @_machine.output()
-    def _connect(self):
+    def _connect(self) -> None:
         self._call = None
         self._attempt = self._connect_once()
         self._attempt.addCallbacks(self._attempt_succeeded, self._attempt_failed)
 
     @_machine.output()
-    def _adopt(self, protocol):
+    def _adopt(self, protocol: Any) -> None:
         self._attempt = None
         self.protocol = protocol
         self._connected(protocol)
 
     @_machine.output()
-    def _count_failure(self):
+    def _count_failure(self) -> None:
         self._attempt = None
         self.protocol = None
         self.failures += 1
 
     @_machine.output()
-    def _wait_or_give_up(self, reason):
+    def _wait_or_give_up(self, reason: Failure) -> None:
         now = self.clock.seconds()
         if self._down_since is None:
             self._down_since = now
@@ -296,54 +315,55 @@ class Reconnector:
             self._call = self.clock.callLater(delay, self._wait_over)
 
     @_machine.output()
-    def _tell_cannot_connect(self, reason):
+    def _tell_cannot_connect(self, reason: Failure) -> None:
         if self._cannot_connect is not None:
             self._cannot_connect(reason, self.delay)
 
     @_machine.output()
-    def _forget(self):
+    def _forget(self) -> None:
         self.protocol = None
 
     @_machine.output()
-    def _note_down(self):
+    def _note_down(self) -> None:
         if self._down_since is None:
             self._down_since = self.clock.seconds()
 
     @_machine.output()
-    def _cancel_attempt(self):
-        self._attempt.cancel()
+    def _cancel_attempt(self) -> None:
+        if self._attempt is not None:
+            self._attempt.cancel()
 
     @_machine.output()
-    def _cancel_wait(self):
+    def _cancel_wait(self) -> None:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
 
     @_machine.output()
-    def _disconnect(self):
+    def _disconnect(self) -> None:
         self.protocol.transport.loseConnection()
 
     @_machine.output()
-    def _drop_late(self, protocol):
+    def _drop_late(self, protocol: Any) -> None:
         # the attempt could not be cancelled in time
         self._attempt = None
         protocol.transport.loseConnection()
 
     @_machine.output()
-    def _clear_attempt(self):
+    def _clear_attempt(self) -> None:
         self._attempt = None
 
     @_machine.output()
-    def _finish(self):
+    def _finish(self) -> None:
         self.protocol = None
         self._stopped.fire()
 
     @_machine.output()
-    def _when_stopped(self):
+    def _when_stopped(self) -> Deferred[None]:
         return self._stopped.when_fired()
 
     @_machine.output()
-    def _tell_gave_up(self, reason):
+    def _tell_gave_up(self, reason: Failure) -> None:
         self._call = None
         if self._gave_up is not None:
             self._gave_up(reason)
