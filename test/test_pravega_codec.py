@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.pravega import codec
-from streamproto.pravega.client import _Chunk, pack_blocks
+from streamproto.pravega.blocks import EventChunk, pack_blocks
 
 U = uuid.UUID("01234567-89ab-cdef-fedc-ba9876543210")
 UB = bytes.fromhex("0123456789abcdeffedcba9876543210")
@@ -286,7 +286,7 @@ def make_chunks(event_lists, first=0):
         for f in frames:
             total += len(f)
             ends.append(total)
-        c = _Chunk(b"".join(frames), ends, None)
+        c = EventChunk(b"".join(frames), ends, None)
         n += len(events)
         c.last = n - 1
         chunks.append(c)
@@ -549,7 +549,7 @@ class ServerFuzzTests(SynchronousTestCase):
     def test_valid_session(self):
         """The same harness, with a well-formed session, answers everything."""
         proto, transport, clock = self.connection()
-        chunk = _Chunk(codec.encode_event(b"x"), [9], None)
+        chunk = EventChunk(codec.encode_event(b"x"), [9], None)
         chunk.last = 0
         proto.dataReceived(codec.encode(codec.Hello(17, 5))
                            + codec.encode(codec.SetupAppend(1, U, "seg", ""))
@@ -613,7 +613,7 @@ class UniformChunkTests(SynchronousTestCase):
         """Equal-sized events keep their frame ends as a range: same wire as a list."""
         payloads = [bytes([i % 256]) * size for i in range(count)]
         step = size + 8
-        ranged = _Chunk(b"".join(codec.encode_event(p) for p in payloads),
+        ranged = EventChunk(b"".join(codec.encode_event(p) for p in payloads),
                         range(step, step * count + 1, step), None)
         [listed] = make_chunks([payloads], first=0)
         ranged.last = listed.last

@@ -15,10 +15,11 @@ from twisted.trial import unittest
 from streamproto.core.tls import client_endpoint
 from streamproto.log import MemoryLogStore
 from streamproto.pravega import codec, segments
+from streamproto.pravega.blocks import EventChunk, pack_blocks
 from streamproto.pravega.client import (
     ConditionalCheckFailedError, NoSuchSegmentError,
     PravegaClientProtocol, SegmentExistsError, SegmentReader, SegmentSealedError,
-    SegmentTruncatedError, SegmentWriter, ServerError, _Chunk, connect, pack_blocks,
+    SegmentTruncatedError, SegmentWriter, ServerError, connect,
 )
 from streamproto.pravega.server import PravegaServerFactory
 from test.logutil import error_lines
@@ -55,7 +56,7 @@ def chunk(payloads, last):
     for f in frames:
         total += len(f)
         ends.append(total)
-    c = _Chunk(b"".join(frames), ends, None)
+    c = EventChunk(b"".join(frames), ends, None)
     c.last = last
     return c
 

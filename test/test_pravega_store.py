@@ -12,7 +12,8 @@ from twisted.trial import unittest
 
 from streamproto.log import MemoryLogStore, open_store
 from streamproto.pravega import cli, codec, tap
-from streamproto.pravega.client import SegmentSealedError, SegmentWriter, connect, pack_blocks
+from streamproto.pravega.blocks import pack_blocks
+from streamproto.pravega.client import SegmentSealedError, SegmentWriter, connect
 from streamproto.pravega.segments import log_name
 from streamproto.pravega.server import PravegaServerFactory
 from test.test_pravega_server import RecordingClient, chunk
