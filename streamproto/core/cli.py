@@ -28,11 +28,18 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TextIO, TypeVar, cast
 from urllib.parse import urlsplit
 
 from twisted.internet import defer, task
-from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator,
+    IReactorTCP,
+    IStreamClientEndpoint,
+)
+from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from streamproto.core.errors import describe
@@ -54,6 +61,8 @@ RENAMED = {
     "--ca-certs": "--ca",
 }
 
+_Parser = TypeVar("_Parser", bound=argparse.ArgumentParser)
+
 
 class CommandError(Exception):
     """A failure the command explains itself: printed as it is, exit 1."""
@@ -66,7 +75,7 @@ class CommandParser(argparse.ArgumentParser):
     """
 
 
-def seconds(text):
+def seconds(text: str) -> float:
     """An argparse type: a duration in seconds, 0 or more."""
     try:
         value = float(text)
@@ -77,7 +86,7 @@ def seconds(text):
     return value
 
 
-def positive_int(text):
+def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1."""
     try:
         value = int(text)
@@ -101,21 +110,21 @@ class Server:
     host: str
     port: int
     tls: bool
-    scheme: str = None
+    scheme: str | None = None
     path: str = ""
 
     @property
-    def address(self):
+    def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
-    def url(self, default_path=""):
+    def url(self, default_path: str = "") -> str:
         """The address as an C{http} or C{https} URL."""
         scheme = "https" if self.tls else "http"
         return f"{scheme}://{self.address}{self.path or default_path}"
 
 
-def parse_address(text):
+def parse_address(text: str) -> tuple[str | None, str | None, int | None, str]:
     """
     C{[SCHEME://]HOST[:PORT][/PATH]} -> (scheme or None, host or None,
     port or None, path).  IPv6 hosts go in brackets.
@@ -150,7 +159,8 @@ class Convention:
     resolution of what was given into L{Server} and TLS options.
 
     @param prog: e.g. C{"streamproto styx"}.
-    @param default_server: the address used without C{-s}.
+    @param default_server: the address used without C{-s}: a host and a
+        port at least.
     @param timeout: the default of C{-t/--timeout} (None: no such option).
     @param timeout_help: what the timeout bounds, for C{--help}.
     @param formats: whether C{-f/--format} applies.
@@ -160,8 +170,9 @@ class Convention:
         command adds itself), old -> new, for the note on stderr.
     """
 
-    def __init__(self, prog, default_server, *, timeout=None, timeout_help=None,
-                 formats=True, aliases=(), renamed=None):
+    def __init__(self, prog: str, default_server: str, *, timeout: float | None = None,
+                 timeout_help: str | None = None, formats: bool = True,
+                 aliases: Iterable[str] = (), renamed: Mapping[str, str] | None = None) -> None:
         self.prog = prog
         self.default_server = default_server
         self.timeout = timeout
@@ -171,13 +182,13 @@ class Convention:
         self.renamed = dict(renamed or {})
 
     # -- parsers ---------------------------------------------------------
-    def parser(self, description, **kwargs):
+    def parser(self, description: str | None, **kwargs: Any) -> CommandParser:
         """A L{CommandParser} with the common options."""
         parser = CommandParser(prog=self.prog, description=description, **kwargs)
         self.add_options(parser)
         return parser
 
-    def share(self, parser):
+    def share(self, parser: _Parser) -> _Parser:
         """
         Add the common options (suppressed defaults) to every subcommand of
         C{parser}, at any depth, so that they are accepted after the
@@ -190,7 +201,7 @@ class Convention:
                     self.share(sub)
         return parser
 
-    def common(self):
+    def common(self) -> CommandParser:
         """
         A parent parser with the common options for subcommands, so that
         they are accepted after the command too; its defaults are
@@ -200,8 +211,8 @@ class Convention:
         self.add_options(parent, suppress=True)
         return parent
 
-    def add_options(self, parser, suppress=False):
-        def default(value):
+    def add_options(self, parser: argparse.ArgumentParser, suppress: bool = False) -> None:
+        def default(value: object) -> object:
             return argparse.SUPPRESS if suppress else value
         hidden = argparse.SUPPRESS
         g = parser.add_argument_group("connection (common to every streamproto command)")
@@ -244,7 +255,8 @@ class Convention:
                        help="nothing on stderr but errors (no progress, warnings or notes)")
 
     # -- resolution --------------------------------------------------------
-    def parse(self, parser, argv, stderr=None):
+    def parse(self, parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+              stderr: TextIO | None = None) -> argparse.Namespace:
         """
         Parse C{argv} and resolve the common options (see L{resolve}).
 
@@ -256,11 +268,12 @@ class Convention:
         except ValueError as e:
             parser.error(str(e))
         for old, new in self.renamed.items():
-            if any(a == old or a.startswith(old + "=") for a in argv):
+            # argv None (sys.argv) only from commands with nothing renamed
+            if any(a == old or a.startswith(old + "=") for a in cast(Sequence[str], argv)):
                 self.note_renamed(args, old, stderr or sys.stderr, new)
         return args
 
-    def resolve(self, args, stderr=None):
+    def resolve(self, args: argparse.Namespace, stderr: TextIO | None = None) -> None:
         """
         Set C{args.server} (a L{Server}), C{args.tls_options} (client TLS
         options or None) and C{args.verbosity} (0 quiet, 1 default, 2+
@@ -275,7 +288,7 @@ class Convention:
             args.format = "text"
         if self.timeout is not None and getattr(args, "timeout", None) is None:
             args.timeout = self.timeout
-        given = []
+        given: list[tuple[str, str]] = []
         if getattr(args, "server", None) is not None:
             if isinstance(args.server, list):
                 args.server = ",".join(args.server)
@@ -289,10 +302,13 @@ class Convention:
         if len({v for _, v in given}) > 1:
             raise ValueError("the server is given twice: " + " and ".join(
                 f"{o} {v}" for o, v in given))
-        _, default_host, default_port, default_path = parse_address(self.default_server)
+        # the default server names a host and a port (see the class docstring)
+        _, default_host, default_port, default_path = cast(
+            tuple[str | None, str, int, str], parse_address(self.default_server))
         text = given[0][1] if given else self.default_server
         texts = [t.strip() for t in text.split(",") if t.strip()] or [text]
         text, others = texts[0], texts[1:]
+        host: str | None
         scheme, host, port, path = None, default_host, None, default_path
         if given:
             try:
@@ -338,7 +354,7 @@ class Convention:
                                        tls, o_scheme or scheme, o_path or path))
 
     @staticmethod
-    def tls_options(args, server):
+    def tls_options(args: argparse.Namespace, server: Server) -> IOpenSSLClientConnectionCreator:
         """Client TLS options verifying C{server} (service_identity)."""
         from streamproto.core.tls import client_tls_options
         for option, path in (("--ca", args.ca), ("--cert", args.cert), ("--key", args.key)):
@@ -350,13 +366,14 @@ class Convention:
         except Exception as e:  # noqa: BLE001 - unreadable PEM: a usage error, one line
             raise ValueError(f"cannot use the TLS files given: {describe(e)}") from None
 
-    def note_renamed(self, args, option, stderr, new=None):
+    def note_renamed(self, args: argparse.Namespace, option: str, stderr: TextIO,
+                     new: str | None = None) -> None:
         new = new or RENAMED.get(option, "-s/--server")
         if getattr(args, "verbosity", 1) > 0:
             stderr.write(f"{self.prog}: note: {option} is the previous release's spelling, "
                          f"kept for this release only: use {new}\n")
 
-    def endpoint(self, reactor, args):
+    def endpoint(self, reactor: IReactorTCP, args: argparse.Namespace) -> IStreamClientEndpoint:
         """
         The client endpoint of C{args.server} (TLS when asked), its connect
         timeout C{-t/--timeout} when given (else TCP's 30 s).
@@ -364,7 +381,7 @@ class Convention:
         from streamproto.core.tls import client_endpoint
         timeout = getattr(args, "timeout", None) or 30
         servers = getattr(args, "servers", None) or [args.server]
-        endpoints = []
+        endpoints: list[IStreamClientEndpoint] = []
         if len(servers) > 1:
             # a dead front-end must not hold the client for the whole -t
             timeout = min(timeout, 5)
@@ -381,7 +398,7 @@ class Convention:
         return FailoverEndpoint(endpoints, [s.address for s in servers])
 
     # -- running -----------------------------------------------------------
-    def run(self, main, stderr=None):
+    def run(self, main: Callable[[Any], object], stderr: TextIO | None = None) -> int | str:
         """
         Run C{main(reactor)} (a coroutine function or one returning a
         Deferred or a value: the exit status) under C{task.react}.
@@ -389,13 +406,17 @@ class Convention:
         @return: the exit status: C{main}'s, or that of L{report} on failure.
         """
         stderr = stderr or sys.stderr
-        status = []
+        status: list[int] = []
 
-        def go(reactor):
+        def interrupted() -> None:
+            if not status:
+                status.append(EXIT_INTERRUPTED)
+
+        def go(reactor: Any) -> defer.Deferred[Any]:
             # the reactor stopping before main is done: Ctrl-C (SIGINT) or SIGTERM
-            reactor.addSystemEventTrigger(
-                "before", "shutdown", lambda: status or status.append(EXIT_INTERRUPTED))
-            d = defer.maybeDeferred(main, reactor)
+            reactor.addSystemEventTrigger("before", "shutdown", interrupted)
+            # main's result: an exit status, None, or an awaitable of one
+            d: defer.Deferred[Any] = defer.maybeDeferred(main, reactor)
             d.addCallback(lambda r: defer.ensureDeferred(r) if _awaitable(r) else r)
             d.addErrback(self.report, stderr)
             d.addCallback(lambda code: status.append(EXIT_OK if code is None else code))
@@ -408,11 +429,11 @@ class Convention:
                 return e.code
         return status[0] if status else EXIT_FAILURE
 
-    def report(self, failure, stderr=None):
+    def report(self, failure: Failure | BaseException, stderr: TextIO | None = None) -> int:
         """Write a failure as one line; return its exit status."""
         return report(self.prog, failure, stderr)
 
-    def log_to(self, args, stderr=None):
+    def log_to(self, args: argparse.Namespace, stderr: TextIO | None = None) -> Callable[[], None]:
         """
         Show the client libraries' log events on C{stderr} at C{args}'
         verbosity: quiet nothing, by default warnings and errors (a
@@ -425,7 +446,7 @@ class Convention:
             return lambda: None
         level = {1: LogLevel.warn, 2: LogLevel.info}.get(verbosity, LogLevel.debug)
 
-        def observer(event):
+        def observer(event: LogEvent) -> None:
             if event.get("log_level", LogLevel.info) < level:
                 return
             text = formatEvent(event)
@@ -434,15 +455,17 @@ class Convention:
                 text = f"{text}: {describe(failure)}"
             stderr.write(f"{self.prog}: {text}\n")
 
-        globalLogPublisher.addObserver(observer)
-        return lambda: globalLogPublisher.removeObserver(observer)
+        # Twisted takes any callable as an ILogObserver (it only calls it)
+        provider = cast(ILogObserver, observer)
+        globalLogPublisher.addObserver(provider)
+        return lambda: globalLogPublisher.removeObserver(provider)
 
 
-def _awaitable(value):
+def _awaitable(value: object) -> bool:
     return hasattr(value, "__await__") or hasattr(value, "send") and hasattr(value, "throw")
 
 
-def report(prog, failure, stderr=None):
+def report(prog: str, failure: Failure | BaseException, stderr: TextIO | None = None) -> int:
     """
     The one error formatter: C{failure} as C{PROG: error: TEXT} (nested
     reasons and OpenSSL errors unwrapped by L{describe}); the exit status.
@@ -458,7 +481,7 @@ def report(prog, failure, stderr=None):
     return EXIT_FAILURE
 
 
-def error_text(error):
+def error_text(error: Failure | BaseException) -> str:
     """An exception or failure as the text after C{error:}."""
     value = getattr(error, "value", error)
     if isinstance(value, CommandError):
@@ -466,7 +489,7 @@ def error_text(error):
     return describe(error)
 
 
-def emit(args, out, text, data):
+def emit(args: argparse.Namespace, out: TextIO, text: str | None, data: object) -> None:
     """
     Write a command's result: C{text} (a line, or None for nothing), or
     C{data} as one JSON document with C{-f json}.

@@ -18,11 +18,17 @@ available in the file at once.
 import getopt
 import sys
 import tomllib
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Literal
 
 from twisted.python import reflect, usage
 
+#: an option's value from a table: what the command line would give, or
+#: C{True} for a flag that is set
+OptionValue = str | Literal[True]
 
-def load_config(path):
+
+def load_config(path: str) -> dict[str, Any]:
     """
     @return: the parsed TOML document (a dict of tables).
     @raise usage.UsageError: naming the file and why it cannot be used.
@@ -41,7 +47,7 @@ def load_config(path):
     return document
 
 
-def given_options(options, argv):
+def given_options(options: usage.Options, argv: Sequence[str]) -> set[str]:
     """
     The long names of the options C{argv} gives on the command line (for
     C{options}, a C{usage.Options}); empty if it does not parse (the real
@@ -51,28 +57,30 @@ def given_options(options, argv):
         opts, _ = getopt.getopt(argv, options.shortOpt, options.longOpt)
     except getopt.error:
         return set()
-    given = set()
+    given: set[str] = set()
     for opt, _ in opts:
         name = opt[2:] if opt.startswith("--") else opt[1:]
         given.add(_long_name(options, name) or name)
     return given
 
 
-def _long_name(options, name):
+def _long_name(options: usage.Options, name: str) -> str | None:
     """The canonical long name of option C{name} (a long or short name), or None."""
     for candidate in (name, name.replace("-", "_"), name.replace("_", "-")):
-        canonical = options.synonyms.get(candidate)
+        # usage.Options builds synonyms (alias -> long name) untyped
+        canonical: str | None = options.synonyms.get(candidate)
         if canonical is not None:
             return canonical.replace("_", "-")
     return None
 
 
-def _takes_value(options, name):
+def _takes_value(options: usage.Options, name: str) -> bool:
     return any(o.rstrip("=") == name and o.endswith("=") for o in options.longOpt) or any(
         o.rstrip("=") == name.replace("-", "_") and o.endswith("=") for o in options.longOpt)
 
 
-def table_values(options, table, where, skip=()):
+def table_values(options: usage.Options, table: Mapping[str, Any], where: str,
+                 skip: Collection[str] = ()) -> list[tuple[str, OptionValue]]:
     """
     The option values C{table} gives for C{options}: C{(long name, value)}
     pairs in the table's order, each value as the command line would give
@@ -84,7 +92,7 @@ def table_values(options, table, where, skip=()):
     @raise usage.UsageError: for a key that is not an option of C{options},
         or a value of the wrong kind.
     """
-    values = []
+    values: list[tuple[str, OptionValue]] = []
     for key, value in table.items():
         name = _long_name(options, str(key))
         if name is None or name in ("config", "help", "version"):
@@ -106,7 +114,8 @@ def table_values(options, table, where, skip=()):
     return values
 
 
-def table_arguments(options, table, where, skip=()):
+def table_arguments(options: usage.Options, table: Mapping[str, Any], where: str,
+                    skip: Collection[str] = ()) -> list[str]:
     """
     The command-line arguments equivalent to C{table} for C{options} (see
     L{table_values}), for a parse where the command line wins.
@@ -115,7 +124,7 @@ def table_arguments(options, table, where, skip=()):
             for name, value in table_values(options, table, where, skip)]
 
 
-def set_option(options, name, value):
+def set_option(options: usage.Options, name: str, value: OptionValue) -> None:
     """
     Give option C{name} (a long name) of C{options}, a C{usage.Options},
     C{value} as its command line would, without one: through the option's
@@ -130,8 +139,10 @@ def set_option(options, name, value):
         else:
             method(value)
         return
-    parameters = []
-    reflect.accumulateClassList(type(options), "optParameters", parameters)
+    # optParameters entries: [long, short, default, doc(, coerce)]
+    parameters: list[list[Any]] = []
+    reflect.accumulateClassList(  # type: ignore[no-untyped-call]  # untyped in Twisted
+        type(options), "optParameters", parameters)
     for parameter in reversed(parameters):     # the last entry wins, as in usage.Options
         if parameter[0] != name:
             continue
@@ -158,19 +169,19 @@ class ConfigurableOptions(usage.Options):
         an umbrella to hand the other tables on.
     """
 
-    configTable = None
+    configTable: str | None = None
 
-    def __init__(self):
-        super().__init__()
-        self.config_document = None
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
+        self.config_document: dict[str, Any] | None = None
         #: long names of the options set explicitly (command line or file)
-        self.explicit = set()
+        self.explicit: set[str] = set()
 
-    def opt_config(self, path):
+    def opt_config(self, path: str) -> None:
         """TOML file with one table per server (see doc/operations.rst); the command line wins."""
         self["config"] = path
 
-    def parseOptions(self, options=None):
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
         if options is None:
             options = sys.argv[1:]
         options = list(options)
@@ -178,15 +189,17 @@ class ConfigurableOptions(usage.Options):
         path = _config_path(options)
         if path is not None:
             self.config_document = load_config(path)
-            table = self.config_document.get(self.configTable, {})
+            # no table without a name (TOML keys are strings: None is never one)
+            table = ({} if self.configTable is None
+                     else self.config_document.get(self.configTable, {}))
             where = f"--config {path!r} [{self.configTable}]"
             from_file = table_arguments(self, table, where, skip=self.explicit)
             self.explicit |= given_options(self, from_file)
             options = from_file + options
-        super().parseOptions(options)
+        super().parseOptions(options)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
 
-def _config_path(argv):
+def _config_path(argv: Sequence[str]) -> str | None:
     """The value of C{--config} in C{argv} (the last one), without parsing the rest."""
     path = None
     for i, arg in enumerate(argv):

@@ -18,19 +18,28 @@ the global one, imported only when needed).
 
 import os
 import sys
+from collections.abc import Callable, Collection, Generator, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn, Self, TypeVar, cast
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import defer
+from twisted.internet.interfaces import IProtocolFactory, IStreamServerEndpoint
 from twisted.logger import ILogObserver, Logger
 from twisted.python import usage
 
-from streamproto.core.auth import ALLOW_ALL
+from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.clock import default_reactor
 from streamproto.core.compat import endpoint_tls_options, fail_at_start
 from streamproto.core.config import ConfigurableOptions
-from streamproto.core.stores import STORE_PARAMETERS, StoreService, check_store_options
+from streamproto.core.stores import STORE_PARAMETERS, Options, StoreService, check_store_options
+from streamproto.log.interfaces import ILogStore
+
+if TYPE_CHECKING:
+    from streamproto.core.ops import TrackingFactory
+
+_T = TypeVar("_T", int, float)
 
 __all__ = ["ServerConfig", "ServerOptions", "ServerService", "StoreService", "as_config",
            "check_auth_policy", "check_data_directory", "check_endpoint", "check_ops_options",
@@ -52,7 +61,7 @@ class ServerConfig:
         C{auth_policy} (a L{PolicyHolder}), or L{ALLOW_ALL}.
     """
 
-    ports: tuple = ()
+    ports: tuple[str, ...] = ()
     data: str = ""
     store: str | None = None
     store_url: object = None
@@ -66,7 +75,7 @@ class ServerConfig:
     authorizer: object = ALLOW_ALL
 
     @classmethod
-    def from_options(cls, options):
+    def from_options(cls, options: Options) -> Self:
         """
         Check C{options} (a mapping of long option names to values, such as
         a parsed L{ServerOptions}) and make the config; the values derived
@@ -77,14 +86,15 @@ class ServerConfig:
         return cls(**common_fields(options, getattr(options, "defaultPort", None),
                                    getattr(options, "localStores", ())))
 
-    def store_options(self):
+    def store_options(self) -> dict[str, Any]:
         """The store options as L{StoreService} and L{store_tls_context} take them."""
         return {"data": self.data, "store": self.store, "store-url": self.store_url,
                 "store-ca": self.store_ca, "store-cert": self.store_cert,
                 "store-key": self.store_key}
 
 
-def common_fields(options, default_port=None, local_stores=()):
+def common_fields(options: Options, default_port: str | None = None,
+                  local_stores: Collection[str] = ()) -> dict[str, Any]:
     """
     Check the core options in C{options} (a mutable mapping) as every
     server's command line does, completing them (the default port, the
@@ -114,13 +124,14 @@ def common_fields(options, default_port=None, local_stores=()):
                 auth_policy=options.get("auth-policy"), authorizer=options["authorizer"])
 
 
-def as_config(options):
+def as_config(options: "ServerConfig | ServerOptions") -> ServerConfig:
     """
     The config of C{options}: a parsed L{ServerOptions} (its C{config}), or
     a L{ServerConfig} already.
     """
     config = getattr(options, "config", None)
-    return config if isinstance(config, ServerConfig) else options
+    # no parsed config: C{options} is a ServerConfig already
+    return config if isinstance(config, ServerConfig) else cast(ServerConfig, options)
 
 
 class ServerOptions(ConfigurableOptions):
@@ -132,8 +143,11 @@ class ServerOptions(ConfigurableOptions):
     @ivar config: once parsed, the C{configClass} of the options.
     """
 
-    defaultPort = None
-    configClass = ServerConfig
+    #: set by L{postOptions}
+    config: ServerConfig
+
+    defaultPort: str | None = None
+    configClass: type[ServerConfig] = ServerConfig
     optParameters = [
         ["data", "d", "streamproto-data", "Data directory of the embedded log store."],
         ["metrics", None, None,
@@ -148,24 +162,24 @@ class ServerOptions(ConfigurableOptions):
     ] + STORE_PARAMETERS
 
     #: values of C{--store} that name a store of the server's own (not logs)
-    localStores = ()
+    localStores: Collection[str] = ()
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self["port"] = []
 
-    def opt_port(self, description):
+    def opt_port(self, description: str) -> None:
         # one line: usage.Options keeps a docstring's indentation in --help
         """Endpoint to listen on (repeatable), e.g. tcp:7123:interface=127.0.0.1, ssl:8443:privateKey=key.pem:certKey=cert.pem, or mtls:8443:privateKey=key.pem:certKey=cert.pem:caCerts=ca.pem to require client certificates."""
         self["port"].append(description)
 
     opt_p = opt_port
 
-    def postOptions(self):
+    def postOptions(self) -> None:
         self.config = self.configClass.from_options(self)
 
 
-def check_auth_policy(path):
+def check_auth_policy(path: str | None) -> IAuthorizer:
     """
     The authorizer of C{--auth-policy}: a L{PolicyHolder} of the file, or
     L{ALLOW_ALL} without one.  @raise usage.UsageError: the file cannot be
@@ -180,7 +194,7 @@ def check_auth_policy(path):
         raise usage.UsageError(f"--auth-policy {e}")
 
 
-def check_ops_options(options):
+def check_ops_options(options: Options) -> None:
     if options["log-format"] not in ("text", "json"):
         raise usage.UsageError("--log-format must be text or json")
     if options["shutdown-timeout"] < 0:
@@ -189,7 +203,7 @@ def check_ops_options(options):
         check_endpoint("metrics", options["metrics"])
 
 
-def check_endpoint(option, description):
+def check_endpoint(option: str, description: str) -> None:
     """
     Parse a server endpoint string now, so that a bad one is a usage error
     naming the option rather than a traceback when twistd starts.  Nothing
@@ -199,7 +213,7 @@ def check_endpoint(option, description):
     from twisted.internet.endpoints import serverFromString
     from twisted.internet.testing import MemoryReactor
     try:
-        serverFromString(MemoryReactor(), description)
+        serverFromString(MemoryReactor(), description)  # type: ignore[no-untyped-call]  # untyped in Twisted
     except Exception as e:
         why = _describe(e)
         if description.startswith("systemd:"):
@@ -208,7 +222,7 @@ def check_endpoint(option, description):
         raise usage.UsageError(f"--{option} {description!r}: {why}")
 
 
-def check_data_directory(path, option="data"):
+def check_data_directory(path: str, option: str = "data") -> str:
     """
     The absolute data directory, created if needed; a usage error naming
     the option if it cannot be created or written.  @return: the path.
@@ -226,9 +240,10 @@ def check_data_directory(path, option="data"):
     return path
 
 
-def _number(name, convert, accept, requirement, doc):
+def _number(name: str, convert: Callable[[str], _T], accept: Callable[[_T], bool],
+            requirement: str, doc: str) -> Callable[[str], _T]:
     """A coercer for usage.Options that names the option in its error."""
-    def coerce(value):
+    def coerce(value: str) -> _T:
         try:
             v = convert(value)
         except ValueError:
@@ -236,19 +251,19 @@ def _number(name, convert, accept, requirement, doc):
         if not accept(v):
             raise ValueError(f"{name} must {requirement}")
         return v
-    coerce.coerceDoc = doc
+    coerce.coerceDoc = doc  # type: ignore[attr-defined]  # read by usage.Options for --help
     return coerce
 
 
-def positive_int(name):
+def positive_int(name: str) -> Callable[[str], int]:
     return _number(name, int, lambda v: v > 0, "be positive", "Positive integer.")
 
 
-def positive_float(name):
+def positive_float(name: str) -> Callable[[str], float]:
     return _number(name, float, lambda v: v > 0, "be positive", "Positive number.")
 
 
-def non_negative_float(name):
+def non_negative_float(name: str) -> Callable[[str], float]:
     return _number(name, float, lambda v: v >= 0, "not be negative",
                    "Seconds; 0 turns it off.")
 
@@ -272,17 +287,18 @@ class ServerService(service.MultiService):
 
     log = Logger()
 
-    def __init__(self, shutdown_timeout=3.0, log_format="text", clock=None):
-        super().__init__()
+    def __init__(self, shutdown_timeout: float = 3.0, log_format: str = "text",
+                 clock: Any = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.shutdown_timeout = shutdown_timeout
         self.log_format = log_format
-        self.trackers = []
+        self.trackers: list[TrackingFactory] = []
         self.clock = clock
-        self.start_failure = None
+        self.start_failure: Exception | None = None
         self._top = False
 
-    def setServiceParent(self, parent):
-        super().setServiceParent(parent)
+    def setServiceParent(self, parent: service.IServiceCollection) -> None:
+        super().setServiceParent(parent)  # type: ignore[no-untyped-call]  # untyped in Twisted
         # twistd's application: a Componentized MultiService
         self._top = hasattr(parent, "setComponent")
         if self._top:
@@ -292,25 +308,26 @@ class ServerService(service.MultiService):
         if self.log_format == "json" and self._top:
             # twistd asks the application for its observer before logging starts
             from streamproto.core.ops import json_log_observer
-            parent.setComponent(ILogObserver, json_log_observer(sys.stdout))
+            application: Any = parent  # a Componentized (above): untyped in Twisted
+            application.setComponent(ILogObserver, json_log_observer(sys.stdout))
 
-    def privilegedStartService(self):
+    def privilegedStartService(self) -> None:
         try:
-            super().privilegedStartService()
+            super().privilegedStartService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         except Exception as e:
             self._cannot_start(e)
 
-    def startService(self):
+    def startService(self) -> None:
         if self.start_failure is not None:
             # binding failed already: start nothing, only be stoppable
-            service.Service.startService(self)
+            service.Service.startService(self)  # type: ignore[no-untyped-call]  # untyped in Twisted
             return
         try:
-            super().startService()
+            super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         except Exception as e:
             self._cannot_start(e)
 
-    def _cannot_start(self, error):
+    def _cannot_start(self, error: Exception) -> None:
         if not self._top:
             raise error
         self.start_failure = error
@@ -323,8 +340,8 @@ class ServerService(service.MultiService):
         clock.addSystemEventTrigger("after", "shutdown", exit_now, 1)
 
     @defer.inlineCallbacks
-    def stopService(self):
-        service.Service.stopService(self)
+    def stopService(self) -> Generator[defer.Deferred[Any], Any, None]:
+        service.Service.stopService(self)  # type: ignore[no-untyped-call]  # untyped in Twisted
         clock = default_reactor(self.clock)
         children = list(self)
         listeners = [c for c in children if getattr(c, "_streamproto_listener", False)]
@@ -336,13 +353,13 @@ class ServerService(service.MultiService):
                 yield child.stopService()
 
 
-def _describe(error):
+def _describe(error: BaseException) -> str:
     """An exception as one line for an operator: its message, not its repr."""
     text = str(error).strip() or type(error).__name__
     return " ".join(text.split())
 
 
-def exit_now(status):
+def exit_now(status: int) -> NoReturn:
     """
     End the process with C{status} once the reactor has shut down.  twistd
     has no way to set its exit status, and a failed start must not look
@@ -353,7 +370,7 @@ def exit_now(status):
     os._exit(status)
 
 
-def server_endpoint(description, reactor=None):
+def server_endpoint(description: str, reactor: Any = None) -> IStreamServerEndpoint:
     """
     The server endpoint of an endpoint string; TLS ones (C{ssl:}, C{mtls:})
     accept clients offering ALPN protocols the server does not speak
@@ -362,37 +379,45 @@ def server_endpoint(description, reactor=None):
     from twisted.internet.endpoints import serverFromString
 
     from streamproto.core.tls import tolerate_alpn
-    endpoint = serverFromString(default_reactor(reactor), description)
+    endpoint: IStreamServerEndpoint = serverFromString(default_reactor(reactor), description)
     options = endpoint_tls_options(endpoint)
     if options is not None:
         tolerate_alpn(options)
     return endpoint
 
 
-def listen(parent, descriptions, factory, reactor=None):
+def listen(parent: service.IServiceCollection, descriptions: Iterable[str],
+           factory: IProtocolFactory, reactor: Any = None) -> None:
     """
     Add one listening service per endpoint description to C{parent}.
 
     @param reactor: the reactor listening (default: the global one).
     """
     for description in descriptions:
-        listener = StreamServerEndpointService(server_endpoint(description, reactor), factory)
+        listener = StreamServerEndpointService(  # type: ignore[no-untyped-call]  # untyped in Twisted
+            server_endpoint(description, reactor), factory)
         fail_at_start(listener)     # as strports.service: fail twistd at start
-        listener._streamproto_listener = True
-        listener.setServiceParent(parent)
+        # our mark, read by ServerService.stopService
+        listener._streamproto_listener = True  # type: ignore[attr-defined]
+        listener.setServiceParent(parent)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
 
-def watch_policy(top, authorizer):
+def watch_policy(top: service.IServiceCollection, authorizer: object) -> None:
     """
     Make C{authorizer}, C{--auth-policy}'s holder, reload on SIGHUP while
     C{top} runs (a L{PolicyService} child; nothing without a policy).
     """
     if getattr(authorizer, "reload", None) is not None:
-        from streamproto.core.auth import PolicyService
-        PolicyService(authorizer).setServiceParent(top)
+        from streamproto.core.auth import PolicyHolder, PolicyService
+        # only a PolicyHolder reloads
+        holder = cast("PolicyHolder", authorizer)
+        PolicyService(holder).setServiceParent(top)  # type: ignore[no-untyped-call]  # untyped in Twisted
 
 
-def server_service(config, factory_from_store, store=None, name=None, reactor=None):
+def server_service(config: "ServerConfig | ServerOptions",
+                   factory_from_store: Callable[[ILogStore], IProtocolFactory],
+                   store: ILogStore | None = None, name: str | None = None,
+                   reactor: Any = None) -> ServerService:
     """
     The usual shape of a server's C{build_service}: a L{ServerService}
     owning the store (unless one is shared in), one listener per port
@@ -409,12 +434,12 @@ def server_service(config, factory_from_store, store=None, name=None, reactor=No
     config = as_config(config)
     top = ServerService(config.shutdown_timeout, config.log_format, clock=reactor)
     if name:
-        top.setName(name)
-    stores = []
+        top.setName(name)  # type: ignore[no-untyped-call]  # untyped in Twisted
+    stores: list[ILogStore] = []
     if store is None:
         owner = StoreService(config.store_options(), reactor=reactor)
         store = owner.store
-        owner.setServiceParent(top)  # first in, so stopped last
+        owner.setServiceParent(top)  # type: ignore[no-untyped-call]  # first in, so stopped last
     stores.append(store)
     watch_policy(top, config.authorizer)
     tracker = TrackingFactory(factory_from_store(store), name or "server")
