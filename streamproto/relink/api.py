@@ -24,6 +24,7 @@ from zope.interface import Interface, implementer
 from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
 from streamproto.core.observer import Observers
+from streamproto.core.reconnect import backoff_policy
 from streamproto.relink.codec import ConnectorHandshake, ProtocolError
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.errors import LinkLost
@@ -326,10 +327,11 @@ class Connector:
         """Connect (and keep reconnecting until L{stop} or a completed shutdown)."""
         if self._service is None:
             factory = Factory.forProtocol(lambda: ConnectorProtocol(self, self.clock))
-            kwargs = {}
-            if self._retry_policy is not None:
-                kwargs["retryPolicy"] = self._retry_policy
-            self._service = ClientService(self._endpoint, factory, clock=self.clock, **kwargs)
+            # the suite's one backoff (core.reconnect): ClientService's own
+            # defaults (1 s growing by 1.5 to 60 s), with jitter in proportion
+            policy = self._retry_policy or backoff_policy(1.0, 60.0, 1.5)
+            self._service = ClientService(self._endpoint, factory, clock=self.clock,
+                                          retryPolicy=policy)
             self._service.startService()
         return self
 

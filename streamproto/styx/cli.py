@@ -338,7 +338,7 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     return 0
 
 
-async def consume(reactor, args, client, stdout=None, err=None, jitter=random.random):
+async def consume(reactor, args, client, stdout=None, err=None, rng=random):
     """
     Write records to stdout; with --follow, wait for more for ever.
 
@@ -411,7 +411,7 @@ async def consume(reactor, args, client, stdout=None, err=None, jitter=random.ra
     if not args.follow:
         await once()
     else:
-        await _reconnecting(reactor, args, once, connected, remaining, jitter)
+        await _reconnecting(reactor, args, once, connected, remaining, rng)
     stdout.flush()
     progress.finish()
     return 0
@@ -440,18 +440,18 @@ def _retriable(error):
                               ConnectionError))
 
 
-async def _reconnecting(reactor, args, once, connected, remaining, jitter):
+async def _reconnecting(reactor, args, once, connected, remaining, rng):
     """
     Run C{once()} (one connection's worth of following) again while the
     server comes and goes; see L{consume}.  The server answered C{get_log}
     with these settings before: what fails now and L{_retriable} says may
     pass later is the server being away.
     """
-    from twisted.application.internet import backoffPolicy
     from twisted.internet import task
     from twisted.logger import Logger
     log = Logger(namespace="streamproto.styx.cli")
-    delay = backoffPolicy(RECONNECT_INITIAL, RECONNECT_MAX, 2.0, jitter=jitter)
+    from streamproto.core.reconnect import backoff_policy
+    delay = backoff_policy(RECONNECT_INITIAL, RECONNECT_MAX, 2.0, rng=rng)
     attempt = 0
     down_since = None
     while remaining() != 0:
