@@ -13,8 +13,10 @@ the callables given to C{attach} and reads what L{Link.data_received} is fed
 """
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -41,9 +43,10 @@ class Link:
 
     log = Logger()
 
-    def __init__(self, handler, clock, *, role, own_id_size=0, peer_id_size=0,
-                 own_transactions=False, peer_transactions=False, config=None,
-                 link_id=0, epoch=0):
+    def __init__(self, handler: Any, clock: IReactorTime, *, role: str, own_id_size: int = 0,
+                 peer_id_size: int = 0, own_transactions: bool = False,
+                 peer_transactions: bool = False, config: LinkConfig | None = None,
+                 link_id: int = 0, epoch: int = 0) -> None:
         self.handler = handler
         self.clock = clock
         self.role = role
@@ -54,52 +57,55 @@ class Link:
         self.config = config or LinkConfig()
         self.link_id = link_id
         self.epoch = epoch
-        self.out_channels = {}
-        self.in_channels = {}
-        self._tombstones = {}   # incoming channels closed and not reopened since
-        self._closed_out = {}   # outgoing channels closed on this link (to spot reopens)
+        self.out_channels: dict[int, OutChannel] = {}
+        self.in_channels: dict[int, InChannel] = {}
+        # incoming channels closed and not reopened since (an ordered set)
+        self._tombstones: dict[int, None] = {}
+        # outgoing channels closed on this link (to spot reopens; an ordered set)
+        self._closed_out: dict[int, None] = {}
         self.attached = False
         self.messaging = False
-        self.lost = None
+        self.lost: LinkLost | None = None
         #: a Prometheus counter child for the acks written (the server's), or None
-        self.ack_counter = None
+        self.ack_counter: Any = None
         self._acks_emitted = 0
         self.shutdown_sent = False
         self._shutdown_due = False
         self.peer_shutdown = False
-        self._shutdown_d = None
-        self.owner = None
-        self._write = None
-        self._close_connection = None
-        self._pause = None
+        self._shutdown_d: Deferred[None] | None = None
+        self.owner: object = None
+        self._write: Callable[[list[bytes]], object] | None = None
+        self._close_connection: Callable[[], object] | None = None
+        self._pause: Callable[[bool], object] | None = None
         #: the transport asked us to stop writing (its buffer is full):
         #: messages wait (control packets still go, they are small)
         self.transmission_paused = False
-        self._out = []
-        self._flush_call = None
-        self._to_transmit = {}
-        self._acks_due = {}
+        self._out: list[bytes] = []
+        self._flush_call: IDelayedCall | None = None
+        # (ordered sets)
+        self._to_transmit: dict[OutChannel, None] = {}
+        self._acks_due: dict[InChannel, None] = {}
         #: cuts the bytes of the current connection into packets
         self._decoder = self._new_decoder()
         self._total_buffered = 0
         self._paused = False
-        self._over = {}         # in-channels over max_unconsumed (an ordered set)
+        self._over: dict[InChannel, None] = {}  # in-channels over max_unconsumed (an ordered set)
         #: how often this link stopped reading (receive backpressure)
         self.receive_pauses = 0
         #: how often a stalled paused link dropped its connection (see
         #: C{LinkConfig.stall_timeout})
         self.stall_breaks = 0
         self._consumed_total = 0    # messages consumed on every channel so far
-        self._stall_call = None
+        self._stall_call: IDelayedCall | None = None
         self._stall_mark = 0
         #: a resumed connection of a paused link reads up to the peer's
         #: C{resume} before it pauses (the peer's acks come first)
         self._pause_at_resume = False
         self._tell_shutdown = False   # the peer's shutdown, for the handler after the read
-        self._ping_call = None
-        self._ping_sent_at = None
+        self._ping_call: IDelayedCall | None = None
+        self._ping_sent_at: float | None = None
         self._last_rx = 0.0
-        self._idle_waiters = []
+        self._idle_waiters: list[Deferred[Link]] = []
 
     # -- connection binding ------------------------------------------------
     def attach(self, write_sequence: Callable[[list[bytes]], object],
@@ -145,8 +151,8 @@ class Link:
         else:
             self.messaging = True
             self._shutdown_due = self.shutdown_sent
-            for ch in self.out_channels.values():
-                self._to_transmit[ch] = None
+            for out_ch in self.out_channels.values():
+                self._to_transmit[out_ch] = None
         if self._paused and pause is not None:
             if resumed:
                 # the peer's acknowledgements come before its resume and its
@@ -202,8 +208,8 @@ class Link:
             else:
                 d.errback(Failure(reason))
         waiters, self._idle_waiters = self._idle_waiters, []
-        for d in waiters:
-            d.callback(self)
+        for waiter in waiters:
+            waiter.callback(self)
         try:
             self.handler.link_closed(self, reason)
         except Exception:
@@ -290,13 +296,13 @@ class Link:
         self._check_shutdown_done()
         return d
 
-    def when_idle(self) -> Deferred[None]:
+    def when_idle(self) -> "Deferred[Link]":
         """
-        A Deferred firing once the handler has finished with every received
+        A Deferred firing (with this link) once the handler has finished with every received
         message and the acknowledgements are written (for a graceful stop:
         stop reading first, or new messages keep it busy).
         """
-        d: Deferred[None] = Deferred()
+        d: Deferred[Link] = Deferred()
         self._idle_waiters.append(d)
         self._check_idle()
         return d
@@ -471,14 +477,14 @@ class Link:
             elif kind & 1:
                 wire = p.seq if kind == SEQUENCE_ACK else None
                 for cid in p.channels:
-                    ch = self.out_channels.get(cid)
-                    if ch is None:
+                    out_ch = self.out_channels.get(cid)
+                    if out_ch is None:
                         if p.ptype == CLOSED or not self.messaging:
                             # a repeated closed ack, or the resume acks of a
                             # channel we saw closed already
                             continue
                         raise ProtocolError(f"acknowledgement for unknown channel {cid}")
-                    ch.ack(p.ptype, wire)
+                    out_ch.ack(p.ptype, wire)
             else:
                 wire = p.seq if kind == SEQUENCE_OP else None
                 for cid in p.channels:
