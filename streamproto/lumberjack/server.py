@@ -15,23 +15,26 @@ not acked yet are the client's to send again.
 """
 
 from collections import deque
+from typing import Any
 
-from twisted.internet.defer import maybeDeferred, succeed
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.defer import Deferred, maybeDeferred, succeed
+from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.tcp import set_no_delay
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core import metrics
-from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
+from streamproto.core.auth import ALLOW_ALL, IAuthorizer, connection_principals, denied
 from streamproto.core.observer import OneShotObserver
 from streamproto.core.tls import peer_identity
 from streamproto.lumberjack.codec import (
     DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_FRAME, DEFAULT_MAX_WINDOW, FrameDecoder, encode_ack,
 )
 from streamproto.lumberjack.server_state import ILumberjackConnection, LumberjackServerState
-from streamproto.lumberjack.sink import ConnectionInfo
+from streamproto.lumberjack.sink import ConnectionInfo, IEventSink
 
 DEFAULT_IDLE_TIMEOUT = 60.0
 DEFAULT_KEEPALIVE_INTERVAL = 5.0
@@ -49,7 +52,11 @@ class LumberjackServerProtocol(Protocol):
     @ivar decoder: the L{FrameDecoder} the state reads frames from.
     """
 
-    def __init__(self, factory):
+    #: a TCP or TLS transport, also a push producer (pauseProducing):
+    #: no one Twisted interface says all that
+    transport: Any
+
+    def __init__(self, factory: "LumberjackServerFactory") -> None:
         self.factory = factory
         self.decoder = FrameDecoder(factory.max_frame, factory.max_decompressed,
                                     factory.max_window)
@@ -57,10 +64,10 @@ class LumberjackServerProtocol(Protocol):
             self, self.decoder, factory.clock, idle_timeout=factory.idle_timeout,
             keepalive_interval=factory.keepalive_interval, flush_bytes=factory.flush_bytes,
             metrics=factory.metrics)
-        self.connection = None
-        self._principals = None
+        self.connection: ConnectionInfo | None = None
+        self._principals: tuple[str, ...] | None = None
         self.peer = "?"
-        self._gone = OneShotObserver()  # gracefulShutdown's: fired at connectionLost
+        self._gone: OneShotObserver[None] = OneShotObserver()  # gracefulShutdown's: fired at connectionLost
 
     # -- Twisted's side -----------------------------------------------------------
     def connectionMade(self):
@@ -73,11 +80,11 @@ class LumberjackServerProtocol(Protocol):
     def dataReceived(self, data):
         self.state.data_received(data)
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.state.connection_lost()
         self._gone.fire()
 
-    def gracefulShutdown(self):
+    def gracefulShutdown(self) -> Deferred[None]:
         """
         The server is stopping (called by
         L{streamproto.core.ops.TrackingFactory}): see
@@ -178,11 +185,14 @@ class LumberjackServerFactory(Factory):
 
     protocol = LumberjackServerProtocol
 
-    def __init__(self, sink, clock=None, max_window=DEFAULT_MAX_WINDOW,
-                 max_frame=DEFAULT_MAX_FRAME, max_decompressed=DEFAULT_MAX_DECOMPRESSED,
-                 idle_timeout=DEFAULT_IDLE_TIMEOUT, keepalive_interval=DEFAULT_KEEPALIVE_INTERVAL,
-                 flush_bytes=DEFAULT_FLUSH_BYTES, max_buffered=DEFAULT_MAX_BUFFERED,
-                 server_name="lumberjack-server", authorizer=ALLOW_ALL):
+    def __init__(self, sink: IEventSink, clock: IReactorTime | None = None,
+                 max_window: int = DEFAULT_MAX_WINDOW, max_frame: int = DEFAULT_MAX_FRAME,
+                 max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+                 idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL,
+                 flush_bytes: int = DEFAULT_FLUSH_BYTES, max_buffered: int = DEFAULT_MAX_BUFFERED,
+                 server_name: str = "lumberjack-server",
+                 authorizer: IAuthorizer = ALLOW_ALL) -> None:
         clock = default_reactor(clock)
         self.sink = sink
         self.authorizer = authorizer
@@ -195,16 +205,17 @@ class LumberjackServerFactory(Factory):
         self.flush_bytes = flush_bytes
         self.max_buffered = max_buffered
         self.buffered = 0           # bytes of events received and not yet stored, all connections
-        self.throttled = deque()    # connections waiting for buffered to drop
-        self.connections = set()
+        # connections waiting for buffered to drop
+        self.throttled: deque[LumberjackServerProtocol] = deque()
+        self.connections: set[LumberjackServerProtocol] = set()
         self.events_persisted = 0
         self.server_name = server_name
         self.metrics = metrics.ServerMetrics(server_name)
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> "LumberjackServerProtocol":
         return self.protocol(self)
 
-    def release(self, nbytes, gone=None):
+    def release(self, nbytes: int, gone: "LumberjackServerProtocol | None" = None) -> None:
         """C{nbytes} of events were stored (or dropped): wake throttled connections."""
         self.buffered -= nbytes
         if gone is not None:

@@ -13,19 +13,23 @@ and re-encoded); C{tls} is present only when the peer showed a certificate.
 """
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from zope.interface import Attribute, Interface, implementer
 
 from streamproto.core.observer import SharedCall
 from streamproto.log.batch import RecordBatch, lengths_array
+from streamproto.log.config import LogConfig
+from streamproto.log.interfaces import ILog, ILogStore
 
 
 class IEventSink(Interface):
     """Durable storage for received events."""
 
-    def write(connection, events):
+    def write(connection: "ConnectionInfo", events: Sequence[bytes]) -> Deferred[Any]:
         """
         Persist C{events}.
 
@@ -48,26 +52,26 @@ class ConnectionInfo:
 
     __slots__ = ("peer", "tls", "_prefix")
 
-    def __init__(self, peer, tls=None):
+    def __init__(self, peer: str, tls: dict[str, str] | None = None) -> None:
         self.peer = peer
         self.tls = tls
-        self._prefix = None
+        self._prefix: bytes | None = None
 
-    def record_prefix(self):
+    def record_prefix(self) -> bytes:
         """C{b'{"peer":...,"tls":...,"event":'}: an event and C{b"}"} complete a record."""
         if self._prefix is None:
-            meta = {"peer": self.peer}
+            meta: dict[str, object] = {"peer": self.peer}
             if self.tls:
                 meta["tls"] = self.tls
             head = json.dumps(meta, ensure_ascii=False, separators=(",", ":"))
             self._prefix = (head[:-1] + ',"event":').encode("utf-8")
         return self._prefix
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<ConnectionInfo peer={self.peer} tls={self.tls}>"
 
 
-def make_records(connection, events):
+def make_records(connection: ConnectionInfo, events: Sequence[bytes]) -> RecordBatch:
     """
     The log records for C{events}: metadata spliced around the raw JSON, as
     one L{RecordBatch} (one join for all the bytes, no object per record:
@@ -92,11 +96,12 @@ class LogStoreSink:
 
     log = Logger()
 
-    def __init__(self, store, log_name="lumberjack", config=None):
+    def __init__(self, store: ILogStore, log_name: str = "lumberjack",
+                 config: LogConfig | None = None) -> None:
         self.store = store
         self.log_name = log_name
         self.config = config
-        self._log = None
+        self._log: ILog | None = None
         # connections arriving while the log opens wait for that one open
         self._open = SharedCall(self._open_log)
 
@@ -117,7 +122,7 @@ class LogStoreSink:
         self.log.failure("cannot open log {name}", failure, name=self.log_name)
         return failure
 
-    def write(self, connection, events):
+    def write(self, connection: ConnectionInfo, events: Sequence[bytes]) -> Deferred[Any]:
         records = make_records(connection, events)
         if self._log is not None:
             return self._log.append(records)

@@ -30,12 +30,15 @@ import hashlib
 import re
 import time
 import uuid
+from collections.abc import Generator
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred, fail, inlineCallbacks, succeed
 from twisted.logger import Logger
 
 from streamproto.core.observer import Observers
 from streamproto.log.config import MAX_NAME_LENGTH, LogConfig
+from streamproto.log.interfaces import ILog, ILogStore
 from streamproto.log.errors import (
     AppendConflict, LogClosed, LogExists, LogNotFound, PositionOutOfRange,
 )
@@ -93,7 +96,7 @@ class BadOffset(SegmentError):
         self.expected = expected
 
 
-def log_name(segment):
+def log_name(segment: str) -> str:
     """The log store name of a segment (see the module docstring)."""
     out = [PREFIX]
     for ch in segment:
@@ -107,7 +110,7 @@ def log_name(segment):
     return name
 
 
-def segment_name(name):
+def segment_name(name: str) -> str | None:
     """
     Inverse of L{log_name}.
 
@@ -140,7 +143,7 @@ def segment_name(name):
 TRANSIENT_DELIMITER = "#transient."
 
 
-def transient_name(parent, writer_id):
+def transient_name(parent: str, writer_id: uuid.UUID) -> str:
     """
     A new transient segment name for C{parent}, as Pravega makes them:
     C{parent#transient.<writer id hex>.<random UUID hex>} (32 lowercase hex
@@ -149,13 +152,13 @@ def transient_name(parent, writer_id):
     return f"{parent}{TRANSIENT_DELIMITER}{writer_id.hex}.{uuid.uuid4().hex}"
 
 
-def is_transient(name):
+def is_transient(name: str) -> bool:
     """Whether C{name} is a transient segment's name (see L{transient_name})."""
     i = name.rfind(TRANSIENT_DELIMITER)
     return i >= 0 and len(name) - (i + len(TRANSIENT_DELIMITER)) == 65
 
 
-def attribute_key(attribute_id):
+def attribute_key(attribute_id: uuid.UUID) -> str:
     return "attr:" + attribute_id.hex
 
 
@@ -178,7 +181,7 @@ class Segment:
 
     log = Logger()
 
-    def __init__(self, store, name, log):
+    def __init__(self, store: "SegmentStore", name: str, log: ILog) -> None:
         self.store = store
         self.name = name
         self.log_ = log
@@ -187,15 +190,15 @@ class Segment:
         self.seal_durable = self.sealed
         self.mtime = attrs.get("mtime", 0)
         self.issued_offset = log.end_offset
-        self._issued = {}           # writer key -> last event number sent to the log
+        self._issued: dict[str, int] = {}  # writer key -> last event number sent to the log
         self._pending = 0
-        self._idle = Observers()    # waiting for no pending appends
-        self._tail_waiters = set()
-        self.failed = None
+        self._idle: Observers[None] = Observers()  # waiting for no pending appends
+        self._tail_waiters: set[Deferred[None]] = set()
+        self.failed: BaseException | None = None
         self.deleted = False
 
     # -- writers ---------------------------------------------------------
-    def last_event_number(self, writer_id, default):
+    def last_event_number(self, writer_id: uuid.UUID, default: int) -> int:
         """The writer's last event number issued to the log (durable once idle)."""
         key = writer_key(writer_id)
         n = self._issued.get(key)
@@ -203,16 +206,17 @@ class Segment:
             n = self.log_.attributes.get(key, default)
         return n
 
-    def durable_event_number(self, writer_id, default):
+    def durable_event_number(self, writer_id: uuid.UUID, default: int) -> int:
         return self.log_.attributes.get(writer_key(writer_id), default)
 
-    def attribute(self, attribute_id, default):
+    def attribute(self, attribute_id: uuid.UUID, default: int) -> int:
         """The durable value of a UUID attribute."""
         if self.deleted:
             raise SegmentNotFound(self.name)
         return self.log_.attributes.get(attribute_key(attribute_id), default)
 
-    def update_attribute(self, attribute_id, new_value, expected_value, null):
+    def update_attribute(self, attribute_id: uuid.UUID, new_value: int, expected_value: int,
+                         null: int) -> Deferred[bool]:
         """
         Set a UUID attribute if its value (C{null} when unset, counting
         updates and appends not yet durable) is C{expected_value}.
@@ -254,7 +258,7 @@ class Segment:
             return {key: self._issued[key]}
         return {key: self.log_.attributes.get(key)}
 
-    def settle(self):
+    def settle(self) -> Deferred[None]:
         """@return: Deferred firing once every append issued so far is done."""
         if not self._pending:
             return succeed(None)
@@ -268,7 +272,8 @@ class Segment:
         if self.sealed:
             raise SegmentSealed(self.name)
 
-    def append(self, data, writer_id, event_number, expected_offset=None):
+    def append(self, data: bytes, writer_id: uuid.UUID, event_number: int,
+               expected_offset: int | None = None) -> Deferred[int]:
         """
         Issue an append at once (so appends keep their arrival order).
 
@@ -283,6 +288,7 @@ class Segment:
         if expected_offset is not None and expected_offset != self.issued_offset:
             return fail(BadOffset(self.issued_offset))
         limit = self.log_.config.max_record_size
+        records: list[bytes] | list[memoryview]
         if len(data) <= limit:
             records = [data]
         else:
@@ -298,7 +304,7 @@ class Segment:
                                             expected_attributes=expected),
                            lambda _: end)
 
-    def append_merged(self, data, marker):
+    def append_merged(self, data: bytes, marker: str) -> Deferred[int]:
         """
         Append the whole content of a merged segment as one log append,
         with attribute C{marker} set to 1 in the same atomic write: after a
@@ -346,7 +352,7 @@ class Segment:
         return d
 
     # -- maintenance -----------------------------------------------------
-    def seal(self):
+    def seal(self) -> Deferred[int]:
         """@return: Deferred firing with the final length once the seal is durable."""
         try:
             self._check_writable()
@@ -366,7 +372,7 @@ class Segment:
 
         return self._track(self.log_.append([], {"sealed": 1, "mtime": self.mtime}), durable)
 
-    def truncate(self, offset):
+    def truncate(self, offset: int) -> Deferred[int]:
         """@return: Deferred firing with the new start offset."""
         if self.deleted:
             return fail(SegmentNotFound(self.name))
@@ -376,7 +382,7 @@ class Segment:
             return succeed(self.log_.start_offset)
         return self.log_.truncate_offset(offset)
 
-    def info(self):
+    def info(self) -> dict[str, Any]:
         return {
             "segment": self.name,
             "sealed": self.seal_durable,
@@ -386,7 +392,7 @@ class Segment:
         }
 
     # -- reading ---------------------------------------------------------
-    def read(self, offset, max_bytes):
+    def read(self, offset: int, max_bytes: int) -> Deferred[tuple[bytes, bool, bool]]:
         """
         @return: Deferred firing with C{(data, at_tail, end_of_segment)} of
             what is durable at C{offset} (possibly nothing); fails with
@@ -410,7 +416,7 @@ class Segment:
 
         return log.read_bytes(offset, max_bytes).addCallbacks(flags, truncated)
 
-    def wait_for_data(self, offset, timeout):
+    def wait_for_data(self, offset: int, timeout: float) -> Deferred[None]:
         """
         @return: Deferred firing (with None) once bytes beyond C{offset} are
             durable, the segment is sealed, or C{timeout} seconds passed;
@@ -423,7 +429,7 @@ class Segment:
         def cancel(_):
             waiting.cancel()
 
-        d = Deferred(cancel)
+        d: Deferred[None] = Deferred(cancel)
         self._tail_waiters.add(d)
 
         def woke(_):
@@ -456,22 +462,23 @@ class SegmentStore:
 
     log = Logger()
 
-    def __init__(self, store, config=SEGMENT_LOG_CONFIG):
+    def __init__(self, store: ILogStore, config: LogConfig = SEGMENT_LOG_CONFIG) -> None:
         self.store = store
         self.config = config
-        self._open = {}      # segment name -> Segment
-        self._opening = {}   # segment name -> [Deferred waiting]
+        self._open: dict[str, Segment] = {}
+        # segment name -> the Deferreds waiting for it to open
+        self._opening: dict[str, list[Deferred[Segment]]] = {}
 
-    def _forget(self, segment):
+    def _forget(self, segment: Segment) -> None:
         if self._open.get(segment.name) is segment:
             del self._open[segment.name]
 
-    def get(self, name):
+    def get(self, name: str) -> Deferred[Segment]:
         """@return: Deferred firing with the L{Segment}; fails with L{SegmentNotFound}."""
         seg = self._open.get(name)
         if seg is not None:
             return succeed(seg)
-        d = Deferred()
+        d: Deferred[Segment] = Deferred()
         waiting = self._opening.get(name)
         if waiting is not None:
             waiting.append(d)
@@ -494,7 +501,7 @@ class SegmentStore:
         opening.addCallbacks(opened, missing).addBoth(deliver)
         return d
 
-    def create(self, name):
+    def create(self, name: str) -> Deferred[Segment]:
         """@return: Deferred firing with the new L{Segment}; fails with L{SegmentExists}."""
         if name in self._open:
             return fail(SegmentExists(name))
@@ -511,7 +518,7 @@ class SegmentStore:
 
         return self.store.create(log_name(name), self.config).addCallbacks(created, exists)
 
-    def delete(self, name):
+    def delete(self, name: str) -> Deferred[None]:
         """Delete a segment: pending appends fail, waiting reads end."""
         seg = self._open.pop(name, None)
         if seg is not None:
@@ -528,7 +535,8 @@ class SegmentStore:
         return self.store.delete(log_name(name)).addErrback(missing)
 
     @inlineCallbacks
-    def merge(self, target, source, max_bytes=MAX_MERGE_BYTES):
+    def merge(self, target: str, source: str, max_bytes: int = MAX_MERGE_BYTES
+              ) -> Generator[Deferred[Any], Any, int]:
         """
         Seal C{source}, append all its bytes to C{target} atomically, then
         delete C{source} (a transaction commit).  Idempotent: the target
@@ -572,7 +580,7 @@ class SegmentStore:
         return end
 
     @inlineCallbacks
-    def delete_transients(self):
+    def delete_transients(self) -> Generator[Deferred[Any], Any, list[str]]:
         """
         Delete every transient segment in the store: what a crash left of
         the transient segments of connections that are gone.
@@ -592,9 +600,9 @@ class SegmentStore:
                           n=len(deleted))
         return deleted
 
-    def names(self):
+    def names(self) -> list[str]:
         """Segment names in the store (hashed long names are left out)."""
-        out = []
+        out: list[str] = []
         for n in self.store.names():
             s = segment_name(n)
             if s is not None:

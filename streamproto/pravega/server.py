@@ -16,10 +16,12 @@ slow reader stops the reading of the log rather than growing a buffer).
 """
 
 from collections import deque
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IAddress, IPushProducer, IReactorTime
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.python.failure import Failure
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -27,9 +29,10 @@ from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
 from streamproto.core import metrics
-from streamproto.core.auth import ALLOW_ALL
+from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.log.errors import AppendConflict, CorruptLog, LogError, LogFailed
+from streamproto.log.interfaces import ILogStore
 from streamproto.pravega import codec
 from streamproto.pravega.codec import NULL_EVENT_NUMBER, OLDEST_COMPATIBLE_VERSION, WIRE_VERSION
 from streamproto.pravega.segments import (
@@ -39,6 +42,9 @@ from streamproto.pravega.segments import (
 from streamproto.pravega.tables import (
     BadContinuationToken, KeyBadVersion, KeyDoesNotExist, TableError, TableNotEmpty, TableStore,
 )
+
+if TYPE_CHECKING:
+    from streamproto.pravega.auth import DelegationTokens
 
 #: The reference reads at most this much per ReadSegment.
 MAX_READ_SIZE = 2 * 1024 * 1024
@@ -163,7 +169,7 @@ def replying(handler):
 
 
 #: Error replies, counted by name in the protocol error metric.
-_ERROR_TYPES = frozenset(codec.FAILURES)
+_ERROR_TYPES: frozenset[type] = frozenset(codec.FAILURES)
 
 
 class _WriterState:
@@ -180,13 +186,16 @@ class _WriterState:
 @implementer(IPushProducer, IGracefulShutdown)
 class PravegaServerProtocol(Protocol):
     log = Logger()
+    #: a TCP or TLS transport, also a producer and consumer
+    #: (registerProducer, pauseProducing): no one Twisted interface says all that
+    transport: Any
 
     def __init__(self, factory):
         self.factory = factory
         self.decoder = codec.Decoder(factory.max_frame_size)
         self.assembler = codec.AppendAssembler()
         self.writers = {}               # writer id -> _WriterState
-        self._queue = deque()
+        self._queue: deque[Any] = deque()
         self._busy = False
         self._pause_reasons = set()
         self._outstanding_bytes = 0
@@ -207,7 +216,7 @@ class PravegaServerProtocol(Protocol):
         self._producing = True
         self._idle.start()
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.closed = True
         self._idle.cancel()
         for d in list(self._reads):
@@ -227,7 +236,7 @@ class PravegaServerProtocol(Protocol):
                 "deleting transient segment {segment}", f, segment=name))
         self.transients = set()
 
-    def gracefulShutdown(self):
+    def gracefulShutdown(self) -> defer.Deferred[None]:
         """
         Stop reading, finish the commands already received, wait until every
         append is durable and acknowledged, end waiting reads, then close.
@@ -317,7 +326,7 @@ class PravegaServerProtocol(Protocol):
         """Fire when the transport takes data again (at once if it does)."""
         if "send buffer" not in self._pause_reasons:
             return defer.succeed(None)
-        d = defer.Deferred()
+        d: defer.Deferred[None] = defer.Deferred()
         self._send_waiters.append(d)
         return d
 
@@ -810,10 +819,13 @@ class PravegaServerFactory(Factory):
 
     protocol = PravegaServerProtocol
 
-    def __init__(self, store, clock=None, read_wait=60.0, max_frame_size=codec.MAX_FRAME_SIZE,
-                 max_outstanding_bytes=32 * 1024 * 1024, max_queued_commands=4096,
-                 max_pending_reads=64, idle_timeout=300.0, server_name="pravega-server",
-                 authorizer=ALLOW_ALL, tokens=None):
+    def __init__(self, store: ILogStore, clock: IReactorTime | None = None,
+                 read_wait: float = 60.0, max_frame_size: int = codec.MAX_FRAME_SIZE,
+                 max_outstanding_bytes: int = 32 * 1024 * 1024,
+                 max_queued_commands: int = 4096, max_pending_reads: int = 64,
+                 idle_timeout: float = 300.0, server_name: str = "pravega-server",
+                 authorizer: IAuthorizer = ALLOW_ALL,
+                 tokens: "DelegationTokens | None" = None) -> None:
         clock = default_reactor(clock)
         from streamproto.pravega.auth import DelegationTokens
         self.authorizer = authorizer
@@ -828,19 +840,19 @@ class PravegaServerFactory(Factory):
         self.max_queued_commands = max_queued_commands
         self.max_pending_reads = max_pending_reads
         self.idle_timeout = idle_timeout
-        self.connections = set()
+        self.connections: set[PravegaServerProtocol] = set()
         self.server_name = server_name
         #: errors are counted by command name (an error reply) or by reason
         #: (a closed connection)
         self.metrics = metrics.ServerMetrics(server_name)
 
-    def startFactory(self):
+    def startFactory(self) -> None:
         # transient segments die with their connection: after a crash, with
         # the server (the connections are all gone)
         self.segments.delete_transients().addErrback(
             lambda f: self.log.failure("deleting leftover transient segments", f))
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> PravegaServerProtocol:
         p = self.protocol(self)
         p.factory = self
         self.connections.add(p)

@@ -15,23 +15,26 @@ connection is closed (the spec; the reference server kept some of them open).
 
 import random
 from collections import deque
+from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IPushProducer, ISSLTransport
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IPushProducer, IReactorTime, ISSLTransport
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
-from streamproto.core.auth import ALLOW_ALL, connection_principals, denied
+from streamproto.core.auth import ALLOW_ALL, IAuthorizer, connection_principals, denied
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.observer import OneShotObserver
 from streamproto.reliable import codec
 from streamproto.reliable.errors import ProtocolError, ReliableError, StoreUnavailable
+from streamproto.reliable.session import ISessionStore
 from streamproto.reliable.sequence import (
     DoublingSequence,
+    IStatelessSequence,
     StreamFinished,
     initial_state,
     next_message,
@@ -68,11 +71,14 @@ class ReliableStreamServerProtocol(Protocol):
     """
 
     log = Logger()
+    #: a TCP or TLS transport, also a producer and consumer
+    #: (registerProducer, pauseProducing): no one Twisted interface says all that
+    transport: Any
 
     def __init__(self):
         self.phase = "initial"
         self.uuid = None
-        self.released = OneShotObserver()   # fired once this connection let go of its session
+        self.released: OneShotObserver[None] = OneShotObserver()   # fired once this connection let go of its session
         self._claimed = False        # in factory.active (stateful)
         self._session_taken = False  # got past the previous connection: owns the session
         self._paused = False
@@ -92,11 +98,11 @@ class ReliableStreamServerProtocol(Protocol):
         self._tokens_at = None
         self._stall_timer = None
         self._shutting_down = False
-        self._gone = OneShotObserver()  # fired when the connection is gone (gracefulShutdown)
+        self._gone: OneShotObserver[None] = OneShotObserver()  # fired when the connection is gone (gracefulShutdown)
         self._unsent_count = 0       # messages queued since the last flush (metrics)
         self._stored_count = 0       # messages stored since the last flush (metrics)
         # messages read but not yet in effect (see _drain)
-        self._inbox = deque()
+        self._inbox: deque[Any] = deque()
         # the first message (params/state) is still being handled
         self._busy = False
         self._reading_paused = False
@@ -220,7 +226,7 @@ class ReliableStreamServerProtocol(Protocol):
         self._fail(f"forbidden: read on {resource}")
         return False
 
-    def connectionLost(self, reason):
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         was = self.phase
         self.phase = "closed"
         for call in (self._initial_timer, self._flush_call, self._pump_call, self._stall_timer,
@@ -237,7 +243,7 @@ class ReliableStreamServerProtocol(Protocol):
         self.log.debug("reliable-stream connection closed ({phase})", phase=was)
         self._gone.fire()
 
-    def gracefulShutdown(self):
+    def gracefulShutdown(self) -> defer.Deferred[None]:
         """
         The server is stopping (called by
         L{streamproto.core.ops.TrackingFactory}): generate nothing more, let
@@ -348,13 +354,13 @@ class ReliableStreamServerProtocol(Protocol):
 
     # IPushProducer: the transport pauses us when the peer reads slowly
 
-    def pauseProducing(self):
+    def pauseProducing(self) -> None:
         self._paused = True
         timeout = self.factory.stall_timeout
         if timeout and self._stall_timer is None and self.phase != "closed":
             self._stall_timer = self._clock.callLater(timeout, self._stalled)
 
-    def resumeProducing(self):
+    def resumeProducing(self) -> None:
         self._paused = False
         if self._stall_timer is not None:
             self._stall_timer.cancel()
@@ -367,7 +373,7 @@ class ReliableStreamServerProtocol(Protocol):
                       peer=self.transport.getPeer(), timeout=self.factory.stall_timeout)
         self.transport.abortConnection()
 
-    def stopProducing(self):
+    def stopProducing(self) -> None:
         self._paused = True
 
     def _schedule_pump(self, delay=0):
@@ -596,10 +602,13 @@ class ReliableStreamFactory(Factory):
     protocol = ReliableStreamServerProtocol
     log = Logger()
 
-    def __init__(self, store, sequence=None, rate=None, max_line=codec.DEFAULT_MAX_LINE,
-                 window=DEFAULT_WINDOW, turn_batch=DEFAULT_TURN_BATCH,
-                 initial_timeout=DEFAULT_INITIAL_TIMEOUT, stall_timeout=DEFAULT_STALL_TIMEOUT,
-                 clock=None, rng=None, server_name=SERVER_NAME, authorizer=ALLOW_ALL):
+    def __init__(self, store: ISessionStore, sequence: IStatelessSequence | None = None,
+                 rate: float | None = None, max_line: int = codec.DEFAULT_MAX_LINE,
+                 window: int = DEFAULT_WINDOW, turn_batch: int = DEFAULT_TURN_BATCH,
+                 initial_timeout: float = DEFAULT_INITIAL_TIMEOUT,
+                 stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+                 clock: IReactorTime | None = None, rng: random.Random | None = None,
+                 server_name: str = SERVER_NAME, authorizer: IAuthorizer = ALLOW_ALL) -> None:
         clock = default_reactor(clock)
         if rate is not None and rate <= 0:
             raise ValueError("rate must be positive")
@@ -617,11 +626,11 @@ class ReliableStreamFactory(Factory):
         self.server_name = server_name
         self.metrics = metrics.ServerMetrics(server_name)
         # uuid -> the newest connection of that session
-        self.active = {}
+        self.active: dict[str, ReliableStreamServerProtocol] = {}
         # connection -> the connection it waits for
-        self._previous = {}
+        self._previous: dict[ReliableStreamServerProtocol, OneShotObserver[None]] = {}
 
-    def claim(self, uuid, proto):
+    def claim(self, uuid: str, proto: ReliableStreamServerProtocol) -> OneShotObserver[None]:
         """
         Make C{proto} the session's connection; an older one is cut (the
         client only reconnects once it thinks the old one is gone).  Returns
@@ -639,10 +648,10 @@ class ReliableStreamFactory(Factory):
             previous.transport.abortConnection()
         return previous.released
 
-    def previous_of(self, proto):
+    def previous_of(self, proto: ReliableStreamServerProtocol) -> OneShotObserver[None]:
         return self._previous.get(proto) or _fired()
 
-    def release(self, uuid, proto):
+    def release(self, uuid: str, proto: ReliableStreamServerProtocol) -> None:
         self._previous.pop(proto, None)
         if self.active.get(uuid) is proto:
             del self.active[uuid]
@@ -661,7 +670,7 @@ def _error_code(text):
     return known.get(text, "protocol_error")
 
 
-def _fired():
-    released = OneShotObserver()
+def _fired() -> OneShotObserver[None]:
+    released: OneShotObserver[None] = OneShotObserver()
     released.fire()
     return released

@@ -21,9 +21,11 @@ import json
 import os
 import sqlite3
 from collections import deque
+from collections.abc import Callable, Generator
 from typing import Any, NamedTuple
 
 from twisted.internet import defer, threads
+from twisted.internet.interfaces import IDelayedCall, IReactorCore, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
@@ -68,12 +70,16 @@ class Message(NamedTuple):
     data: Any
 
 
+#: C{transformer(state) -> (data, new_state)}, see L{ISessionStore.put}
+Transformer = Callable[[Any], tuple[Any, Any]]
+
+
 class ISessionStore(Interface):
     """The spec's Session API.  Every method returns a Deferred."""
 
     expiry = Attribute("Seconds after disconnect() before a session is deleted.")
 
-    def register(uuid, state):
+    def register(uuid: str, state: Any) -> defer.Deferred[None]:
         """
         Store a new session with its initial application C{state}; a session
         already stored under C{uuid} is replaced (a client that lost its
@@ -81,10 +87,10 @@ class ISessionStore(Interface):
         Fires with None once stored.
         """
 
-    def disconnect(uuid):
+    def disconnect(uuid: str) -> defer.Deferred[None]:
         """The session's connection is gone: arm its expiry.  Fires with None."""
 
-    def put(uuid, transformer):
+    def put(uuid: str, transformer: Transformer) -> defer.Deferred[Message]:
         """
         Atomically: load the state, call C{transformer(state) -> (data,
         new_state)} (pure, may be called more than once), give the data the
@@ -94,7 +100,7 @@ class ISessionStore(Interface):
         its exception.
         """
 
-    def after(uuid, message_id):
+    def after(uuid: str, message_id: int) -> defer.Deferred[Message | None]:
         """
         The stored message right after C{message_id}, or None when
         C{message_id} is the last one generated (the server then calls put).
@@ -102,7 +108,7 @@ class ISessionStore(Interface):
         when the message was acknowledged (deleted) already.
         """
 
-    def ack(uuid, message_id):
+    def ack(uuid: str, message_id: int) -> defer.Deferred[None]:
         """
         Every message up to C{message_id} was delivered: delete them.  Fails
         with L{UnknownMessageID} beyond the last id and L{OutOfOrderAck}
@@ -236,45 +242,45 @@ def _call(f, *args):
 class MemorySessionStore:
     """Sessions in memory: lost with the process."""
 
-    def __init__(self, clock=None, expiry=DEFAULT_EXPIRY):
+    def __init__(self, clock: IReactorTime | None = None, expiry: float = DEFAULT_EXPIRY) -> None:
         clock = default_reactor(clock)
         self._table = _SessionTable(clock, expiry)
 
     @property
-    def expiry(self):
+    def expiry(self) -> float:
         return self._table.expiry
 
-    def register(self, uuid, state):
+    def register(self, uuid: str, state: Any) -> defer.Deferred[None]:
         return _call(self._register, uuid, state)
 
     def _register(self, uuid, state):
         self._table.register(uuid, state)
 
-    def disconnect(self, uuid):
+    def disconnect(self, uuid: str) -> defer.Deferred[None]:
         return _call(self._disconnect, uuid)
 
     def _disconnect(self, uuid):
         self._table.disconnect(uuid)
 
-    def put(self, uuid, transformer):
+    def put(self, uuid: str, transformer: Transformer) -> defer.Deferred[Message]:
         return _call(self._put, uuid, transformer)
 
     def _put(self, uuid, transformer):
         return self._table.put(uuid, transformer)[1]
 
-    def after(self, uuid, message_id):
+    def after(self, uuid: str, message_id: int) -> defer.Deferred[Message | None]:
         return _call(self._table.after, uuid, message_id)
 
-    def ack(self, uuid, message_id):
+    def ack(self, uuid: str, message_id: int) -> defer.Deferred[None]:
         return _call(self._ack, uuid, message_id)
 
     def _ack(self, uuid, message_id):
         self._table.ack(uuid, message_id)
 
-    def __contains__(self, uuid):
+    def __contains__(self, uuid: str) -> bool:
         return uuid in self._table.sessions
 
-    def close(self):
+    def close(self) -> defer.Deferred[None]:
         self._table.cancel_timers()
         return defer.succeed(None)
 
@@ -336,21 +342,24 @@ class SQLiteSessionStore:
 
     log = Logger()
 
-    def __init__(self, path, clock=None, expiry=DEFAULT_EXPIRY, reactor=None):
+    def __init__(self, path: str, clock: IReactorTime | None = None,
+                 expiry: float = DEFAULT_EXPIRY, reactor: IReactorCore | None = None) -> None:
         """
         @param clock: IReactorTime for expiry (a fake clock in tests).
         @param reactor: the reactor that runs the database thread and the
             per-turn flush (default: the global reactor).
         """
-        reactor = default_reactor(reactor)
+        # (also IReactorTime and IReactorFromThreads: no one interface says all that)
+        the_reactor = default_reactor(reactor)
         self.path = path
-        self._reactor = reactor
-        self._clock = clock = clock or reactor
-        self._table = _SessionTable(clock, expiry, on_expire=self._expired)
+        self._reactor = the_reactor
+        self._clock = clock or the_reactor
+        self._table = _SessionTable(self._clock, expiry, on_expire=self._expired)
         self._pending = _Batch()
-        self._flush_call = None
-        self._committing = None   # Deferred of the transaction in progress
-        self._failure = None
+        self._flush_call: IDelayedCall | None = None
+        # the transaction in progress
+        self._committing: defer.Deferred[Any] | None = None
+        self._failure: StoreFailed | None = None
         self._closed = False
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
@@ -363,16 +372,16 @@ class SQLiteSessionStore:
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="reliable-sessions")
         self._pool.start()
         # a non-daemon thread left running would keep the process alive
-        self._shutdown_trigger = reactor.addSystemEventTrigger(
+        self._shutdown_trigger = the_reactor.addSystemEventTrigger(
             "during", "shutdown", self._stop_pool)
 
     @property
-    def expiry(self):
+    def expiry(self) -> float:
         return self._table.expiry
 
     def _recover(self):
         now = self._clock.seconds()
-        messages = {}
+        messages: dict[str, list[Message]] = {}
         for uuid, message_id, data in self._db.execute(
                 "SELECT uuid, id, data FROM messages ORDER BY uuid, id"):
             messages.setdefault(uuid, []).append(Message(message_id, json.loads(data)))
@@ -396,7 +405,7 @@ class SQLiteSessionStore:
 
     def _queue(self, result):
         """A Deferred firing with C{result} after the current batch commits."""
-        d = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         self._pending.waiters.append((d, result))
         self._schedule()
         return d
@@ -470,7 +479,7 @@ class SQLiteSessionStore:
 
     # ISessionStore
 
-    def register(self, uuid, state):
+    def register(self, uuid: str, state: Any) -> defer.Deferred[None]:
         try:
             self._check()
             _encode_json(state)  # refuse what could not be stored, before changing anything
@@ -485,7 +494,7 @@ class SQLiteSessionStore:
         batch.disconnected[uuid] = None
         return self._queue(None)
 
-    def disconnect(self, uuid):
+    def disconnect(self, uuid: str) -> defer.Deferred[None]:
         try:
             self._check()
             session = self._table.disconnect(uuid)
@@ -495,7 +504,7 @@ class SQLiteSessionStore:
         self._pending.disconnected[uuid] = self._clock.seconds()
         return self._queue(None)
 
-    def put(self, uuid, transformer):
+    def put(self, uuid: str, transformer: Transformer) -> defer.Deferred[Message]:
         try:
             self._check()
             session, message = self._table.put(uuid, transformer)
@@ -508,7 +517,7 @@ class SQLiteSessionStore:
         batch.disconnected[uuid] = None
         return self._queue(message)
 
-    def after(self, uuid, message_id):
+    def after(self, uuid: str, message_id: int) -> defer.Deferred[Message | None]:
         try:
             self._check()
             message = self._table.after(uuid, message_id)
@@ -519,7 +528,7 @@ class SQLiteSessionStore:
         # the message may still be on its way to the disk: answer after it is there
         return self._queue(message)
 
-    def ack(self, uuid, message_id):
+    def ack(self, uuid: str, message_id: int) -> defer.Deferred[None]:
         try:
             self._check()
             session = self._table.ack(uuid, message_id)
@@ -541,21 +550,21 @@ class SQLiteSessionStore:
         batch.rows[uuid] = None
         self._schedule()
 
-    def __contains__(self, uuid):
+    def __contains__(self, uuid: str) -> bool:
         return uuid in self._table.sessions
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """True once L{close} completed (or the reactor shut the thread down)."""
         return self._closed
 
     @property
-    def failure(self):
+    def failure(self) -> StoreFailed | None:
         """The L{StoreFailed} a failed commit left, or None while the store works."""
         return self._failure
 
     @defer.inlineCallbacks
-    def close(self):
+    def close(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Commit what is queued, then close the database and its thread."""
         if self._closed:
             return

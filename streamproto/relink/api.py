@@ -14,9 +14,12 @@ level; C{send_many} is the bulk path (one Deferred for a batch).
 """
 
 import itertools
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from twisted.application.internet import ClientService
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from zope.interface import Interface, implementer
@@ -31,6 +34,9 @@ from streamproto.relink.errors import LinkLost
 from streamproto.relink.link import Link
 from streamproto.relink.protocol import ConnectorProtocol, ListenerProtocol
 
+if TYPE_CHECKING:
+    from streamproto.core.auth import IAuthorizer
+
 #: the C{server} label of the relink server in the suite-wide metrics
 SERVER_NAME = "relink-server"
 
@@ -38,10 +44,11 @@ SERVER_NAME = "relink-server"
 class IChannelHandler(Interface):
     """What an endpoint (or a connector) does with what its peer sends."""
 
-    def link_attached(link, resumed):
+    def link_attached(link: Link, resumed: bool) -> None:
         """A connection carries C{link} now (C{resumed}: an old link id was agreed)."""
 
-    def messages_received(link, channel_id, messages):
+    def messages_received(link: Link, channel_id: int, messages: list[tuple[bytes, ...]]
+                          ) -> Deferred[Any] | None:
         """
         Messages arrived on a channel without transactions (in order, a batch
         of everything one read brought).
@@ -52,7 +59,8 @@ class IChannelHandler(Interface):
             failure discards the link (the sender learns it on reconnect).
         """
 
-    def commit_received(link, channel_id, messages):
+    def commit_received(link: Link, channel_id: int, messages: list[tuple[bytes, ...]]
+                        ) -> bool | Deferred[bool]:
         """
         The peer committed these messages (on a channel with transactions).
 
@@ -60,13 +68,13 @@ class IChannelHandler(Interface):
             it; a failure counts as uncommitted.
         """
 
-    def channel_closed(link, channel_id):
+    def channel_closed(link: Link, channel_id: int) -> None:
         """The peer closed a channel (every message on it was consumed)."""
 
-    def peer_shutdown(link):
+    def peer_shutdown(link: Link) -> None:
         """The peer will open no more channels."""
 
-    def link_closed(link, reason):
+    def link_closed(link: Link, reason: LinkLost) -> None:
         """The link state is gone (L{LinkLost} with why)."""
 
 
@@ -74,22 +82,24 @@ class IChannelHandler(Interface):
 class ChannelHandler:
     """Defaults: consume at once, refuse commits, ignore the rest."""
 
-    def link_attached(self, link, resumed):
+    def link_attached(self, link: Link, resumed: bool) -> None:
         pass
 
-    def messages_received(self, link, channel_id, messages):
+    def messages_received(self, link: Link, channel_id: int, messages: list[tuple[bytes, ...]]
+                          ) -> Deferred[Any] | None:
         return None
 
-    def commit_received(self, link, channel_id, messages):
+    def commit_received(self, link: Link, channel_id: int, messages: list[tuple[bytes, ...]]
+                        ) -> bool | Deferred[bool]:
         return False
 
-    def channel_closed(self, link, channel_id):
+    def channel_closed(self, link: Link, channel_id: int) -> None:
         pass
 
-    def peer_shutdown(self, link):
+    def peer_shutdown(self, link: Link) -> None:
         pass
 
-    def link_closed(self, link, reason):
+    def link_closed(self, link: Link, reason: LinkLost) -> None:
         pass
 
 
@@ -108,9 +118,10 @@ class RelinkEndpoint:
 
     log = Logger()
 
-    def __init__(self, name, handler, *, connector_id_size=0, listener_id_size=0,
-                 connector_transactions=False, listener_transactions=False, config=None,
-                 clock=None):
+    def __init__(self, name: str, handler: IChannelHandler, *, connector_id_size: int = 0,
+                 listener_id_size: int = 0, connector_transactions: bool = False,
+                 listener_transactions: bool = False, config: LinkConfig | None = None,
+                 clock: IReactorTime | None = None) -> None:
         clock = default_reactor(clock)
         self.name = name
         self.handler = IChannelHandler(handler)
@@ -121,10 +132,11 @@ class RelinkEndpoint:
         self.config = config or LinkConfig()
         self.clock = clock
         self.epoch = _epoch_now(clock)
-        self.links = {}
+        self.links: dict[int, _ListenerLink] = {}
         self._ids = itertools.count(1)
-        self._expiry = {}
-        self._connections = {}
+        self._expiry: dict[int, IDelayedCall] = {}
+        # link id -> the IConnectionEffects of the connection carrying it
+        self._connections: dict[int, Any] = {}
         #: set by L{close}: links still attached then are discarded when
         #: their connection ends instead of being kept for resumption
         self.closed = False
@@ -180,7 +192,7 @@ class RelinkEndpoint:
         self._connections[link_id] = connection
         return link, False
 
-    def _detached(self, link):
+    def _detached(self, link: "_ListenerLink") -> None:
         if self.closed:
             link.discard(LinkLost("endpoint closed"))
             return
@@ -196,7 +208,7 @@ class RelinkEndpoint:
                           link_id=link.link_id, name=self.name)
             link.discard(LinkLost("link expired while disconnected"))
 
-    def _discarded(self, link):
+    def _discarded(self, link: "_ListenerLink") -> None:
         self._cancel_expiry(link.link_id)
         if self.links.get(link.link_id) is link:
             del self.links[link.link_id]
@@ -207,11 +219,11 @@ class RelinkEndpoint:
         if call is not None and call.active():
             call.cancel()
 
-    def open(self):
+    def open(self) -> None:
         """Keep links for resumption again (the factory is listening again)."""
         self.closed = False
 
-    def close(self):
+    def close(self) -> None:
         """
         The server stopped listening: discard every detached link now (no
         connector can come back to resume it) and every attached one when
@@ -249,8 +261,9 @@ class ListenerFactory(Factory):
     Serves the named endpoints: C{endpoint.listen(ListenerFactory([...]))}.
     """
 
-    def __init__(self, endpoints, config=None, clock=None, server_name=SERVER_NAME,
-                 authorizer=None):
+    def __init__(self, endpoints: Iterable[RelinkEndpoint], config: LinkConfig | None = None,
+                 clock: IReactorTime | None = None, server_name: str = SERVER_NAME,
+                 authorizer: "IAuthorizer | None" = None) -> None:
         clock = default_reactor(clock)
         from streamproto.core.auth import ALLOW_ALL
         #: the L{streamproto.core.auth.IAuthorizer}: who may link to which
@@ -263,19 +276,19 @@ class ListenerFactory(Factory):
         self.server_name = server_name
         self.metrics = metrics.ServerMetrics(server_name)
 
-    def count_error(self, code):
+    def count_error(self, code: str) -> None:
         self.metrics.error(code)
 
-    def buildProtocol(self, addr):
+    def buildProtocol(self, addr: IAddress | None) -> ListenerProtocol:
         p = ListenerProtocol(self, self.clock)
         p.factory = self
         return p
 
-    def startFactory(self):
+    def startFactory(self) -> None:
         for e in self.endpoints.values():
             e.open()
 
-    def stopFactory(self):
+    def stopFactory(self) -> None:
         # called when the last listening port closes, which a graceful stop
         # does *before* draining the connections (streamproto.core.tap):
         # attached links must live on until their connection ends
@@ -295,10 +308,12 @@ class Connector:
 
     log = Logger()
 
-    def __init__(self, endpoint, name, handler=None, *, connector_id_size=0,
-                 listener_id_size=0, connector_transactions=False,
-                 listener_transactions=False, require_old_link=False, config=None,
-                 clock=None, retry_policy=None):
+    def __init__(self, endpoint: IStreamClientEndpoint, name: str,
+                 handler: IChannelHandler | None = None, *, connector_id_size: int = 0,
+                 listener_id_size: int = 0, connector_transactions: bool = False,
+                 listener_transactions: bool = False, require_old_link: bool = False,
+                 config: LinkConfig | None = None, clock: IReactorTime | None = None,
+                 retry_policy: Callable[[int], float] | None = None) -> None:
         clock = default_reactor(clock)
         self.name = name
         self.handler = IChannelHandler(handler or ChannelHandler())
@@ -310,11 +325,11 @@ class Connector:
         self.config = config or LinkConfig()
         self.clock = clock
         self.link = self._new_link()
-        self._linked_waiters = Observers()
-        self._service = None
+        self._linked_waiters: Observers[Link] = Observers()
+        self._service: ClientService | None = None
         self._endpoint = endpoint
         self._retry_policy = retry_policy
-        self.protocol = None
+        self.protocol: ConnectorProtocol | None = None
 
     def _new_link(self):
         return Link(self.handler, self.clock, role="connector",
@@ -323,7 +338,7 @@ class Connector:
                     peer_transactions=self.listener_transactions, config=self.config)
 
     # -- life cycle ----------------------------------------------------------
-    def start(self):
+    def start(self) -> "Connector":
         """Connect (and keep reconnecting until L{stop} or a completed shutdown)."""
         if self._service is None:
             factory = Factory.forProtocol(lambda: ConnectorProtocol(self, self.clock))
@@ -335,11 +350,11 @@ class Connector:
             self._service.startService()
         return self
 
-    def stop(self):
+    def stop(self) -> Deferred[None]:
         """Stop reconnecting and close the connection; the link state is kept."""
         service, self._service = self._service, None
         if service is None:
-            d = Deferred()
+            d: Deferred[None] = Deferred()
             d.callback(None)
             return d
         if self.protocol is not None:
@@ -347,13 +362,13 @@ class Connector:
             self.protocol.unregister_producer()
         return service.stopService()
 
-    def when_linked(self):
+    def when_linked(self) -> Deferred[Link]:
         """A Deferred firing with the L{Link} once a handshake completed."""
         if self.link.attached:
             return succeed(self.link)
         return self._linked_waiters.when()
 
-    def shutdown(self, timeout=None):
+    def shutdown(self, timeout: float | None = None) -> Deferred[Any]:
         """
         Shut the link down (see L{Link.shutdown}), then stop reconnecting.
 

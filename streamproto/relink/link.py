@@ -12,7 +12,11 @@ the callables given to C{attach} and reads what L{Link.data_received} is fed
 (cut into packets by a L{codec.PacketDecoder}).
 """
 
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
 from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -39,9 +43,10 @@ class Link:
 
     log = Logger()
 
-    def __init__(self, handler, clock, *, role, own_id_size=0, peer_id_size=0,
-                 own_transactions=False, peer_transactions=False, config=None,
-                 link_id=0, epoch=0):
+    def __init__(self, handler: Any, clock: IReactorTime, *, role: str, own_id_size: int = 0,
+                 peer_id_size: int = 0, own_transactions: bool = False,
+                 peer_transactions: bool = False, config: LinkConfig | None = None,
+                 link_id: int = 0, epoch: int = 0) -> None:
         self.handler = handler
         self.clock = clock
         self.role = role
@@ -52,55 +57,60 @@ class Link:
         self.config = config or LinkConfig()
         self.link_id = link_id
         self.epoch = epoch
-        self.out_channels = {}
-        self.in_channels = {}
-        self._tombstones = {}   # incoming channels closed and not reopened since
-        self._closed_out = {}   # outgoing channels closed on this link (to spot reopens)
+        self.out_channels: dict[int, OutChannel] = {}
+        self.in_channels: dict[int, InChannel] = {}
+        # incoming channels closed and not reopened since (an ordered set)
+        self._tombstones: dict[int, None] = {}
+        # outgoing channels closed on this link (to spot reopens; an ordered set)
+        self._closed_out: dict[int, None] = {}
         self.attached = False
         self.messaging = False
-        self.lost = None
+        self.lost: LinkLost | None = None
         #: a Prometheus counter child for the acks written (the server's), or None
-        self.ack_counter = None
+        self.ack_counter: Any = None
         self._acks_emitted = 0
         self.shutdown_sent = False
         self._shutdown_due = False
         self.peer_shutdown = False
-        self._shutdown_d = None
-        self.owner = None
-        self._write = None
-        self._close_connection = None
-        self._pause = None
+        self._shutdown_d: Deferred[None] | None = None
+        self.owner: object = None
+        self._write: Callable[[list[bytes]], object] | None = None
+        self._close_connection: Callable[[], object] | None = None
+        self._pause: Callable[[bool], object] | None = None
         #: the transport asked us to stop writing (its buffer is full):
         #: messages wait (control packets still go, they are small)
         self.transmission_paused = False
-        self._out = []
-        self._flush_call = None
-        self._to_transmit = {}
-        self._acks_due = {}
+        self._out: list[bytes] = []
+        self._flush_call: IDelayedCall | None = None
+        # (ordered sets)
+        self._to_transmit: dict[OutChannel, None] = {}
+        self._acks_due: dict[InChannel, None] = {}
         #: cuts the bytes of the current connection into packets
         self._decoder = self._new_decoder()
         self._total_buffered = 0
         self._paused = False
-        self._over = {}         # in-channels over max_unconsumed (an ordered set)
+        self._over: dict[InChannel, None] = {}  # in-channels over max_unconsumed (an ordered set)
         #: how often this link stopped reading (receive backpressure)
         self.receive_pauses = 0
         #: how often a stalled paused link dropped its connection (see
         #: C{LinkConfig.stall_timeout})
         self.stall_breaks = 0
         self._consumed_total = 0    # messages consumed on every channel so far
-        self._stall_call = None
+        self._stall_call: IDelayedCall | None = None
         self._stall_mark = 0
         #: a resumed connection of a paused link reads up to the peer's
         #: C{resume} before it pauses (the peer's acks come first)
         self._pause_at_resume = False
         self._tell_shutdown = False   # the peer's shutdown, for the handler after the read
-        self._ping_call = None
-        self._ping_sent_at = None
+        self._ping_call: IDelayedCall | None = None
+        self._ping_sent_at: float | None = None
         self._last_rx = 0.0
-        self._idle_waiters = []
+        self._idle_waiters: list[Deferred[Link]] = []
 
     # -- connection binding ------------------------------------------------
-    def attach(self, write_sequence, close_connection, resumed, pause=None, owner=None):
+    def attach(self, write_sequence: Callable[[list[bytes]], object],
+               close_connection: Callable[[], object], resumed: bool,
+               pause: Callable[[bool], object] | None = None, owner: object = None) -> None:
         """
         A connection finished its handshake for this link.
 
@@ -141,8 +151,8 @@ class Link:
         else:
             self.messaging = True
             self._shutdown_due = self.shutdown_sent
-            for ch in self.out_channels.values():
-                self._to_transmit[ch] = None
+            for out_ch in self.out_channels.values():
+                self._to_transmit[out_ch] = None
         if self._paused and pause is not None:
             if resumed:
                 # the peer's acknowledgements come before its resume and its
@@ -159,7 +169,7 @@ class Link:
         except Exception:
             self.log.failure("link_attached handler failed")
 
-    def detach(self):
+    def detach(self) -> None:
         """The connection is gone; keep the state for a resumption."""
         if not self.attached:
             return
@@ -181,7 +191,7 @@ class Link:
             ch.rewind()
         self._to_transmit = {}
 
-    def discard(self, reason):
+    def discard(self, reason: LinkLost) -> None:
         """Drop all state: every waiting Deferred fails with C{reason}."""
         if self.lost is not None:
             return
@@ -198,8 +208,8 @@ class Link:
             else:
                 d.errback(Failure(reason))
         waiters, self._idle_waiters = self._idle_waiters, []
-        for d in waiters:
-            d.callback(self)
+        for waiter in waiters:
+            waiter.callback(self)
         try:
             self.handler.link_closed(self, reason)
         except Exception:
@@ -208,7 +218,7 @@ class Link:
             close()
 
     # -- sending API ---------------------------------------------------------
-    def channel(self, channel_id):
+    def channel(self, channel_id: int) -> OutChannel:
         """The L{OutChannel} for C{channel_id}, opened if needed."""
         ch = self.out_channels.get(channel_id)
         if ch is None:
@@ -225,10 +235,12 @@ class Link:
                 self, channel_id, reopened=channel_id in self._closed_out)
         return ch
 
-    def send(self, channel_id, parts, ack=CONSUMED):
+    def send(self, channel_id: int, parts: Sequence[bytes], ack: int | None = CONSUMED
+             ) -> Deferred[int] | None:
         return self.channel(channel_id).send(parts, ack)
 
-    def multicast(self, channel_ids, parts, ack=CONSUMED):
+    def multicast(self, channel_ids: Iterable[int], parts: Sequence[bytes],
+                  ack: int | None = CONSUMED) -> Deferred[None] | None:
         """
         Send one message to several channels.  It travels as one multicast
         packet when every target can transmit it at once (else, and when
@@ -264,14 +276,14 @@ class Link:
             return None
         return gatherResults(ds, consumeErrors=True).addCallback(lambda _: None)
 
-    def shutdown(self):
+    def shutdown(self) -> Deferred[None]:
         """
         Tell the peer this end opens no more channels.  The Deferred fires
         when both ends have sent shutdown and everything is acknowledged;
         then the link is discarded.
         """
         if self.lost is not None:
-            d = Deferred()
+            d: Deferred[None] = Deferred()
             d.callback(None) if self.lost is _SHUTDOWN_DONE else d.errback(Failure(self.lost))
             return d
         if self._shutdown_d is None:
@@ -284,13 +296,13 @@ class Link:
         self._check_shutdown_done()
         return d
 
-    def when_idle(self):
+    def when_idle(self) -> "Deferred[Link]":
         """
-        A Deferred firing once the handler has finished with every received
+        A Deferred firing (with this link) once the handler has finished with every received
         message and the acknowledgements are written (for a graceful stop:
         stop reading first, or new messages keep it busy).
         """
-        d = Deferred()
+        d: Deferred[Link] = Deferred()
         self._idle_waiters.append(d)
         self._check_idle()
         return d
@@ -315,7 +327,7 @@ class Link:
             self.discard(_SHUTDOWN_DONE)
 
     # -- output --------------------------------------------------------------
-    def pause_transmission(self, paused):
+    def pause_transmission(self, paused: bool) -> None:
         """
         The transport's buffer is full (True) or has drained (False): the
         connection calls this as the transport's streaming producer.  While
@@ -335,7 +347,7 @@ class Link:
         if self._flush_call is None and self.attached:
             self._flush_call = self.clock.callLater(0, self.flush)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write everything due (transmissions and acks) in one writeSequence."""
         self._flush_call = None
         if not self.attached:
@@ -343,9 +355,10 @@ class Link:
         out = self._out
         if self._acks_due:
             due, self._acks_due = self._acks_due, {}
-            for ch in due:
-                self._flush_acks(ch)
+            for in_ch in due:
+                self._flush_acks(in_ch)
         if self._to_transmit and self.messaging and not self.transmission_paused:
+            todo: dict[OutChannel, None]
             todo, self._to_transmit = self._to_transmit, {}
             budget = self.config.write_chunk_bytes
             for ch in todo:
@@ -369,13 +382,15 @@ class Link:
                 if self.ack_counter is not None:
                     self.ack_counter.inc(self._acks_emitted)
                 self._acks_emitted = 0
-            self._write(out)
+            write = self._write
+            assert write is not None  # attached
+            write(out)
 
     def _ack_dirty(self, ch):
         self._acks_due[ch] = None
         self._schedule_flush()
 
-    def _flush_acks(self, ch):
+    def _flush_acks(self, ch: InChannel) -> None:
         if self.in_channels.get(ch.channel_id) is not ch:
             return
         if ch.consumed > ch.sent_ack[CONSUMED]:
@@ -410,7 +425,7 @@ class Link:
         # the peer's channels carry its messages and operations, ours its acks
         return codec.PacketDecoder(self.peer_id_size, self.own_id_size, self.config.limits)
 
-    def data_received(self, data):
+    def data_received(self, data: bytes) -> None:
         """
         Feed packet bytes.  @raise ProtocolError: the caller must log it and
         end the connection (the link is discarded).
@@ -422,7 +437,7 @@ class Link:
         self.packets_received(self._decoder.feed(data))
 
     def packets_received(self, packets):
-        deliveries = {}
+        deliveries: dict[InChannel, list[tuple[bytes, ...]]] = {}
         in_channels = self.in_channels
         max_unconsumed = self.config.max_unconsumed
         last_cid = last_ch = batch = None
@@ -462,14 +477,14 @@ class Link:
             elif kind & 1:
                 wire = p.seq if kind == SEQUENCE_ACK else None
                 for cid in p.channels:
-                    ch = self.out_channels.get(cid)
-                    if ch is None:
+                    out_ch = self.out_channels.get(cid)
+                    if out_ch is None:
                         if p.ptype == CLOSED or not self.messaging:
                             # a repeated closed ack, or the resume acks of a
                             # channel we saw closed already
                             continue
                         raise ProtocolError(f"acknowledgement for unknown channel {cid}")
-                    ch.ack(p.ptype, wire)
+                    out_ch.ack(p.ptype, wire)
             else:
                 wire = p.seq if kind == SEQUENCE_OP else None
                 for cid in p.channels:
@@ -484,9 +499,9 @@ class Link:
                         raise ProtocolError(f"operation on unknown channel {cid}")
                     ch.operation(p.ptype, wire)
         # handlers see a batch only once all of it parsed and applied cleanly
-        for ch, messages in deliveries.items():
-            if self.in_channels.get(ch.channel_id) is ch:
-                ch.deliver(messages)
+        for in_ch, messages in deliveries.items():
+            if self.in_channels.get(in_ch.channel_id) is in_ch:
+                in_ch.deliver(messages)
         if self._tell_shutdown and self.lost is None:
             self._tell_shutdown = False
             try:
@@ -531,7 +546,7 @@ class Link:
             self._tell_shutdown = True
         # NOP and PONG: receiving anything already proved the peer alive
 
-    def _in_channel_closed(self, ch):
+    def _in_channel_closed(self, ch: InChannel) -> None:
         if self.in_channels.get(ch.channel_id) is not ch:
             return
         del self.in_channels[ch.channel_id]
@@ -552,7 +567,7 @@ class Link:
             self._schedule_flush()
         self._check_shutdown_done()
 
-    def _out_channel_closed(self, ch):
+    def _out_channel_closed(self, ch: OutChannel) -> None:
         if self.out_channels.get(ch.channel_id) is ch:
             del self.out_channels[ch.channel_id]
             self._closed_out[ch.channel_id] = None
@@ -670,7 +685,7 @@ class Link:
         return not self.transmission_paused and bool(self._blocked_channels())
 
     @property
-    def reading_paused(self):
+    def reading_paused(self) -> bool:
         """Whether the link asked its connection to stop reading."""
         return self._paused
 

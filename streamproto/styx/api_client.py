@@ -13,13 +13,16 @@ L{StyxAPIError} carrying the server's code.
 
 import json
 import urllib.parse
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import IO, Any
 
 import treq
 from treq.client import HTTPClient
 from twisted.internet import defer
 from twisted.internet.error import ConnectError, ConnectionLost
 from twisted.logger import Logger
-from twisted.web.client import (
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IReactorTime
+from twisted.web.client import (  # type: ignore[attr-defined]  # RequestNotSent: not in __all__
     Agent, HTTPConnectionPool, RequestNotSent, RequestTransmissionFailed,
     ResponseNeverReceived,
 )
@@ -42,7 +45,7 @@ class StyxAPIError(Exception):
     @ivar status: the HTTP status.
     """
 
-    def __init__(self, code, message, status):
+    def __init__(self, code: str, message: str, status: int) -> None:
         super().__init__(f"{code}: {message} (HTTP {status})")
         self.code = code
         self.message = message
@@ -63,7 +66,13 @@ class _FixedTLSPolicy:
         return tls_options_for(self.options, hostname)
 
 
-def tls_options_for(options, hostname):
+#: client TLS options, or a callable giving them for a host name
+TLSOptions = (IOpenSSLClientConnectionCreator
+              | Callable[[str], IOpenSSLClientConnectionCreator | None])
+
+
+def tls_options_for(options: TLSOptions | None, hostname: str | bytes
+                    ) -> IOpenSSLClientConnectionCreator | None:
     """C{options} (see L{StyxClient}) for the server named C{hostname}."""
     if callable(options):
         name = hostname.decode("idna") if isinstance(hostname, bytes) else hostname
@@ -123,12 +132,14 @@ class StyxClient:
 
     log = Logger()
 
-    def __init__(self, base_url=DEFAULT_URL, reactor=None, pool=None, tls_options=None,
-                 agent=None, token=None):
+    def __init__(self, base_url: str | Iterable[str] = DEFAULT_URL,
+                 reactor: IReactorTime | None = None, pool: HTTPConnectionPool | None = None,
+                 tls_options: TLSOptions | None = None, agent: IAgent | None = None,
+                 token: str | None = None) -> None:
         reactor = default_reactor(reactor)
         self.reactor = reactor
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
-        self.base_urls = [u.strip().rstrip("/") for u in urls if u.strip()]
+        self.base_urls: list[str] = [u.strip().rstrip("/") for u in urls if u.strip()]
         if not self.base_urls:
             raise ValueError("no server URL")
         self._current = 0
@@ -138,7 +149,7 @@ class StyxClient:
         self._own_pool = pool is None and agent is None
         self.pool = pool if pool is not None else HTTPConnectionPool(reactor, persistent=True)
         if agent is None:
-            kwargs = {"pool": self.pool}
+            kwargs: dict[str, Any] = {"pool": self.pool}
             if tls_options is not None:
                 kwargs["contextFactory"] = _FixedTLSPolicy(tls_options)
             agent = Agent(reactor, **kwargs)
@@ -146,18 +157,18 @@ class StyxClient:
             agent = _BearerAgent(agent, token)
         self.http = HTTPClient(agent)
 
-    def close(self):
+    def close(self) -> defer.Deferred[None]:
         """Close pooled connections (if the pool is ours)."""
         if self._own_pool:
             return self.pool.closeCachedConnections()
         return defer.succeed(None)
 
     @property
-    def base_url(self):
+    def base_url(self) -> str:
         """The front-end requests go to now."""
         return self.base_urls[self._current]
 
-    def tls_options_for(self, hostname):
+    def tls_options_for(self, hostname: str) -> IOpenSSLClientConnectionCreator | None:
         """The client TLS options for the server named C{hostname} (or None)."""
         return tls_options_for(self.tls_options, hostname)
 
@@ -221,11 +232,11 @@ class StyxClient:
         yield response.content()
 
     # logs -----------------------------------------------------------------
-    def list_logs(self):
+    def list_logs(self) -> defer.Deferred[list[dict[str, Any]]]:
         """@return: Deferred list of log-info dicts."""
         return self._json(self._request("GET", "logs", read=True))
 
-    def create_log(self, name, **config):
+    def create_log(self, name: str, **config: int | None) -> defer.Deferred[dict[str, Any]]:
         """
         @param config: LogConfig fields (C{max_record_size=...}, ...).
         @return: Deferred log-info dict.
@@ -234,17 +245,18 @@ class StyxClient:
         form.update({k: str(int(v)) for k, v in config.items() if v is not None})
         return self._json(self._request("POST", "logs", data=form))
 
-    def get_log(self, name):
+    def get_log(self, name: str) -> defer.Deferred[dict[str, Any]]:
         return self._json(self._request("GET", "logs", name, read=True))
 
-    def delete_log(self, name):
+    def delete_log(self, name: str) -> defer.Deferred[None]:
         return self._empty(self._request("DELETE", "logs", name))
 
-    def truncate_log(self, name):
+    def truncate_log(self, name: str) -> defer.Deferred[None]:
         return self._empty(self._request("POST", "logs", name, "truncate"))
 
     @defer.inlineCallbacks
-    def backup_log(self, name, sink=None):
+    def backup_log(self, name: str, sink: Callable[[bytes], None] | None = None
+                   ) -> Generator[defer.Deferred[Any], Any, bytes | None]:
         """
         @param sink: a callable taking each chunk of the tar.gz as it
             arrives; without one the Deferred fires with the whole archive.
@@ -256,19 +268,19 @@ class StyxClient:
         yield treq.collect(response, sink)
         return None
 
-    def restore_log(self, name, archive):
+    def restore_log(self, name: str, archive: bytes | IO[bytes]) -> defer.Deferred[None]:
         """@param archive: the tar.gz as bytes or a file object."""
         return self._empty(self._request(
             "POST", "logs", "restore", query={"name": name}, data=archive,
             headers={"Content-Type": "application/gzip"}))
 
-    def metrics(self):
+    def metrics(self) -> defer.Deferred[str]:
         """@return: Deferred text of C{/metrics}."""
         return self._request("GET", "metrics", read=True).addCallback(
             self._check).addCallback(lambda r: r.text())
 
     # records ------------------------------------------------------------
-    def write_record(self, name, record):
+    def write_record(self, name: str, record: bytes) -> defer.Deferred[dict[str, int]]:
         """
         Produce one record (octet-stream body).
 
@@ -278,7 +290,8 @@ class StyxClient:
             "POST", "logs", name, "records", data=bytes(record),
             headers={"Content-Type": formats.OCTET_STREAM}))
 
-    def write_records(self, name, records, fmt=formats.BINARY):
+    def write_records(self, name: str, records: Sequence[bytes],
+                      fmt: formats.BodyFormat = formats.BINARY) -> defer.Deferred[dict[str, int]]:
         """
         Produce records in one request.
 
@@ -305,7 +318,8 @@ class StyxClient:
         return query
 
     @defer.inlineCallbacks
-    def read_record(self, name, whence="origin", position=0):
+    def read_record(self, name: str, whence: str = "origin", position: int = 0
+                    ) -> Generator[defer.Deferred[Any], Any, bytes | None]:
         """
         Consume one record (octet-stream).
 
@@ -321,8 +335,12 @@ class StyxClient:
         return body
 
     @defer.inlineCallbacks
-    def read_records(self, name, whence="origin", position=0, count=-1, follow=False,
-                     timeout=None, fmt=formats.BINARY, on_records=None, max_record_size=None):
+    def read_records(self, name: str, whence: str = "origin", position: int = 0,
+                     count: int = -1, follow: bool = False, timeout: float | None = None,
+                     fmt: formats.BodyFormat = formats.BINARY,
+                     on_records: Callable[[list[bytes]], object] | None = None,
+                     max_record_size: int | None = None
+                     ) -> Generator[defer.Deferred[Any], Any, list[bytes] | int]:
         """
         Consume records in one streamed response.
 
@@ -342,7 +360,7 @@ class StyxClient:
             query=self._read_query(whence, position, count, follow), headers=headers, read=True)
         response = yield self._check(response)
         decoder = fmt.decoder(max_record_size or 0x7FFFFFFF)
-        collected = []
+        collected: list[bytes] = []
         total = [0]
 
         def deliver(records):

@@ -7,6 +7,7 @@ blocking one the Spark sink runs in executors (L{streamproto.spark.sink}):
 stdlib only, no reactor.
 """
 
+from collections.abc import Mapping
 from urllib.parse import quote, urlencode
 
 #: The HTTP response head (101 or error) may not exceed this.
@@ -19,8 +20,9 @@ class HandshakeError(Exception):
     """The server's answer to the upgrade is not HTTP, or too large."""
 
 
-def request_head(method, host, name, query=None, timeout=DEFAULT_REMOTE_TIMEOUT, token=None,
-                 base_path=""):
+def request_head(method: str, host: str, name: str, query: Mapping[str, str] | None = None,
+                 timeout: float = DEFAULT_REMOTE_TIMEOUT, token: str | None = None,
+                 base_path: str = "") -> bytes:
     """
     The request asking to switch to styx/0 for log C{name}.
 
@@ -48,7 +50,7 @@ def request_head(method, host, name, query=None, timeout=DEFAULT_REMOTE_TIMEOUT,
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
 
 
-def parse_response_head(head):
+def parse_response_head(head: bytes | bytearray) -> tuple[int, dict[str, str]]:
     """
     @param head: the response head without its final blank line.
     @return: C{(status, {lowercase name: value})}.
@@ -58,7 +60,7 @@ def parse_response_head(head):
     parts = lines[0].split(" ", 2)
     if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
         raise HandshakeError(f"not an HTTP response: {lines[0][:200]!r}")
-    headers = {}
+    headers: dict[str, str] = {}
     for line in lines[1:]:
         if ":" in line:
             key, value = line.split(":", 1)
@@ -74,13 +76,13 @@ class ResponseHead:
     @ivar headers: its headers (lowercase names), once complete.
     """
 
-    def __init__(self, max_size=MAX_RESPONSE_HEAD):
+    def __init__(self, max_size: int = MAX_RESPONSE_HEAD) -> None:
         self.max_size = max_size
-        self.status = None
-        self.headers = None
+        self.status: int | None = None
+        self.headers: dict[str, str] | None = None
         self._buffer = bytearray()
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> bytes | None:
         """
         @return: None while the head is incomplete, else the bytes that
             followed it (the styx/0 stream, or an error body).
@@ -100,12 +102,12 @@ class ResponseHead:
         return rest
 
 
-def upgraded(status, headers):
+def upgraded(status: int | None, headers: Mapping[str, str]) -> bool:
     """Whether the server switched to styx/0."""
     return status == 101 and headers.get("upgrade", "").lower() == "styx/0"
 
 
-def remote_timeout(headers, default=DEFAULT_REMOTE_TIMEOUT):
+def remote_timeout(headers: Mapping[str, str], default: float = DEFAULT_REMOTE_TIMEOUT) -> float:
     """The idle timeout the server announced (X-Styx-Timeout), in seconds."""
     try:
         return float(headers.get("x-styx-timeout", "") or default)

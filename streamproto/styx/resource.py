@@ -21,18 +21,22 @@ CORS (L{streamproto.styx.cors}) have their modules.
 import importlib
 import inspect
 import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
 
 from streamproto.core.clock import default_reactor
-from streamproto.core.auth import ALLOW_ALL
+from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.compat import request_gone
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import RecordTooLarge
+from streamproto.log.interfaces import ILogStore
 from streamproto.log.public import PublicLogStore
 from streamproto.styx import access, backup, cors, formats
 from streamproto.styx.consume import RecordStreamer, consume_one, long_poll_timeout
@@ -68,18 +72,23 @@ class StyxSite(server.Site):
 
     requestFactory = StyxRequest
 
-    def __init__(self, resource, max_body_size=DEFAULT_MAX_BODY_SIZE, metrics=None,
-                 max_restore_size=DEFAULT_MAX_RESTORE_SIZE, **kw):
+    def __init__(self, resource: Resource, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
+                 metrics: StyxMetrics | None = None,
+                 max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE, **kw: Any) -> None:
         super().__init__(resource, **kw)
         self.max_body_size = max_body_size
         self.max_restore_size = max_restore_size
         self.metrics = metrics
 
 
-def make_site(store, timeout=DEFAULT_TIMEOUT, default_config=None,
-              max_body_size=DEFAULT_MAX_BODY_SIZE, metrics=None, clock=None, upgrade=None,
-              cors_origins=("*",), max_restore_size=DEFAULT_MAX_RESTORE_SIZE,
-              http_idle_timeout=DEFAULT_HTTP_IDLE_TIMEOUT, authorizer=ALLOW_ALL):
+def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
+              default_config: LogConfig | None = None,
+              max_body_size: int = DEFAULT_MAX_BODY_SIZE, metrics: StyxMetrics | None = None,
+              clock: IReactorTime | None = None, upgrade: Callable[..., object] | None = None,
+              cors_origins: Iterable[str] = ("*",),
+              max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE,
+              http_idle_timeout: float = DEFAULT_HTTP_IDLE_TIMEOUT,
+              authorizer: IAuthorizer = ALLOW_ALL) -> StyxSite:
     """
     The Site serving the Styx API over C{store} (an L{ILogStore}).
 
@@ -117,8 +126,12 @@ class StyxResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, store, timeout=DEFAULT_TIMEOUT, default_config=None, metrics=None,
-                 clock=None, upgrade=None, cors_origins=("*",), authorizer=ALLOW_ALL):
+    def __init__(self, store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
+                 default_config: LogConfig | None = None, metrics: StyxMetrics | None = None,
+                 clock: IReactorTime | None = None,
+                 upgrade: Callable[..., object] | None = None,
+                 cors_origins: Iterable[str] = ("*",),
+                 authorizer: IAuthorizer = ALLOW_ALL) -> None:
         super().__init__()
         self.authorizer = authorizer
         # origins allowed to call the API from browsers ("*" wildcards, as
@@ -137,7 +150,7 @@ class StyxResource(Resource):
         self._upgrade_fn = upgrade
 
     # CORS (the reference wraps its router in rs/cors) ---------------------
-    def cors_headers(self, origin):
+    def cors_headers(self, origin: str | None) -> list[tuple[bytes, bytes]]:
         """
         The CORS headers of an answer (not a preflight) to a request from
         C{origin} (a str, or None without an Origin header).
@@ -145,12 +158,13 @@ class StyxResource(Resource):
         return cors.cors_headers(self.cors_origins, origin)
 
     # routing ------------------------------------------------------------
-    def render(self, request):
+    def render(self, request: server.Request) -> bytes | int:
         if cors.apply_cors(request, self.cors_origins):
             return b""
         # route on what is left below our mount point (all of the path
         # when we are the root); twisted.web has unquoted the segments
-        segments = [seg.decode("utf-8", "replace") for seg in request.postpath]
+        # (postpath is typed Optional: it is None only before the site routes)
+        segments = [seg.decode("utf-8", "replace") for seg in request.postpath or ()]
         method = request.method
         handler = self._route(segments, method)
         try:
@@ -380,6 +394,7 @@ class StyxResource(Resource):
         upgrade = self._upgrade_function(protocol)
         kwargs = {"timeout": self.timeout, "metrics": self.metrics, "protocol": protocol,
                   "clock": self.clock}
+        accepted: Mapping[str, inspect.Parameter]
         try:
             accepted = inspect.signature(upgrade).parameters
         except (TypeError, ValueError):

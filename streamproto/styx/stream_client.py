@@ -24,9 +24,14 @@ Example::
 
 import json
 from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator, IPushProducer, IReactorTime,
+)
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -71,7 +76,7 @@ class StyxConnectionLost(Exception):
 
 def _dechunk(body):
     """@return: the decoded body, or None while incomplete."""
-    out = []
+    out: list[bytes] = []
     pos = 0
     while True:
         eol = body.find(b"\r\n", pos)
@@ -102,6 +107,14 @@ class _StyxClientProtocol(Protocol):
     L{StyxConsumer}) gets C{_messages(records, others)} and
     C{_ended(reason)}.
     """
+
+    #: a TCP or TLS transport, also a producer (pauseProducing) whose
+    #: connected and disconnecting flags are read: no one Twisted interface
+    #: says all that
+    transport: Any
+    #: the response's headers, once its head is read
+    _headers: Any
+    ready: "Deferred[_StyxClientProtocol] | None"
 
     def __init__(self, owner, head, accept, timeout, clock):
         self._owner = owner
@@ -186,8 +199,9 @@ class _StyxClientProtocol(Protocol):
         self._heartbeat_call = self._clock.callLater(self.heartbeat_interval,
                                                      self._check_heartbeat)
         leftover = bytes(self._response)
-        self._response = None
+        self._response = bytearray()   # not used after the upgrade
         ready, self.ready = self.ready, None
+        assert ready is not None  # set until the handshake ends
         ready.callback(self)
         if leftover and self.transport is not None and not self.transport.disconnecting:
             self._feed(leftover)
@@ -270,7 +284,8 @@ def _connect(reactor, host, port, tls, protocol):
     return d
 
 
-def split_url(url, tls=None):
+def split_url(url: str, tls: IOpenSSLClientConnectionCreator | None = None
+              ) -> tuple[str, int, IOpenSSLClientConnectionCreator | None]:
     """
     C{http://host:port} or C{https://host:port} -> C{(host, port, tls)};
     https without explicit C{tls} options verifies the server against the
@@ -297,35 +312,44 @@ class StyxProducer:
     while the window is full) so that the backlog stays small.
     """
 
-    def __init__(self, name, timeout=DEFAULT_TIMEOUT, window_bytes=DEFAULT_WINDOW_BYTES,
-                 clock=None):
+    def __init__(self, name: str, timeout: float = DEFAULT_TIMEOUT,
+                 window_bytes: int = DEFAULT_WINDOW_BYTES,
+                 clock: IReactorTime | None = None) -> None:
         clock = default_reactor(clock)
         self.name = name
         self.window_bytes = window_bytes
         self.sent_count = 0          # records handed to the transport
         self.written_count = 0       # records accepted by write/writeMany
         self.acked_count = 0
-        self.last_ack = None
+        self.last_ack: Ack | None = None
         self._sent_bytes = 0
         self._acked_bytes = 0
-        self._inflight = deque()     # (count threshold, cumulative bytes, deferred)
-        self._backlog = deque()      # (encoded, count, nbytes, deferred)
+        # (count threshold, cumulative bytes, deferred)
+        self._inflight: deque[tuple[int, int, Deferred[Ack | None]]] = deque()
+        # (encoded, count, nbytes, deferred)
+        self._backlog: deque[tuple[Any, int, int, Deferred[Ack | None]]] = deque()
         self._backlog_bytes = 0
-        self._writable_waiters = Observers()
-        self._producer = None
+        self._writable_waiters: Observers[None] = Observers()
+        self._producer: IPushProducer | None = None
         self._producer_paused = False
-        self._closing = None
-        self._error = None
-        self._protocol = None
+        self._closing: bool | None = None
+        self._error: Exception | None = None
+        # set by connect, before anyone else sees the producer
+        self._protocol: Any = None
         self._timeout = timeout
         self._clock = clock
-        self._close_waiters = Observers()
-        self._ended_with = None      # (error or None,) once the connection is gone
+        self._close_waiters: Observers[Ack | None] = Observers()
+        # (error or None,) once the connection is gone
+        self._ended_with: tuple[Exception | None] | None = None
 
     @classmethod
-    def connect(cls, reactor, host, port, name, tls=None, timeout=DEFAULT_TIMEOUT,
-                window_bytes=DEFAULT_WINDOW_BYTES, token=None):
+    def connect(cls, reactor: Any, host: str, port: int, name: str,
+                tls: IOpenSSLClientConnectionCreator | None = None,
+                timeout: float = DEFAULT_TIMEOUT, window_bytes: int = DEFAULT_WINDOW_BYTES,
+                token: str | None = None) -> "Deferred[StyxProducer]":
         """
+        @param reactor: an C{IReactorTCP} and C{IReactorTime} (the
+            connection and its timers).
         @param tls: client TLS options (L{streamproto.core.tls.client_tls_options})
             or None for plain TCP.
         @param token: a bearer token for a server's C{--auth-policy}, or None.
@@ -341,24 +365,26 @@ class StyxProducer:
         return d
 
     @classmethod
-    def connect_url(cls, reactor, url, name, tls=None, **kwargs):
+    def connect_url(cls, reactor: Any, url: str, name: str,
+                    tls: IOpenSSLClientConnectionCreator | None = None,
+                    **kwargs: Any) -> "Deferred[StyxProducer]":
         host, port, tls = split_url(url, tls)
         return cls.connect(reactor, host, port, name, tls, **kwargs)
 
     # -- writing ---------------------------------------------------------
     @property
-    def in_flight_bytes(self):
+    def in_flight_bytes(self) -> int:
         return self._sent_bytes - self._acked_bytes
 
     @property
-    def writable(self):
+    def writable(self) -> bool:
         return not self._backlog and self.in_flight_bytes < self.window_bytes
 
-    def write(self, record):
+    def write(self, record: bytes) -> Deferred[Ack | None]:
         """@return: Deferred firing with the L{Ack} covering C{record}."""
         return self.writeMany([record])
 
-    def writeMany(self, records):
+    def writeMany(self, records: Iterable[bytes]) -> Deferred[Ack | None]:
         """
         @param records: a list of bytes-like records.
         @return: Deferred firing with the first L{Ack} covering all of them.
@@ -370,7 +396,7 @@ class StyxProducer:
         if not records:
             return succeed(self.last_ack)
         records = list(records)
-        d = Deferred()
+        d: Deferred[Ack | None] = Deferred()
         nbytes = sum(map(len, records))
         self.written_count += len(records)
         encoded = encode_records(records)
@@ -389,7 +415,7 @@ class StyxProducer:
         self._inflight.append((self.sent_count, self._sent_bytes, d))
         self._protocol.write(encoded)
 
-    def whenWritable(self):
+    def whenWritable(self) -> Deferred[None]:
         """@return: Deferred firing once the window has room."""
         if self._error is not None:
             return fail(self._error)
@@ -397,13 +423,13 @@ class StyxProducer:
             return succeed(None)
         return self._writable_waiters.when()
 
-    def registerProducer(self, producer, streaming=True):
+    def registerProducer(self, producer: IPushProducer, streaming: bool = True) -> None:
         """C{producer} is paused while the window is full."""
         self._producer = producer
         self._producer_paused = False
         self._update_producer()
 
-    def unregisterProducer(self):
+    def unregisterProducer(self) -> None:
         self._producer = None
 
     def _update_producer(self):
@@ -456,7 +482,7 @@ class StyxProducer:
                 and self.acked_count >= self.sent_count and self._protocol.transport):
             self._protocol.transport.loseConnection()
 
-    def close(self):
+    def close(self) -> Deferred[Ack | None]:
         """
         Wait until every record written is acked, then close.
 
@@ -475,7 +501,7 @@ class StyxProducer:
                 self._protocol.transport.loseConnection()
         return d
 
-    def abort(self):
+    def abort(self) -> None:
         """Close now; unacked writes fail."""
         self._protocol.abort(ErrorCode.UNKNOWN, StyxConnectionLost("aborted by the client"))
 
@@ -514,22 +540,30 @@ class StyxConsumer:
         the log when not following), or failing with L{StyxStreamError}.
     """
 
-    def __init__(self, name, on_records, clock=None, batches=False):
+    def __init__(self, name: str,
+                 on_records: Callable[[list[bytes] | RecordBatch], Deferred[Any] | None],
+                 clock: IReactorTime | None = None, batches: bool = False) -> None:
         self.name = name
         self._on_records = on_records
         self._batches = batches
         self.received_count = 0
-        self.done = Deferred()
-        self._protocol = None
-        self._error = None
+        self.done: Deferred[int] = Deferred()
+        # set by connect, before anyone else sees the consumer
+        self._protocol: Any = None
+        self._error: Exception | None = None
         self._closing = False
         self._blocked = 0
 
     @classmethod
-    def connect(cls, reactor, host, port, name, on_records, whence="origin", position=0,
-                count=-1, follow=False, tls=None, timeout=DEFAULT_TIMEOUT, batches=False,
-                token=None):
+    def connect(cls, reactor: Any, host: str, port: int, name: str,
+                on_records: Callable[[list[bytes] | RecordBatch], Deferred[Any] | None],
+                whence: str = "origin", position: int = 0, count: int = -1,
+                follow: bool = False, tls: IOpenSSLClientConnectionCreator | None = None,
+                timeout: float = DEFAULT_TIMEOUT, batches: bool = False,
+                token: str | None = None) -> "Deferred[StyxConsumer]":
         """
+        @param reactor: an C{IReactorTCP} and C{IReactorTime} (the
+            connection and its timers).
         @param batches: hand C{on_records} a L{RecordBatch} (an
             C{array('I')} of sizes plus the concatenated payloads, see
             L{streamproto.log.batch}) rather than a list of bytes: no Python
@@ -550,7 +584,10 @@ class StyxConsumer:
         return d
 
     @classmethod
-    def connect_url(cls, reactor, url, name, on_records, tls=None, **kwargs):
+    def connect_url(cls, reactor: Any, url: str, name: str,
+                    on_records: Callable[[list[bytes] | RecordBatch], Deferred[Any] | None],
+                    tls: IOpenSSLClientConnectionCreator | None = None,
+                    **kwargs: Any) -> "Deferred[StyxConsumer]":
         host, port, tls = split_url(url, tls)
         return cls.connect(reactor, host, port, name, on_records, tls=tls, **kwargs)
 
@@ -593,7 +630,7 @@ class StyxConsumer:
             self.close()
         return None
 
-    def close(self):
+    def close(self) -> Deferred[int]:
         """Stop consuming now."""
         self._closing = True
         if self._protocol.transport is not None:

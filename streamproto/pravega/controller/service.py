@@ -6,17 +6,27 @@ transaction expiry and retention rounds.
 """
 
 from concurrent import futures
+from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
 from twisted.internet import defer, threads
+from twisted.application.internet import StreamServerEndpointService
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
+from streamproto.core.auth import IAuthorizer
 from streamproto.core.compat import listening_port
 from streamproto.core.endpoints import split_fields
 from streamproto.core.ops import add_readiness_check
 from streamproto.pravega.controller.servicer import ControllerServicer, _RpcError
+from streamproto.log.interfaces import ILogStore
 from streamproto.pravega.controller.state import ControllerState, ControllerStateDamaged
+from streamproto.pravega.segments import SegmentStore
+
+if TYPE_CHECKING:
+    from streamproto.pravega.auth import DelegationTokens
 
 
 class ControllerTLS:
@@ -25,12 +35,13 @@ class ControllerTLS:
     (to require and verify client certificates) the CAs to trust.
     """
 
-    def __init__(self, private_key, cert_chain, client_ca=None):
+    def __init__(self, private_key: bytes, cert_chain: bytes,
+                 client_ca: bytes | None = None) -> None:
         self.private_key = private_key
         self.cert_chain = cert_chain
         self.client_ca = client_ca
 
-    def credentials(self):
+    def credentials(self) -> Any:
         import grpc
         return grpc.ssl_server_credentials(
             [(self.private_key, self.cert_chain)], root_certificates=self.client_ca,
@@ -45,7 +56,7 @@ def _read_pem(path, what):
         raise ValueError(f"cannot read the {what} {path}: {e.strerror}")
 
 
-def parse_controller_endpoint(description):
+def parse_controller_endpoint(description: str) -> tuple[str, int, ControllerTLS | None]:
     """
     The controller's listening endpoint, in the words of Twisted's endpoint
     strings (gRPC needs its own listener, so only these):
@@ -101,11 +112,15 @@ class ControllerService(service.Service):
 
     log = Logger()
 
-    def __init__(self, store, segments, host, port, segment_store_address, reactor=None,
-                 max_workers=8, expiry_interval=1.0, tls=None, retention_interval=60.0,
-                 store_listener=None, authorizer=None, tokens=None):
-        reactor = default_reactor(reactor)
-        self.reactor = reactor
+    def __init__(self, store: ILogStore, segments: SegmentStore, host: str, port: int,
+                 segment_store_address: tuple[str, int], reactor: IReactorTime | None = None,
+                 max_workers: int = 8, expiry_interval: float = 1.0,
+                 tls: ControllerTLS | None = None, retention_interval: float = 60.0,
+                 store_listener: StreamServerEndpointService | None = None,
+                 authorizer: IAuthorizer | None = None,
+                 tokens: "DelegationTokens | None" = None) -> None:
+        # (also IReactorThreads: it runs gRPC's calls into the reactor)
+        self.reactor = default_reactor(reactor)
         #: who may do what (L{streamproto.core.auth.IAuthorizer}; None: everyone)
         self.authorizer = authorizer
         #: the delegation tokens shared with the segment store
@@ -113,26 +128,26 @@ class ControllerService(service.Service):
         self.expiry_interval = expiry_interval
         self.retention_interval = retention_interval
         self.store_listener = store_listener
-        self._expiry = None
-        self._retention = None
-        self.state = ControllerState(store, segments, reactor)
+        self._expiry: LoopingCall | None = None
+        self._retention: LoopingCall | None = None
+        self.state = ControllerState(store, segments, self.reactor)
         self.host = host
         self.port = port
         self.segment_store_address = segment_store_address
         self.max_workers = max_workers
         self.tls = tls
-        self._server = None
-        self.ready = None
+        self._server: Any = None  # a grpc.Server
+        self.ready: defer.Deferred[Any] | None = None
         #: why the controller fail-stopped (its state could not be read), or None
-        self.failure = None
+        self.failure: BaseException | None = None
 
-    def startService(self):
+    def startService(self) -> None:
         super().startService()
         import grpc
         from twisted.internet.threads import blockingCallFromThread
 
         opened = []
-        waiting = []
+        waiting: list[defer.Deferred[None]] = []
 
         def ready(result):
             opened.append(result)
@@ -152,7 +167,7 @@ class ControllerService(service.Service):
             # requests that arrive before the state is read wait for it
             if opened:
                 return self._serve(fn, args)
-            d = defer.Deferred()
+            d: defer.Deferred[None] = defer.Deferred()
             waiting.append(d)
             return d.addCallback(lambda _: self._serve(fn, args))
 
@@ -168,6 +183,7 @@ class ControllerService(service.Service):
             options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((servicer.handler(),))
         address = f"{self.host}:{self.port}"
+        reason: RuntimeError | str
         try:
             if self.tls is None:
                 port = server.add_insecure_port(address)
@@ -184,7 +200,6 @@ class ControllerService(service.Service):
         self._server = server
         server.start()
 
-        from twisted.internet.task import LoopingCall
         self._expiry = LoopingCall(self._expire)
         self._expiry.clock = self.reactor
         self._expiry.start(self.expiry_interval, now=False)
@@ -256,11 +271,12 @@ class ControllerService(service.Service):
 
     def _resolve_store_port(self):
         """Learn the segment store's port from its listener (it was asked for port 0)."""
+        assert self.store_listener is not None  # called only with one
         waiting = listening_port(self.store_listener)
         if waiting is None:
             self.log.warn("cannot learn the segment store's port: clients are told port 0")
             return None
-        learned = defer.Deferred()
+        learned: defer.Deferred[None] = defer.Deferred()
 
         def listening(port):
             host = self.segment_store_address[0]
@@ -290,7 +306,7 @@ class ControllerService(service.Service):
         d.addErrback(lambda f: self.log.failure("expiring transactions", f))
         return d
 
-    def stopService(self):
+    def stopService(self) -> defer.Deferred[None] | None:
         super().stopService()
         remove = getattr(self, "_remove_check", None)
         if remove is not None:

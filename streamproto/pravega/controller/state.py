@@ -10,17 +10,23 @@ interrupted (a scale, a truncation, a commit).
 
 import json
 import uuid
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
 
 from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
 from streamproto.log.errors import AppendConflict
+from streamproto.log.interfaces import ILog, ILogStore
 from streamproto.pravega.controller.layout import (
     MAX_SEGMENTS, Layout, choose_retention_cut, name_of, retention_policy, segment_name,
     txn_name_of, valid_name,
 )
-from streamproto.pravega.segments import BadOffset, SegmentExists, SegmentNotFound, SegmentSealed
+from streamproto.pravega.segments import (
+    BadOffset, SegmentExists, SegmentNotFound, SegmentSealed, SegmentStore,
+)
 
 #: a change is tried this many times against other controllers' changes
 MUTATION_ATTEMPTS = 5
@@ -48,30 +54,31 @@ class ControllerState:
 
     log = Logger()
 
-    def __init__(self, store, segments, clock=None):
+    def __init__(self, store: ILogStore, segments: SegmentStore,
+                 clock: IReactorTime | None = None) -> None:
         clock = default_reactor(clock)
         self.clock = clock
         self.store = store
         self.segments = segments
-        self.scopes = {}
-        self.layouts = {}
+        self.scopes: dict[str, dict[str, dict[str, Any]]] = {}
+        self.layouts: dict[str, dict[str, Any]] = {}
         # transaction id (32 hex digits) -> {"scope", "stream", "state", "deadline", "segments"}
-        self.txns = {}
+        self.txns: dict[str, dict[str, Any]] = {}
         # "scope/stream" -> stream cuts recorded for its retention policy,
         # oldest first: [{"t": ms, "epoch": e, "cut": {"id": offset}}]
-        self.retention = {}
-        self._log = None
+        self.retention: dict[str, list[dict[str, Any]]] = {}
+        self._log: ILog | None = None
         #: the state log's end when the document in memory was read or written
-        self._position = None
+        self._position: int | None = None
         self._lock = defer.DeferredLock()
 
     @property
-    def opened(self):
+    def opened(self) -> bool:
         """Whether L{open} has got the state log (its document may still be loading)."""
         return self._log is not None
 
     @defer.inlineCallbacks
-    def open(self):
+    def open(self) -> Generator[defer.Deferred[Any], Any, None]:
         """
         Read the state.  @raise ControllerStateDamaged: the last document
         does not parse: the controller must not carry on with an empty
@@ -98,6 +105,7 @@ class ControllerState:
     def _load(self):
         """Read the newest document of the state log into memory."""
         log = self._log
+        assert log is not None  # read after open() got it
         end = log.end_position
         scopes, txns, layouts, retention = {}, {}, {}, {}
         if end > log.start_position:
@@ -136,7 +144,7 @@ class ControllerState:
         if force or log.end_position != self._position:
             yield self._load()
 
-    def refresh(self):
+    def refresh(self) -> defer.Deferred[None]:
         """
         Bring the state in memory up to date (between mutations, never
         during one).  @return: Deferred.
@@ -148,12 +156,14 @@ class ControllerState:
                              "retention": self.retention}, sort_keys=True).encode()
         # written only right after the document it was derived from: two
         # controllers on one store never overwrite each other's change
-        d = self._log.append([record], expected_position=self._position)
+        log = self._log
+        assert log is not None  # saved after open() got it
+        d = log.append([record], expected_position=self._position)
 
         def saved(r):
             self._position = r.end_position
             # keep only the newest document
-            return self._log.truncate(r.first_position)
+            return log.truncate(r.first_position)
         return d.addCallback(saved)
 
     def _mutate(self, fn, *args):
@@ -177,17 +187,21 @@ class ControllerState:
         raise AppendConflict(f"controller state: {MUTATION_ATTEMPTS} conflicting writers in "
                              "a row")
 
-    def stream(self, scope, stream):
+    def stream(self, scope: str, stream: str) -> dict[str, Any] | None:
         return self.scopes.get(scope, {}).get(stream)
 
-    def layout(self, scope, stream):
+    def layout(self, scope: str, stream: str) -> Layout | None:
         """The L{Layout} of an existing stream, or None."""
         if self.stream(scope, stream) is None:
             return None
+        return self._layout(scope, stream)
+
+    def _layout(self, scope: str, stream: str) -> Layout:
+        """The L{Layout} of a stream the caller knows exists."""
         return Layout(self.layouts[f"{scope}/{stream}"])
 
     # -- scopes ----------------------------------------------------------
-    def create_scope(self, scope):
+    def create_scope(self, scope: str) -> defer.Deferred[str]:
         """@return: Deferred firing with "SUCCESS", "SCOPE_EXISTS" or "INVALID_SCOPE_NAME"."""
         @defer.inlineCallbacks
         def create():
@@ -201,7 +215,7 @@ class ControllerState:
             return "SUCCESS"
         return self._mutate(create)
 
-    def delete_scope(self, scope):
+    def delete_scope(self, scope: str) -> defer.Deferred[str]:
         @defer.inlineCallbacks
         def delete():
             if scope not in self.scopes:
@@ -214,7 +228,8 @@ class ControllerState:
         return self._mutate(delete)
 
     # -- streams ---------------------------------------------------------
-    def create_stream(self, scope, stream, count, config=None):
+    def create_stream(self, scope: str, stream: str, count: int,
+                      config: dict[str, Any] | None = None) -> defer.Deferred[str]:
         """
         @param config: the stream configuration to remember (a JSON-able
             dict, answered by getStreamConfiguration), or None.
@@ -243,7 +258,8 @@ class ControllerState:
             return "SUCCESS"
         return self._mutate(create)
 
-    def update_stream(self, scope, stream, config):
+    def update_stream(self, scope: str, stream: str, config: dict[str, Any]
+                      ) -> defer.Deferred[str]:
         """Record a new configuration: "SUCCESS", "SCOPE_NOT_FOUND", "STREAM_NOT_FOUND" or "STREAM_SEALED"."""
         @defer.inlineCallbacks
         def update():
@@ -261,7 +277,7 @@ class ControllerState:
             return "SUCCESS"
         return self._mutate(update)
 
-    def seal_stream(self, scope, stream):
+    def seal_stream(self, scope: str, stream: str) -> defer.Deferred[str]:
         @defer.inlineCallbacks
         def seal():
             if scope not in self.scopes:
@@ -269,7 +285,7 @@ class ControllerState:
             info = self.stream(scope, stream)
             if info is None:
                 return "STREAM_NOT_FOUND"
-            for seg_id, _, _ in self.layout(scope, stream).active():
+            for seg_id, _, _ in self._layout(scope, stream).active():
                 try:
                     seg = yield self.segments.get(name_of(scope, stream, seg_id))
                     yield seg.seal()
@@ -281,7 +297,7 @@ class ControllerState:
             return "SUCCESS"
         return self._mutate(seal)
 
-    def delete_stream(self, scope, stream):
+    def delete_stream(self, scope: str, stream: str) -> defer.Deferred[str]:
         @defer.inlineCallbacks
         def delete():
             info = self.stream(scope, stream)
@@ -289,7 +305,7 @@ class ControllerState:
                 return "STREAM_NOT_FOUND"
             if not info["sealed"]:
                 return "STREAM_NOT_SEALED"
-            layout = self.layout(scope, stream)
+            layout = self._layout(scope, stream)
             for seg_id in layout.all_ids():
                 if not layout.known(seg_id):
                     continue
@@ -305,7 +321,9 @@ class ControllerState:
         return self._mutate(delete)
 
     # -- scaling ---------------------------------------------------------
-    def scale(self, scope, stream, sealed, ranges):
+    def scale(self, scope: str, stream: str, sealed: Sequence[int],
+              ranges: Sequence[tuple[float, float]]
+              ) -> defer.Deferred[tuple[str, str, list[tuple[int, float, float]], int]]:
         """
         Seal the active segments C{sealed} (ids) and replace them with new
         segments over C{ranges} ([(start, end)]) in a new epoch.
@@ -327,7 +345,7 @@ class ControllerState:
                    for t in self.txns.values()):
                 # their segments belong to this epoch's segments
                 return "PRECONDITION_FAILED", "the stream has open transactions", [], 0
-            layout = self.layout(scope, stream)
+            layout = self._layout(scope, stream)
             reason, doc = layout.plan_scale(list(sealed), [tuple(r) for r in ranges])
             if reason:
                 return "PRECONDITION_FAILED", reason, [], layout.epoch
@@ -367,7 +385,7 @@ class ControllerState:
         yield self._save()
         return [target.segment(i) for i in created]
 
-    def check_scale(self, scope, stream, epoch):
+    def check_scale(self, scope: str, stream: str, epoch: int) -> str:
         """@return: "SUCCESS" once the stream is past C{epoch}, else "INVALID_INPUT"."""
         layout = self.layout(scope, stream)
         if layout is None or epoch < 0 or epoch >= layout.epoch:
@@ -376,7 +394,8 @@ class ControllerState:
         return "SUCCESS"
 
     # -- truncation ------------------------------------------------------
-    def truncate_stream(self, scope, stream, cut):
+    def truncate_stream(self, scope: str, stream: str, cut: Mapping[int, int]
+                        ) -> defer.Deferred[tuple[str, str]]:
         """
         Truncate the stream at the stream cut C{cut} ({segment id: offset}).
 
@@ -411,7 +430,7 @@ class ControllerState:
 
     # -- retention -------------------------------------------------------
     @defer.inlineCallbacks
-    def apply_retention(self):
+    def apply_retention(self) -> Generator[defer.Deferred[Any], Any, dict[str, dict[int, int]]]:
         """
         One round of retention over every stream with a SIZE or TIME
         policy: record a stream cut at the tails of its current segments
@@ -523,7 +542,8 @@ class ControllerState:
     def _now_ms(self):
         return int(self.clock.seconds() * 1000)
 
-    def create_txn(self, scope, stream, lease_ms):
+    def create_txn(self, scope: str, stream: str, lease_ms: int
+                   ) -> defer.Deferred[tuple[str, str, int]]:
         """
         @return: Deferred firing with C{(status, txn_id, segment count)}:
             status "SUCCESS", "STREAM_NOT_FOUND", "STREAM_SEALED" or
@@ -542,8 +562,8 @@ class ControllerState:
             # find the transaction's segments with getEpochSegments(epoch).
             # The Rust client also sign-extends the low 64 bits when it joins
             # the halves, so their top bit must be 0 too.
-            epoch = self.layout(scope, stream).epoch
-            ids = [i for i, _, _ in self.layout(scope, stream).active()]
+            epoch = self._layout(scope, stream).epoch
+            ids = [i for i, _, _ in self._layout(scope, stream).active()]
             rand = uuid.uuid4().int
             txn_id = f"{epoch:08x}{(rand >> 64) & 0xFFFFFFFF:08x}{rand & ((1 << 63) - 1):016x}"
             for i in ids:
@@ -563,7 +583,7 @@ class ControllerState:
             return None
         return txn
 
-    def commit_txn(self, scope, stream, txn_id):
+    def commit_txn(self, scope: str, stream: str, txn_id: str) -> defer.Deferred[str]:
         """@return: Deferred firing with "SUCCESS", "TRANSACTION_NOT_FOUND" or "FAILURE"."""
         @defer.inlineCallbacks
         def merge_segments(txn):
@@ -573,7 +593,7 @@ class ControllerState:
         return self._end_txn(scope, stream, txn_id, "COMMITTING", "COMMITTED",
                              merge_segments)
 
-    def abort_txn(self, scope, stream, txn_id):
+    def abort_txn(self, scope: str, stream: str, txn_id: str) -> defer.Deferred[str]:
         """@return: Deferred firing with "SUCCESS", "TRANSACTION_NOT_FOUND" or "FAILURE"."""
         @defer.inlineCallbacks
         def delete_segments(txn):
@@ -610,7 +630,8 @@ class ControllerState:
             return "SUCCESS"
         return self._mutate(end)
 
-    def ping_txn(self, scope, stream, txn_id, lease_ms):
+    def ping_txn(self, scope: str, stream: str, txn_id: str, lease_ms: int
+                 ) -> defer.Deferred[str]:
         """@return: Deferred firing with a PingTxnStatus name."""
         @defer.inlineCallbacks
         def ping():
@@ -628,12 +649,12 @@ class ControllerState:
             return "OK"
         return self._mutate(ping)
 
-    def txn_state(self, scope, stream, txn_id):
+    def txn_state(self, scope: str, stream: str, txn_id: str) -> str:
         txn = self._txn(scope, stream, txn_id)
         return "UNKNOWN" if txn is None else txn["state"]
 
     @defer.inlineCallbacks
-    def expire_txns(self):
+    def expire_txns(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Abort every open transaction whose lease ran out."""
         now = self._now_ms()
         for txn_id, txn in list(self.txns.items()):
