@@ -28,10 +28,10 @@ from collections.abc import Callable
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-__all__ = ["IdleTimeout"]
+__all__ = ["IdleTimeout", "timeout_seconds"]
 
 
-def _bounded(seconds: float | None) -> float | None:
+def timeout_seconds(seconds: float | None) -> float | None:
     """
     C{seconds} as a timeout: None for "never" (None, 0 or infinity: the
     command lines' "0 turns it off"), else a positive float.
@@ -73,7 +73,7 @@ class IdleTimeout:
         @param expired: called with no arguments when it expires.
         @raise ValueError: for a negative or NaN C{seconds}.
         """
-        self.seconds = _bounded(seconds)
+        self.seconds = timeout_seconds(seconds)
         self._clock = clock
         self._expired = expired
         self._call: IDelayedCall | None = None

@@ -30,6 +30,7 @@ from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.errors import describe
+from streamproto.core.idle import IdleTimeout, timeout_seconds
 from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
 from streamproto.reliable import codec
 from streamproto.reliable.errors import (
@@ -150,26 +151,24 @@ class ReliableStreamClientProtocol(Protocol):
         self.session = session
         self.reconnector = reconnector
         self._done = False
-        self._idle_call = None
+        # a server silent this long is dropped (and reconnected to)
+        self._idle = IdleTimeout(reconnector.clock, reconnector.idle_timeout,
+                                 self._idle_expired)
         self.received = False
         self._server_leaving = False
 
     def connectionMade(self):
         self._decoder = codec.LineDecoder(self.reconnector.max_line)
         self.transport.write(self.session.initial_message())
-        timeout = self.reconnector.idle_timeout
-        if timeout:
-            self._idle_call = self.reconnector.clock.callLater(timeout, self._idle)
+        self._idle.start()
 
-    def _idle(self):
-        self._idle_call = None
+    def _idle_expired(self):
         self.transport.abortConnection()
 
     def dataReceived(self, data):
         if self._done or self._server_leaving:
             return
-        if self._idle_call is not None:
-            self._idle_call.reset(self.reconnector.idle_timeout)
+        self._idle.reset()
         if not self.received:
             self.received = True
             self.reconnector.established()
@@ -209,9 +208,7 @@ class ReliableStreamClientProtocol(Protocol):
 
     def _stop(self):
         self._done = True
-        if self._idle_call is not None and self._idle_call.active():
-            self._idle_call.cancel()
-        self._idle_call = None
+        self._idle.cancel()
 
     def connectionLost(self, reason):
         was_done = self._done
@@ -233,7 +230,8 @@ class _Reconnector:
         self.session = session
         self.clock = clock
         self.give_up_after = give_up_after
-        self.idle_timeout = idle_timeout
+        # checked now (a negative value is a ValueError here, not at connect)
+        self.idle_timeout = timeout_seconds(idle_timeout)
         self.max_line = max_line
         self.result = defer.Deferred()
         self.reconnects = 0
