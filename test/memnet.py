@@ -37,6 +37,23 @@ CLIENT = "client"
 
 
 @implementer(IPushProducer)
+@implementer(IPushProducer)
+class RecordingProducer:
+    """A push producer that records what a transport asks of it, in order."""
+
+    def __init__(self):
+        self.events = []
+
+    def pauseProducing(self):
+        self.events.append("pause")
+
+    def resumeProducing(self):
+        self.events.append("resume")
+
+    def stopProducing(self):
+        self.events.append("stop")
+
+
 class MemoryTransport(iosim.FakeTransport):
     """
     One end of a L{Connection}: what its protocol writes waits in flight

@@ -20,6 +20,7 @@ from streamproto.core.framing import _speedups, frame_records_py
 from streamproto.core.sendpath import SocketSender
 from streamproto.log.batch import lengths_array
 from test.ciutil import missing
+from test.memnet import RecordingProducer
 
 PREFIX = b"\x00\x01"
 
@@ -115,21 +116,6 @@ class _ServerSide(protocol.Protocol):
         self.factory.connected.callback(self)
 
 
-@implementer(IPushProducer)
-class _Producer:
-    def __init__(self):
-        self.events = []
-
-    def pauseProducing(self):
-        self.events.append("pause")
-
-    def resumeProducing(self):
-        self.events.append("resume")
-
-    def stopProducing(self):
-        self.events.append("stop")
-
-
 class SocketSenderTests(unittest.TestCase):
     """L{SocketSender} over a real loopback TCP connection."""
 
@@ -159,7 +145,7 @@ class SocketSenderTests(unittest.TestCase):
         counted = []
         sender = SocketSender(server.transport, reactor, high_water=1 << 20,
                               on_sent=counted.append)
-        producer = _Producer()
+        producer = RecordingProducer()
         sender.registerProducer(producer)
         sizes = [700, 1500, 0, 3000] * 2000
         lengths = lengths_array(sizes)

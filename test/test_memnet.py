@@ -7,7 +7,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
-from test.memnet import CLIENT, SERVER, Connection
+from test.memnet import CLIENT, SERVER, Connection, RecordingProducer
 
 
 class Recording(Protocol):
@@ -33,20 +33,6 @@ class HalfCloseable(Recording):
 
     def writeConnectionLost(self):
         pass
-
-
-class Producer:
-    def __init__(self):
-        self.events = []
-
-    def pauseProducing(self):
-        self.events.append("pause")
-
-    def resumeProducing(self):
-        self.events.append("resume")
-
-    def stopProducing(self):
-        self.events.append("stop")
 
 
 class ConnectionTests(SynchronousTestCase):
@@ -93,7 +79,7 @@ class ConnectionTests(SynchronousTestCase):
 
     def test_flow_control(self):
         conn = Connection(Recording(), Recording(), server_limit=4)
-        producer = Producer()
+        producer = RecordingProducer()
         transport = conn.server_transport
         transport.registerProducer(producer, True)
         transport.write(b"1234")
@@ -109,8 +95,8 @@ class ConnectionTests(SynchronousTestCase):
 
     def test_producer_rules(self):
         transport = self.conn.server_transport
-        transport.registerProducer(Producer(), True)
-        self.assertRaises(RuntimeError, transport.registerProducer, Producer(), True)
+        transport.registerProducer(RecordingProducer(), True)
+        self.assertRaises(RuntimeError, transport.registerProducer, RecordingProducer(), True)
         transport.unregisterProducer()
         self.assertRaises(RuntimeError, transport.unregisterProducer)
         transport.loseConnection()

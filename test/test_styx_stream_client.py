@@ -17,6 +17,7 @@ from streamproto.styx.stream_client import (
     StyxConnectionLost, StyxConsumer, StyxProducer, StyxStreamError,
     _StyxClientProtocol,
 )
+from test.memnet import RecordingProducer
 
 SWITCH = (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: styx/0\r\nConnection: Upgrade\r\n"
           b"X-Styx-Timeout: 6\r\n\r\n")
@@ -32,17 +33,6 @@ class PausableTransport(StringTransport):
 
     def resumeProducing(self):
         self.reading_paused = False
-
-
-class Pausable:
-    def __init__(self):
-        self.events = []
-
-    def pauseProducing(self):
-        self.events.append("pause")
-
-    def resumeProducing(self):
-        self.events.append("resume")
 
 
 def attach(owner, method, accept, clock, timeout=10, query=None):
@@ -91,7 +81,7 @@ class ProducerTests(unittest.SynchronousTestCase):
     def test_window_holds_writes_back(self):
         """Beyond window_bytes unacked, records wait locally; acks let them
         go; whenWritable and a registered producer follow the window."""
-        pausable = Pausable()
+        pausable = RecordingProducer()
         self.producer.registerProducer(pausable)
         self.producer.writeMany([b"12345678"])
         self.assertTrue(self.producer.writable)
