@@ -6,6 +6,7 @@ outside this repository (which keeps none of their code or build recipes);
 this module only starts them, and our servers, on 127.0.0.1.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -118,15 +119,8 @@ def compare_styx(styx_cli, go_server, rounds=3, warmup=True):
     C{twistd styx-server} (file store, durable acks) ROUNDS times; return
     {(phase, size): (go median, ours median, go runs, our runs)}.
     """
-    tmp = tempfile.mkdtemp(prefix="styx-go-compare-")
-    go_port, our_port = free_port(), free_port()
-    go = ours = None
-    try:
-        go = go_styx_server(go_server, go_port, os.path.join(tmp, "go"))
-        ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
-                      "--data", os.path.join(tmp, "ours"))
-        wait_port(our_port)
-        urls = {"go": f"http://127.0.0.1:{go_port}", "ours": f"http://127.0.0.1:{our_port}"}
+    with styx_servers(go_server, "styx-go-compare-") as ports:
+        urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}
         if warmup:
             for url in urls.values():
                 styx_benchmark(styx_cli, url)
@@ -141,6 +135,23 @@ def compare_styx(styx_cli, go_server, rounds=3, warmup=True):
             if g and o:
                 table[key] = (statistics.median(g), statistics.median(o), g, o)
         return table
+
+
+@contextlib.contextmanager
+def styx_servers(go_server, prefix):
+    """
+    The Go server and C{twistd styx-server} (file store) on fresh data
+    directories, for the time of a C{with}: yields {"go": port, "ours": port}.
+    """
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    go_port, our_port = free_port(), free_port()
+    go = ours = None
+    try:
+        go = go_styx_server(go_server, go_port, os.path.join(tmp, "go"))
+        ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
+                      "--data", os.path.join(tmp, "ours"))
+        wait_port(our_port)
+        yield {"go": go_port, "ours": our_port}
     finally:
         stop(go)
         stop(ours)
@@ -349,15 +360,7 @@ def compare_raw(go_server, runs, rounds=3):
     C{twistd styx-server}, alternately; return {(path, phase, size):
     (go rec/s median, ours median)}.
     """
-    tmp = tempfile.mkdtemp(prefix="styx-go-raw-")
-    go_port, our_port = free_port(), free_port()
-    go = ours = None
-    try:
-        go = go_styx_server(go_server, go_port, os.path.join(tmp, "go"))
-        ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
-                      "--data", os.path.join(tmp, "ours"))
-        wait_port(our_port)
-        ports = {"go": go_port, "ours": our_port}
+    with styx_servers(go_server, "styx-go-raw-") as ports:
         results = {}
         for path, run in (("styx/0", styx0), ("HTTP", http)):
             for size, count in runs:
@@ -372,7 +375,3 @@ def compare_raw(go_server, runs, rounds=3):
                     results[path, phase, size] = (statistics.median(got["go"][phase]),
                                                   statistics.median(got["ours"][phase]))
         return results
-    finally:
-        stop(go)
-        stop(ours)
-        subprocess.run(["rm", "-rf", tmp])
