@@ -28,6 +28,7 @@ from zope.interface import implementer
 from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
 from streamproto.core.idle import IdleTimeout
+from streamproto.core.observer import Observers
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.interfaces import IGracefulShutdown
@@ -202,7 +203,7 @@ class PravegaServerProtocol(Protocol):
         self._reads = set()             # Deferreds of reads in flight
         self._idle = IdleTimeout(factory.clock, factory.idle_timeout, self._idle_expired)
         self._shutdown = None           # Deferred while shutting down gracefully
-        self._send_waiters = []         # reads waiting for room in the send buffer
+        self._send_waiters: Observers[None] = Observers()  # reads waiting for buffer room
         self._read_counters = {}        # segment -> codec.EventCounter of a reader
         self.transients = set()         # transient segments made on this connection
         self._principals = None         # the client certificate's, once asked
@@ -317,18 +318,14 @@ class PravegaServerProtocol(Protocol):
 
     def resumeProducing(self):
         self._unpause("send buffer")
-        waiters, self._send_waiters = self._send_waiters, []
-        for d in waiters:
-            d.callback(None)
+        self._send_waiters.fire(None)
         self._drain()
 
     def _send_buffer_room(self):
         """Fire when the transport takes data again (at once if it does)."""
         if "send buffer" not in self._pause_reasons:
             return defer.succeed(None)
-        d: defer.Deferred[None] = defer.Deferred()
-        self._send_waiters.append(d)
-        return d
+        return self._send_waiters.when()
 
     def stopProducing(self):
         pass

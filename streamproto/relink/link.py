@@ -20,6 +20,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from streamproto.core.observer import Observers
 from streamproto.relink import codec
 from streamproto.relink.channels import InChannel, OutChannel, message_size
 from streamproto.relink.codec import (
@@ -105,7 +106,7 @@ class Link:
         self._ping_call: IDelayedCall | None = None
         self._ping_sent_at: float | None = None
         self._last_rx = 0.0
-        self._idle_waiters: list[Deferred[Link]] = []
+        self._idle_waiters: Observers[Link] = Observers()
 
     # -- connection binding ------------------------------------------------
     def attach(self, write_sequence: Callable[[list[bytes]], object],
@@ -207,9 +208,7 @@ class Link:
                 d.callback(None)
             else:
                 d.errback(Failure(reason))
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for waiter in waiters:
-            waiter.callback(self)
+        self._idle_waiters.fire(self)
         try:
             self.handler.link_closed(self, reason)
         except Exception:
@@ -302,17 +301,14 @@ class Link:
         message and the acknowledgements are written (for a graceful stop:
         stop reading first, or new messages keep it busy).
         """
-        d: Deferred[Link] = Deferred()
-        self._idle_waiters.append(d)
+        d = self._idle_waiters.when()
         self._check_idle()
         return d
 
     def _check_idle(self):
         if not any(ch.busy for ch in self.in_channels.values()):
             self.flush()
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for d in waiters:
-                d.callback(self)
+            self._idle_waiters.fire(self)
 
     def _check_sendable(self):
         if self.lost is not None:
