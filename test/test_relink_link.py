@@ -907,7 +907,7 @@ class Shutdown(SynchronousTestCase):
         self.assertEqual((a, b, sent, back), ([None], [None], [1], [1]))
         self.assertEqual(p.endpoint.links, {})
         self.assertFalse(p.connected)
-        self.assertIsNone(p.connector._service)
+        self.assertIsNone(p.connector._reconnector)
 
     def test_channel_open_after_peer_shutdown_is_protocol_error(self):
         p = Pair().connect()

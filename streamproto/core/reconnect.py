@@ -10,8 +10,9 @@ reliable-stream clients).
   - L{Reconnector}: connect; after a failed attempt or a lost connection
     wait, connect again; give up when a limit says so; stop on request.
 
-Twisted's C{ClientService} does this for a service, and relink's connector
-uses it.  It does not fit these clients:
+Twisted's C{ClientService} does this for a service.  It does not fit the
+suite's clients (the Lumberjack, reliable, Pravega and relink clients all
+use L{Reconnector}):
 
   - here the client says when a connection has worked (events
     acknowledged, a session resumed): ClientService starts its failure

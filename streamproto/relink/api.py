@@ -17,17 +17,18 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from twisted.application.internet import ClientService
 from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import ConnectionLost
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core import metrics
 from streamproto.core.observer import Observers
-from streamproto.core.reconnect import backoff_policy
+from streamproto.core.reconnect import Reconnector, backoff_policy
 from streamproto.relink.codec import ConnectorHandshake, ProtocolError
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.errors import LinkLost
@@ -326,7 +327,10 @@ class Connector:
         self.clock = clock
         self.link = self._new_link()
         self._linked_waiters: Observers[Link] = Observers()
-        self._service: ClientService | None = None
+        # the connection's driver while started; while stopping, the one
+        # that waits to hear the connection is gone
+        self._reconnector: Reconnector | None = None
+        self._stopping: Reconnector | None = None
         self._endpoint = endpoint
         self._retry_policy = retry_policy
         self.protocol: ConnectorProtocol | None = None
@@ -340,27 +344,36 @@ class Connector:
     # -- life cycle ----------------------------------------------------------
     def start(self) -> "Connector":
         """Connect (and keep reconnecting until L{stop} or a completed shutdown)."""
-        if self._service is None:
+        if self._reconnector is None:
             factory = Factory.forProtocol(lambda: ConnectorProtocol(self, self.clock))
-            # the suite's one backoff (core.reconnect): ClientService's own
-            # defaults (1 s growing by 1.5 to 60 s), with jitter in proportion
+            # the suite's one reconnecting client (core.reconnect); the delays
+            # are Twisted ClientService's defaults (1 s growing by 1.5 to
+            # 60 s), with jitter in proportion
             policy = self._retry_policy or backoff_policy(1.0, 60.0, 1.5)
-            self._service = ClientService(self._endpoint, factory, clock=self.clock,
-                                          retryPolicy=policy)
-            self._service.startService()
+            endpoint = self._endpoint
+            self._reconnector = Reconnector(lambda: endpoint.connect(factory), self.clock,
+                                            policy, connected=lambda protocol: None)
+            self._reconnector.start()
         return self
 
     def stop(self) -> Deferred[None]:
         """Stop reconnecting and close the connection; the link state is kept."""
-        service, self._service = self._service, None
-        if service is None:
+        reconnector, self._reconnector = self._reconnector, None
+        if reconnector is None:
             d: Deferred[None] = Deferred()
             d.callback(None)
             return d
         if self.protocol is not None:
-            # the service closes the transport, which waits for its producer
+            # the reconnector closes the transport, which waits for its producer
             self.protocol.unregister_producer()
-        return service.stopService()
+        self._stopping = reconnector
+        stopped = reconnector.stop()
+
+        def done(result: object) -> object:
+            if self._stopping is reconnector:
+                self._stopping = None
+            return result
+        return stopped.addBoth(done)
 
     def when_linked(self) -> Deferred[Link]:
         """A Deferred firing with the L{Link} once a handshake completed."""
@@ -432,10 +445,19 @@ class Connector:
         return link, resumed
 
     def connection_lost(self, protocol):
-        if self.protocol is protocol:
+        linked = self.protocol is protocol
+        if linked:
             self.protocol = None
+        reconnector = self._reconnector or self._stopping
+        if reconnector is not None:
+            # a connection that linked worked: connect again at once; one
+            # that never got through its handshake counts as a failure
+            if linked:
+                reconnector.progress()
+            reconnector.lost(Failure(ConnectionLost("relink connection closed")),
+                             failed=not linked)
         link = self.link
-        if link.lost is not None and self._service is not None:
+        if link.lost is not None and self._reconnector is not None:
             # the link ended for good (shutdown or protocol error): start afresh
             if link.shutdown_sent and link.peer_shutdown:
                 self.stop()

@@ -87,7 +87,7 @@ class _LinkedConnection(Protocol):
 
     def resumeProducing(self):
         if getattr(self.transport, "disconnecting", False):
-            # someone else called loseConnection (ClientService.stopService):
+            # someone else called loseConnection (the connector stopping):
             # let the transport close now that its buffer is written
             self.unregister_producer()
             return
