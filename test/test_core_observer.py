@@ -42,6 +42,20 @@ class ObserversTests(unittest.SynchronousTestCase):
         o.fail(ValueError("no"))
         self.failureResultOf(d, ValueError)
 
+    def test_take(self):
+        """The waiters taken are the caller's to fire; later ones wait for the next."""
+        o = Observers()
+        a, b = o.when(), o.when()
+        taken = o.take()
+        self.assertEqual(taken, [a, b])
+        later = o.when()
+        o.fire("next")
+        self.assertNoResult(a)
+        self.assertEqual(self.successResultOf(later), "next")
+        for d in taken:
+            d.callback("mine")
+        self.assertEqual(self.successResultOf(b), "mine")
+
     def test_cancel_forgets(self):
         o = Observers()
         d = o.when()

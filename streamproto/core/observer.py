@@ -72,6 +72,16 @@ class Observers(Generic[_T]):
         """Errback every waiter with C{reason} (an exception or a L{Failure})."""
         self.fire(reason if isinstance(reason, Failure) else Failure(reason))
 
+    def take(self) -> list[Deferred[_T]]:
+        """
+        The waiters of this occurrence, forgotten here, for a caller that
+        fires them itself a little later: after its bookkeeping, in one
+        batch with other Deferreds (a writer's acknowledgements and its
+        idle waiters, in order).  Waiters added meanwhile wait for the next.
+        """
+        waiting, self._waiting = self._waiting, []
+        return waiting
+
 
 class OneShotObserver(Generic[_T]):
     """

@@ -35,6 +35,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
+from streamproto.core.observer import Observers
 from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
 from streamproto.pravega import codec
 from streamproto.pravega.blocks import MAX_EVENT_SIZE, EventChunk, event_frames, pack_blocks
@@ -269,8 +270,8 @@ class SegmentWriter:
         self._proto = None            # set while ready
         self._setup_request = -1
         self._flush_call = None
-        self._idle_waiters = []
-        self._setup_waiters = []
+        self._idle_waiters: Observers[None] = Observers()
+        self._setup_waiters: Observers[int] = Observers()
         self.error = None
         # the connection's failures count until a DataAppended (or a setup
         # with nothing to resend): see reply() and _start_appending
@@ -358,8 +359,7 @@ class SegmentWriter:
             done = self._acknowledge(last, fire=False)
             self.next_event_number = max(self.next_event_number, last + 1)
         self._proto = proto
-        waiters, self._setup_waiters = self._setup_waiters, []
-        done.extend((d, last) for d in waiters)
+        done.extend((d, last) for d in self._setup_waiters.take())
         if self.keepalive_interval:
             # like the Java client, so that idle writers are not timed out
             self._keepalive = task.LoopingCall(proto.send, codec.KeepAlive())
@@ -474,9 +474,7 @@ class SegmentWriter:
             return defer.fail(self.error)
         if self._proto is not None:
             return defer.succeed(self.setups[-1])
-        d = defer.Deferred()
-        self._setup_waiters.append(d)
-        return d
+        return self._setup_waiters.when()
 
     def flush(self):
         """Fire once everything written so far is acknowledged."""
@@ -484,9 +482,7 @@ class SegmentWriter:
             return defer.fail(self.error)
         if not self._queue and not self._unacked:
             return defer.succeed(None)
-        d = defer.Deferred()
-        self._idle_waiters.append(d)
-        return d
+        return self._idle_waiters.when()
 
     @defer.inlineCallbacks
     def close(self):
@@ -577,8 +573,7 @@ class SegmentWriter:
                 else:
                     break
             if not unacked and not self._queue:
-                done.extend((d, None) for d in self._idle_waiters)
-                self._idle_waiters = []
+                done.extend((d, None) for d in self._idle_waiters.take())
         if not fire:
             return done
         _fire(done)
@@ -595,25 +590,21 @@ class SegmentWriter:
             self._unacked_events -= failed.count
             self._unacked_bytes -= failed.size
             if not self._unacked and not self._queue:
-                idle, self._idle_waiters = self._idle_waiters, []
+                idle = self._idle_waiters.take()
         self._flush()
         if failed is not None:
             failed.deferred.errback(ConditionalCheckFailedError(reply))
         _fire([(d, None) for d in idle])
 
     def _fail_all(self, error):
-        setups, self._setup_waiters = self._setup_waiters, []
-        for d in setups:
-            d.errback(error)
+        self._setup_waiters.fail(error)
         chunks = list(self._unacked) + list(self._queue)
         self._unacked.clear()
         self._queue.clear()
         self._unacked_events = self._unacked_bytes = 0
         for chunk in chunks:
             chunk.deferred.errback(error)
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for d in waiters:
-            d.errback(error)
+        self._idle_waiters.fail(error)
 
 
 class SegmentReader:

@@ -21,6 +21,7 @@ from itertools import accumulate
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.python.failure import Failure
 
+from streamproto.core.observer import Observers
 from streamproto.relink import codec
 from streamproto.relink.codec import (
     CHANNEL_OP, CLOSE, CLOSED, COMMIT, COMMITTED, CONSUMED, RECEIVED, ROLLBACK, SEQ_MASK,
@@ -91,7 +92,7 @@ class OutChannel:
         self._ops_sent = 0      # how many of _ops are written on this connection
         self._recv_waiters = []
         self._cons_waiters = []
-        self._writable = []
+        self._writable: Observers[OutChannel] = Observers()
         self._ack_ptr = [0, 0, 0, 0]   # per ack type: count targeted last
         self.closing = False
         self._tx_start = 0      # transactions: position of the last commit/rollback
@@ -125,9 +126,7 @@ class OutChannel:
             d = Deferred()
             d.callback(self)
             return d
-        d = Deferred()
-        self._writable.append(d)
-        return d
+        return self._writable.when()
 
     def _admit(self, count):
         if self.closing:
@@ -420,9 +419,7 @@ class OutChannel:
 
     def _wake_writable(self):
         if self._writable and self.writable:
-            writable, self._writable = self._writable, []
-            for d in writable:
-                d.callback(self)
+            self._writable.fire(self)
 
     def _resolve_ops(self):
         ops = self._ops
@@ -475,10 +472,11 @@ class OutChannel:
     def fail(self, reason):
         """The link is gone: fail everything waiting."""
         waiting = [d for _, d in self._recv_waiters + self._cons_waiters]
-        waiting += [d for op in self._ops for d in op.deferreds] + self._writable
-        self._recv_waiters, self._cons_waiters, self._ops, self._writable = [], [], [], []
+        waiting += [d for op in self._ops for d in op.deferreds]
+        self._recv_waiters, self._cons_waiters, self._ops = [], [], []
         for d in waiting:
             d.errback(Failure(reason))
+        self._writable.fail(reason)
 
     @property
     def idle(self):
