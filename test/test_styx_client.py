@@ -213,7 +213,7 @@ class FailoverTests(unittest.TestCase):
         self.addCleanup(self.pool.closeCachedConnections)
 
     @defer.inlineCallbacks
-    def test_dead_front_end_skipped(self):
+    def test_dead_front_end_passed_over(self):
         """A front-end that refuses connections: writes and reads go to the next one."""
         client = StyxClient(",".join([self.dead] + self.urls), reactor, pool=self.pool)
         yield client.create_log("events")

@@ -323,10 +323,7 @@ class ReliableStreamServerProtocol(Protocol):
         else:
             self.log.info("reliable-stream error to {peer}: {text}",
                           peer=self.transport.getPeer(), text=text)
-        self._out.append(codec.encode_error(text))
-        self._close_after_flush = True
-        self._generating = False
-        self._flush()
+        self._end_after_queued(codec.encode_error(text))
 
     def _errback(self, failure):
         if failure.check(StoreUnavailable):
@@ -348,6 +345,12 @@ class ReliableStreamServerProtocol(Protocol):
         self.factory.metrics.error("store_unavailable")
         self.log.warn("reliable-stream: closing {peer} for it to resume later: {why}",
                       peer=self.transport.getPeer(), why=why)
+        self._end_after_queued()
+
+    def _end_after_queued(self, last_line=None):
+        """Generate nothing more; send what is queued (then C{last_line}), then close."""
+        if last_line is not None:
+            self._out.append(last_line)
         self._close_after_flush = True
         self._generating = False
         self._flush()
