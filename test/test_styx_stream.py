@@ -500,6 +500,30 @@ class UpgradeTests(unittest.SynchronousTestCase):
         body = transport.value().partition(b"\r\n\r\n")[2]
         self.assertEqual(decode_all(body), [b"one", b"two"])
 
+    def test_unknown_client_waits(self):
+        """Neither our client nor Go's over TCP (here: Go's agent on a transport
+        that is not TCP): the records wait for the start delay."""
+        transport = self.connect(b"GET /logs/log/records HTTP/1.1\r\n"
+                                 b"User-Agent: Go-http-client/1.1\r\n"
+                                 b"Upgrade: styx/0\r\nConnection: Upgrade\r\n\r\n")
+        head, _, body = transport.value().partition(b"\r\n\r\n")
+        self.assertEqual(body, b"")
+        self.assertNotIn(b"X-Styx-Padding", head)
+        self.clock.advance(stream_module.DEFAULT_CONSUMER_START_DELAY)
+        body = transport.value().partition(b"\r\n\r\n")[2]
+        self.assertEqual(decode_all(body), [b"one", b"two"])
+
+    def test_switching_head(self):
+        head = stream_module.switching_head(30)
+        self.assertEqual(head, b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: styx/0\r\n"
+                               b"Connection: Upgrade\r\nX-Styx-Timeout: 30\r\n\r\n")
+        padded = stream_module.switching_head(30, 4096)
+        self.assertEqual(len(padded), 4096)
+        self.assertTrue(padded.startswith(head[:-2]))
+        self.assertTrue(padded.endswith(b"-\r\n\r\n"))
+        self.assertEqual(padded.count(b"\r\n\r\n"), 1)
+        self.assertRaises(ValueError, stream_module.switching_head, 30, 64)
+
     def test_early_bytes(self):
         """Bytes after the request head, before the 101: Error(EARLY_DATA)."""
         transport = self.connect(b"POST /logs/log/records HTTP/1.1\r\n"
@@ -732,6 +756,50 @@ class EndToEndTCPTests(EndToEndMixin, unittest.TestCase):
         head, _, body = data.partition(b"\r\n\r\n")
         self.assertIn(b"X-Styx-Timeout: 10", head)
         self.assertEqual(decode_all(body), [b"r%d" % i for i in range(100)])
+
+
+    @defer.inlineCallbacks
+    def test_go_clients_first_read_takes_the_head_alone(self):
+        """
+        Go's net/http reads the 101 with one 4 KiB read and throws away
+        whatever else that read took.  Over loopback the server starts at
+        once and pads the head to exactly 4 KiB: a 4 KiB read taken when the
+        records are already waiting in the socket (the worst case) holds
+        the head and nothing else, and every record follows.
+        """
+        import socket
+        import time
+
+        from twisted.internet.threads import deferToThread
+        producer = yield StyxProducer.connect(reactor, "127.0.0.1", self.portnum, "log")
+        yield producer.writeMany([b"r%d" % i for i in range(1000)])
+        yield producer.close()
+        request = (b"GET /logs/log/records?count=-1&follow=false&position=0&whence=origin "
+                   b"HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: Go-http-client/1.1\r\n"
+                   b"Connection: upgrade\r\nUpgrade: styx/0\r\nX-Styx-Timeout: 30\r\n"
+                   b"Accept-Encoding: gzip\r\n\r\n")
+
+        def as_go_reads():
+            with socket.create_connection(("127.0.0.1", self.portnum), timeout=10) as s:
+                s.sendall(request)
+                # let the head and the records arrive before the first read
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline:
+                    waiting = len(s.recv(1 << 20, socket.MSG_PEEK))
+                    if waiting > stream_module.GO_HTTP_READ_BUFFER:
+                        break
+                    time.sleep(0.01)
+                first = s.recv(stream_module.GO_HTTP_READ_BUFFER)
+                rest = []
+                while True:
+                    chunk = s.recv(1 << 16)
+                    if not chunk:
+                        return first, b"".join(rest)
+                    rest.append(chunk)
+        first, rest = yield deferToThread(as_go_reads)
+        self.assertTrue(first.startswith(b"HTTP/1.1 101 "), first[:40])
+        self.assertTrue(first.endswith(b"\r\n\r\n"), "the first read took records too")
+        self.assertEqual(decode_all(rest), [b"r%d" % i for i in range(1000)])
 
 
 class EndToEndTLSTests(EndToEndMixin, unittest.TestCase):

@@ -1,6 +1,8 @@
 """TCP socket settings shared by the protocols' servers and clients."""
 
-from twisted.internet.interfaces import ITransport
+import socket
+
+from twisted.internet.interfaces import ISSLTransport, ISystemHandle, ITCPTransport, ITransport
 
 
 def set_no_delay(transport: ITransport | None) -> None:
@@ -18,3 +20,20 @@ def set_no_delay(transport: ITransport | None) -> None:
             except OSError:  # not a TCP socket after all (e.g. a UNIX socket)
                 pass
             return
+
+
+def max_segment_size(transport: ITransport | None) -> int | None:
+    """
+    The connection's TCP maximum segment size (C{TCP_MAXSEG}): how many
+    bytes of a write the peer receives at once, at most.  None for a
+    transport that is not plain TCP (TLS, a UNIX socket, a test transport).
+    """
+    if transport is None or ISSLTransport.providedBy(transport):
+        return None
+    if not (ITCPTransport.providedBy(transport) and ISystemHandle.providedBy(transport)):
+        return None
+    try:
+        handle = ISystemHandle(transport).getHandle()
+        return int(handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
+    except (OSError, AttributeError, TypeError, ValueError):
+        return None

@@ -31,6 +31,7 @@ from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import redirect_channel_input, set_read_size, take_buffered_data
 from streamproto.core.ops import IOutputCounter
 from streamproto.core.sendpath import SocketSender
+from streamproto.core.tcp import max_segment_size
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
     StoreUnavailable, WriteFailed,
@@ -64,13 +65,22 @@ DEFAULT_READ_BYTES = 1024 * 1024
 #: writev, the decoder's call) are paid per MiB instead of per 64 KiB.
 #: The Go reference reads through 1 MiB buffers too.
 PRODUCER_READ_SIZE = 1024 * 1024
-#: Delay between the 101 and the first record sent to a consumer.  The Go
-#: client reads the 101 through net/http, which keeps whatever arrived with
-#: the response in a buffer it never hands over: records in the same TCP
-#: segment as the 101 would be lost to it.
+#: Delay between the 101 and the first record sent to a consumer whose
+#: client we do not know.  The Go client reads the 101 through net/http,
+#: which keeps whatever arrived with the response in a buffer it never
+#: hands over: records in the same TCP segment as the 101 would be lost to
+#: it.
 DEFAULT_CONSUMER_START_DELAY = 0.01
 #: The User-Agent of L{streamproto.styx.stream_client}, which needs no delay.
 OWN_CLIENT_AGENT = b"streamproto-styx"
+#: The User-Agent of Go's net/http (the Go styx CLI and library).
+GO_HTTP_AGENT = b"Go-http-client/"
+#: What Go's net/http reads a response head with (C{Transport.ReadBufferSize}
+#: by default): its first read takes at most this many bytes.  A 101 head
+#: padded to exactly this size, arriving in one segment, is all that read
+#: can take, so records may follow at once without a byte of them lost.
+GO_HTTP_READ_BUFFER = 4096
+_PADDING_HEADER = b"X-Styx-Padding: "
 
 
 def error_code_for(failure_or_exception):
@@ -675,6 +685,50 @@ def take_over(request, protocol):
     return transport
 
 
+def switching_head(timeout, pad_to=0):
+    """
+    The C{101 Switching Protocols} head announcing C{timeout}.
+
+    @param pad_to: if not 0, the head's exact length in bytes, made up by
+        an C{X-Styx-Padding} header (see L{consumer_start}).
+    """
+    head = (b"HTTP/1.1 101 Switching Protocols\r\n"
+            b"Upgrade: styx/0\r\n"
+            b"Connection: Upgrade\r\n"
+            b"X-Styx-Timeout: %d\r\n" % timeout)
+    if pad_to:
+        filler = pad_to - len(head) - len(_PADDING_HEADER) - 4
+        if filler < 0:
+            raise ValueError(f"a 101 head does not fit in {pad_to} bytes")
+        head += _PADDING_HEADER + b"-" * filler + b"\r\n"
+    return head + b"\r\n"
+
+
+def consumer_start(request):
+    """
+    How a consumer stream starts for the client of C{request}: the delay
+    before its first records and the length to pad the 101 head to.
+
+    Our own client reads records that arrive with the 101: no delay.  Go's
+    net/http (the Go styx client) reads the head with one 4 KiB read whose
+    surplus it throws away; a head of exactly that size, arriving in one
+    TCP segment (plain TCP with a maximum segment size of at least 4 KiB:
+    loopback, jumbo frames), is all that read can take, so the records can
+    follow at once.  Anyone else, and Go over smaller segments, gets the
+    head and then, L{DEFAULT_CONSUMER_START_DELAY} later, the records.
+
+    @return: C{(start_delay, pad_to)}.
+    """
+    agent = request.getHeader(b"user-agent") or b""
+    if agent.startswith(OWN_CLIENT_AGENT):
+        return 0, 0
+    if agent.startswith(GO_HTTP_AGENT):
+        mss = max_segment_size(request.channel.transport)
+        if mss is not None and mss >= GO_HTTP_READ_BUFFER:
+            return 0, GO_HTTP_READ_BUFFER
+    return DEFAULT_CONSUMER_START_DELAY, 0
+
+
 def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metrics=None,
             **options):
     """
@@ -693,6 +747,7 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
     @return: C{NOT_DONE_YET}.
     """
     timeout = max(MIN_TIMEOUT, int(timeout))
+    pad_to = 0
     raw_timeout = request.getHeader(TIMEOUT_HEADER)
     remote_timeout = timeout
     if raw_timeout is not None and raw_timeout.strip():
@@ -718,10 +773,8 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
             return _error_response(request, e)
         stream_options = {k: v for k, v in options.items()
                           if k in ("read_bytes", "start_delay")}
-        agent = request.getHeader(b"user-agent") or b""
-        if agent.startswith(OWN_CLIENT_AGENT) and "start_delay" not in stream_options:
-            # our client takes records arriving with the 101: no need to wait
-            stream_options["start_delay"] = 0
+        if "start_delay" not in stream_options:
+            stream_options["start_delay"], pad_to = consumer_start(request)
         protocol = ConsumerStream(log, position, params.count, params.follow, timeout,
                                   remote_timeout, clock, metrics, **stream_options)
     else:
@@ -729,10 +782,7 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
 
     early = _early_bytes(request)
     transport = take_over(request, protocol)
-    transport.write(b"HTTP/1.1 101 Switching Protocols\r\n"
-                    b"Upgrade: styx/0\r\n"
-                    b"Connection: Upgrade\r\n"
-                    b"X-Styx-Timeout: %d\r\n\r\n" % timeout)
+    transport.write(switching_head(timeout, pad_to))
     # twisted.web may have paused reading while it handled the request (the
     # stream may pause it again, and may even be done, once connected)
     transport.resumeProducing()
@@ -772,10 +822,7 @@ def refuse(request, error, timeout=DEFAULT_TIMEOUT):
     protocol = _Refused(code)
     _early_bytes(request)
     transport = take_over(request, protocol)
-    transport.write(b"HTTP/1.1 101 Switching Protocols\r\n"
-                    b"Upgrade: styx/0\r\n"
-                    b"Connection: Upgrade\r\n"
-                    b"X-Styx-Timeout: %d\r\n\r\n" % max(MIN_TIMEOUT, int(timeout)))
+    transport.write(switching_head(max(MIN_TIMEOUT, int(timeout))))
     transport.resumeProducing()
     protocol.makeConnection(transport)
     return NOT_DONE_YET
