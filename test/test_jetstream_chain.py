@@ -380,3 +380,144 @@ class PravegaWriterTests(unittest.SynchronousTestCase):
             data, _at_tail, _end = self.successResultOf(seg.read(len(stored), 1 << 20))
             stored += bytes(data)
         self.assertEqual(stored, b"event 1event 2")
+
+
+class PravegaConditionalAcrossFrontEndsTests(unittest.SynchronousTestCase):
+    """
+    Pravega's ConditionalAppend (by segment length) through two front-ends
+    of one cluster: judged by the cluster, never on one front-end's stale
+    view.
+    """
+
+    NAME = "scope/stream/0.#epoch.0"
+
+    def setUp(self):
+        self.clock = Clock()
+        self.io = FakeJetStream()
+
+    store = ChainTests.store
+    run_clock = ChainTests.run_clock
+
+    def front_ends(self):
+        from streamproto.pravega.segments import SegmentStore
+        a = SegmentStore(self.store(connection_name="a"))
+        b = SegmentStore(self.store(connection_name="b"))
+        self.successResultOf(a.create(self.NAME))
+        return (self.successResultOf(a.get(self.NAME)),
+                self.successResultOf(b.get(self.NAME)))
+
+    def test_other_front_ends_appends_seen(self):
+        """B, idle, checks a condition against the length A made."""
+        import uuid
+
+        from streamproto.pravega.segments import BadOffset
+        seg_a, seg_b = self.front_ends()
+        self.assertEqual(self.successResultOf(seg_a.append(b"12345", uuid.uuid4(), 1, 0)), 5)
+        self.run_clock(0.5)
+        self.failureResultOf(seg_b.append(b"late", uuid.uuid4(), 1, 0), BadOffset)
+        self.assertEqual(self.successResultOf(seg_b.append(b"678", uuid.uuid4(), 1, 5)), 8)
+        self.run_clock(0.5)
+        self.assertEqual(seg_a.log_.end_offset, 8)
+
+    def test_racing_conditions_one_wins(self):
+        """
+        Both front-ends see length 0 and take a ConditionalAppend at 0 at
+        the same moment: the cluster stores exactly one, the other fails
+        with BadOffset (ConditionalCheckFailed), and neither segment fails.
+        """
+        import uuid
+
+        from streamproto.pravega.segments import BadOffset
+        seg_a, seg_b = self.front_ends()
+        self.io.hold = True
+        da = seg_a.append(b"from a", uuid.uuid4(), 1, 0)
+        db = seg_b.append(b"from b", uuid.uuid4(), 1, 0)
+        for _ in range(20):
+            self.io.release()
+            self.run_clock(0.2)
+        results = [self.successResultOf(d) if d.called and not isinstance(d.result, Failure)
+                   else None for d in (da, db)]
+        winners = [r for r in results if r is not None]
+        self.assertEqual(winners, [6])
+        loser = db if results[0] is not None else da
+        self.failureResultOf(loser, BadOffset)
+        self.assertIsNone(seg_a.failed)
+        self.assertIsNone(seg_b.failed)
+        # both go on from the cluster's length
+        self.io.hold = False
+        self.run_clock(0.5)
+        self.assertEqual(self.successResultOf(seg_b.append(b"!", uuid.uuid4(), 1, 6)), 7)
+        self.run_clock(0.5)
+        self.assertEqual(self.successResultOf(seg_a.append(b"?", uuid.uuid4(), 1, 7)), 8)
+
+
+class PravegaTablesAcrossFrontEndsTests(unittest.SynchronousTestCase):
+    """A Pravega table segment served by two front-ends of one cluster."""
+
+    NAME = "scope/_tables/kvt.#epoch.0"
+
+    def setUp(self):
+        self.clock = Clock()
+        self.io = FakeJetStream()
+
+    store = ChainTests.store
+    run_clock = ChainTests.run_clock
+
+    def front_ends(self):
+        from streamproto.pravega.tables import TableStore
+        a = TableStore(self.store(connection_name="a"))
+        b = TableStore(self.store(connection_name="b"))
+        self.successResultOf(a.create(self.NAME))
+        return a, b
+
+    def table(self, tables):
+        return self.successResultOf(tables.get(self.NAME))
+
+    def test_each_sees_the_others_updates(self):
+        from streamproto.pravega.codec import TableKey
+        a, b = self.front_ends()
+        (v1,) = self.successResultOf(self.table(a).update([(TableKey(b"k", TableKey.NOT_EXISTS),
+                                                            b"one")]))
+        self.run_clock(0.5)
+        self.assertEqual(self.table(b).read([TableKey(b"k", TableKey.NO_VERSION)]),
+                         [(TableKey(b"k", v1), b"one")])
+        (v2,) = self.successResultOf(self.table(b).update([(TableKey(b"k", v1), b"two")]))
+        self.assertGreater(v2, v1)
+        self.run_clock(0.5)
+        self.assertEqual(self.table(a).read([TableKey(b"k", TableKey.NO_VERSION)]),
+                         [(TableKey(b"k", v2), b"two")])
+        # the stale version is refused by A too, which applied B's update
+        from streamproto.pravega.tables import KeyBadVersion
+        self.failureResultOf(self.table(a).update([(TableKey(b"k", v1), b"three")]),
+                             KeyBadVersion)
+
+    def test_racing_updates_of_one_version(self):
+        """
+        Both front-ends update key k from the same version at the same
+        moment: one is stored, the other fails with KeyBadVersion once its
+        front-end has applied the winner's record.
+        """
+        from streamproto.pravega.codec import TableKey
+        from streamproto.pravega.tables import KeyBadVersion
+        a, b = self.front_ends()
+        (v1,) = self.successResultOf(self.table(a).update([(TableKey(b"k", TableKey.NOT_EXISTS),
+                                                            b"one")]))
+        self.run_clock(0.5)
+        table_a, table_b = self.table(a), self.table(b)
+        self.io.hold = True
+        da = table_a.update([(TableKey(b"k", v1), b"from a")])
+        db = table_b.update([(TableKey(b"k", v1), b"from b")])
+        for _ in range(20):
+            self.io.release()
+            self.run_clock(0.2)
+        self.io.hold = False
+        self.run_clock(0.5)
+        outcomes = [isinstance(d.result, Failure) for d in (da, db)]
+        self.assertEqual(sorted(outcomes), [False, True])
+        winner, loser = (da, db) if not outcomes[0] else (db, da)
+        self.failureResultOf(loser, KeyBadVersion)
+        (v2,) = self.successResultOf(winner)
+        value = b"from a" if winner is da else b"from b"
+        for tables in (a, b):
+            self.assertEqual(self.table(tables).read([TableKey(b"k", TableKey.NO_VERSION)]),
+                             [(TableKey(b"k", v2), value)])

@@ -176,7 +176,15 @@ class Segment:
     C{issued_offset} is the length including appends not yet durable: it is
     what conditional appends are checked against and what DataAppended
     reports as the write offset.  C{log.end_offset} is the durable length,
-    all readers ever see.
+    all readers ever see.  C{issued_position} is the log position the next
+    append will take.
+
+    Several front-ends of one shared store (C{--store nats://...}) may
+    append to one segment.  What this one issued is its own view; whenever
+    nothing of its own is pending it takes the log's end as it knows it
+    (the store tells it of other front-ends' appends), and a conditional
+    append also expects its log position, which the store judges where the
+    append lands: a conditional append never succeeds on a stale view.
     """
 
     log = Logger()
@@ -190,6 +198,7 @@ class Segment:
         self.seal_durable = self.sealed
         self.mtime = attrs.get("mtime", 0)
         self.issued_offset = log.end_offset
+        self.issued_position = log.end_position
         self._issued: dict[str, int] = {}  # writer key -> last event number sent to the log
         self._pending = 0
         self._idle: Observers[None] = Observers()  # waiting for no pending appends
@@ -285,6 +294,7 @@ class Segment:
             self._check_writable()
         except Exception as e:  # a SegmentError, or the log error that failed the segment
             return fail(e)
+        self._take_log_end()
         if expected_offset is not None and expected_offset != self.issued_offset:
             return fail(BadOffset(self.issued_offset))
         limit = self.log_.config.max_record_size
@@ -294,15 +304,49 @@ class Segment:
         else:
             view = memoryview(data)
             records = [view[i:i + limit] for i in range(0, len(data), limit)]
+        position = self.issued_position
         self.issued_offset += len(data)
+        self.issued_position += len(records)
         end = self.issued_offset
         key = writer_key(writer_id)
         expected = self._expecting(key)
         self._issued[key] = event_number
         self.mtime = _now_ms()
-        return self._track(self.log_.append(records, {key: event_number, "mtime": self.mtime},
-                                            expected_attributes=expected),
-                           lambda _: end)
+        d = self.log_.append(records, {key: event_number, "mtime": self.mtime},
+                             expected_position=None if expected_offset is None else position,
+                             expected_attributes=expected)
+        if expected_offset is None:
+            return self._track(d, lambda _: end)
+
+        def moved(f):
+            # the log does not end where this front-end thought: another one
+            # appended first.  The check failed, nothing was written; this
+            # front-end's view is retaken from the log once idle
+            f.trap(AppendConflict)
+            if self.log_.end_position == position:
+                return f    # the writer's event number changed, not the length
+            if self._issued.get(key) == event_number:
+                # nothing of this writer's was issued after it: undo
+                if expected[key] is None:
+                    del self._issued[key]
+                else:
+                    self._issued[key] = expected[key]
+            if self.issued_position == position + len(records):
+                # nothing at all was issued after it: undo
+                self.issued_position = position
+                self.issued_offset = end - len(data)
+            return fail(BadOffset(self.log_.end_offset))
+        return self._track(d.addErrback(moved), lambda _: end, spared=(BadOffset,))
+
+    def _take_log_end(self) -> None:
+        """
+        With nothing of ours pending, what we issued is what the log says
+        it holds, which includes other front-ends' appends to a shared
+        store (and nothing else: a local store has only ours).
+        """
+        if not self._pending:
+            self.issued_offset = self.log_.end_offset
+            self.issued_position = self.log_.end_position
 
     def append_merged(self, data: bytes, marker: str) -> Deferred[int]:
         """
@@ -327,7 +371,12 @@ class Segment:
                                             expected_attributes={marker: None}),
                            lambda _: end)
 
-    def _track(self, d, on_success):
+    def _track(self, d, on_success, spared=()):
+        """
+        Count C{d} as pending until it fires.  A failure fails the segment
+        (its issued view no longer matches the log: it is reopened), except
+        for the errors in C{spared}, which only fail this append.
+        """
         self._pending += 1
 
         def done(result):
@@ -339,6 +388,8 @@ class Segment:
         def failed(f):
             if f.check(LogClosed) and self.deleted:
                 return fail(SegmentNotFound(self.name))
+            if f.check(*spared):
+                return f
             if self.failed is None:
                 # our issued_offset no longer matches the log: reopen it
                 self.failed = f.value

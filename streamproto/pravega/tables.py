@@ -31,15 +31,24 @@ Operations on one table run one at a time (a L{DeferredLock}): the in-memory
 state changes only once the record is durable, so a reply never reports
 something a crash could take back, and conditional checks see every
 acknowledged update.
+
+Several front-ends of one shared store (C{--store nats://...}) may serve
+one table.  Each applies the log's records in order, its own and the
+others' alike (L{Table.catch_up}, before every operation: the store tells a
+log of other front-ends' appends), and each update or removal is appended
+only if it lands right after the last record applied (C{expected_position},
+judged by the store where the record lands).  If another front-end's
+record got there first, the table catches up and checks the keys' versions
+again: two front-ends never both succeed on the same version.
 """
 
 import bisect
 import struct
 
-from twisted.internet.defer import DeferredLock, fail, inlineCallbacks, returnValue
+from twisted.internet.defer import DeferredLock, fail, inlineCallbacks, returnValue, succeed
 from twisted.logger import Logger
 
-from streamproto.log.errors import LogExists, LogNotFound
+from streamproto.log.errors import AppendConflict, LogExists, LogNotFound
 from streamproto.pravega.codec import TableKey
 from streamproto.pravega.segments import (
     SEGMENT_LOG_CONFIG, SegmentExists, SegmentNotFound, log_name,
@@ -53,6 +62,9 @@ REMOVE = b"R"
 MAX_UPDATE_BYTES = 8 * 1024 * 1024
 #: Bytes of entries a delta read returns (at least one entry).
 MAX_READ_BYTES = 4 * 1024 * 1024
+#: Times an update is checked and tried again after another front-end's
+#: record took its place, before it fails with L{TableBusy}.
+MAX_CONFLICT_RETRIES = 16
 
 
 class TableError(Exception):
@@ -83,8 +95,16 @@ class BadContinuationToken(TableError, ValueError):
 TOKEN_V1 = b"\x01"
 
 
+class TableBusy(TableError):
+    """Other front-ends' updates kept taking this one's place in the log."""
+
+
 class Table:
-    """One open table segment: C{entries} maps key -> (version, value)."""
+    """
+    One open table segment: C{entries} maps key -> (version, value), as of
+    the log's records up to C{applied_position} (at payload offset
+    C{applied_offset}).
+    """
 
     def __init__(self, name, log):
         self.name = name
@@ -93,6 +113,32 @@ class Table:
         self.lock = DeferredLock()
         self.deleted = False
         self._sorted_keys = None    # sorted(entries), rebuilt after keys come or go
+        # tables are never truncated: record offsets are running sums
+        self.applied_position = log.start_position
+        self.applied_offset = log.start_offset
+
+    def catch_up(self):
+        """
+        Apply the records the log holds beyond those applied (at open: all
+        of them; later: other front-ends' updates).
+
+        @return: Deferred firing with the table once it is current.
+        """
+        if self.applied_position >= self.log_.end_position and not self.lock.locked:
+            return succeed(self)
+        return self._locked(self._catch_up).addCallback(lambda _: self)
+
+    @inlineCallbacks
+    def _catch_up(self):
+        log = self.log_
+        while self.applied_position < log.end_position:
+            batch = yield log.read(self.applied_position, 4096, 4 * 1024 * 1024)
+            if not len(batch):
+                break
+            for record in batch.records():
+                self.apply(self.applied_offset, record)
+                self.applied_offset += len(record)
+            self.applied_position = batch.next_position
 
     def apply(self, offset, record):
         """Replay one record stored at payload C{offset}; @return: versions."""
@@ -138,15 +184,29 @@ class Table:
         elif current[0] != expected:
             raise KeyBadVersion(self.name)
 
-    def _write(self, record):
-        if self.deleted:
-            return fail(SegmentNotFound(self.name))
-        offset = self.log_.end_offset
+    @inlineCallbacks
+    def _write(self, check, record):
+        """
+        Append C{record} right after the last record applied, once C{check}
+        (which raises a L{TableError}) passes; when another front-end's
+        record took that place, catch up and check again.
 
-        def durable(_):
-            return self.apply(offset, record)
-
-        return self.log_.append([record]).addCallback(durable)
+        @return: Deferred firing with the versions the record gave.
+        """
+        for _ in range(MAX_CONFLICT_RETRIES):
+            if self.deleted:
+                raise SegmentNotFound(self.name)
+            yield self._catch_up()
+            check()
+            try:
+                yield self.log_.append([record], expected_position=self.applied_position)
+            except AppendConflict:
+                continue
+            versions = self.apply(self.applied_offset, record)
+            self.applied_offset += len(record)
+            self.applied_position += 1
+            return versions
+        raise TableBusy(f"table {self.name}: other front-ends kept updating it")
 
     def _locked(self, fn, *args):
         return self.lock.run(fn, *args)
@@ -161,34 +221,32 @@ class Table:
         return self._locked(self._update, entries)
 
     def _update(self, entries):
-        try:
-            for key, _ in entries:
-                self._check(key)
-        except TableError as e:
-            return fail(e)
         parts = [UPDATE]
         for key, value in entries:
             parts += (_II.pack(len(key.data), len(value)), key.data, value)
         record = b"".join(parts)
         if len(record) > MAX_UPDATE_BYTES:
             return fail(UpdateTooLarge(self.name))
-        return self._write(record)
+
+        def check():
+            for key, _ in entries:
+                self._check(key)
+        return self._write(check, record)
 
     def remove(self, keys):
         """Remove C{keys} (L{TableKey}s, conditional on their versions) all or none."""
         return self._locked(self._remove, keys)
 
     def _remove(self, keys):
-        try:
-            for key in keys:
-                if key.version != TableKey.NOT_EXISTS:
-                    self._check(key)
-        except TableError as e:
-            return fail(e)
         parts = [REMOVE]
         for key in keys:
             parts += (_I.pack(len(key.data)), key.data)
-        return self._write(b"".join(parts)).addCallback(lambda _: None)
+
+        def check():
+            for key in keys:
+                if key.version != TableKey.NOT_EXISTS:
+                    self._check(key)
+        return self._write(check, b"".join(parts)).addCallback(lambda _: None)
 
     def read(self, keys):
         """@return: [(TableKey with the current version, value)]; missing keys get -1 and b""."""
@@ -278,10 +336,19 @@ class TableStore:
 
     @inlineCallbacks
     def get(self, name):
-        """@return: Deferred firing with the replayed L{Table}; fails with L{SegmentNotFound}."""
+        """
+        @return: Deferred firing with the L{Table}, current with its log
+            (other front-ends' updates applied); fails with
+            L{SegmentNotFound}.
+        """
         table = self._open.get(name)
-        if table is not None:
-            returnValue(table)
+        if table is None:
+            table = yield self._load(name)
+        table = yield table.catch_up()
+        returnValue(table)
+
+    @inlineCallbacks
+    def _load(self, name):
         lock = self._opening.get(name)
         if lock is None:
             lock = self._opening[name] = DeferredLock()
@@ -296,16 +363,7 @@ class TableStore:
                 if not log.attributes.get("table"):
                     raise SegmentNotFound(name)
                 table = Table(name, log)
-                # tables are never truncated: record offsets are running sums
-                position, offset = log.start_position, log.start_offset
-                while True:
-                    batch = yield log.read(position, 4096, 4 * 1024 * 1024)
-                    if not len(batch):
-                        break
-                    for record in batch.records():
-                        table.apply(offset, record)
-                        offset += len(record)
-                    position = batch.next_position
+                yield table.catch_up()
                 self._open[name] = table
             returnValue(table)
         finally:
