@@ -62,6 +62,8 @@ def build_parser():
     # the previous release's name of -t/--timeout
     send.add_argument("--give-up", dest="timeout", type=common.seconds,
                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    # for the usage errors parse_args finds itself
+    parser.send_parser = send
     return parser
 
 
@@ -71,7 +73,7 @@ def parse_args(argv, stderr=None):
     args = CONVENTION.parse(parser, argv, stderr)
     if args.command == "send":
         if args.worker is not None and not args.loadbalance:
-            parser.error("--worker needs --loadbalance")
+            parser.send_parser.error("--worker needs --loadbalance")
         if args.worker is None:
             args.worker = 1
     return args
