@@ -99,6 +99,15 @@ class GiveUpTests(unittest.TestCase):
                                         "giving up (last: cannot connect: "), text)
 
     @defer.inlineCallbacks
+    def test_refused_ports_loadbalance(self):
+        ports = [_closed_port(), _closed_port()]
+        servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        text = yield self.give_up(["-s", servers, "--loadbalance"])
+        self.assertTrue(text.startswith(f"nothing acknowledged by {servers} in 1.5 s; giving up "
+                                        "(last: 127.0.0.1:"), text)
+        self.assertIn(": cannot connect: ", text)
+
+    @defer.inlineCallbacks
     def test_permanent_tls_failure(self):
         factory = LumberjackServerFactory(LogStoreSink(MemoryLogStore(reactor), "beats"))
         port = yield serverFromString(reactor, certs().server_endpoint()).listen(factory)

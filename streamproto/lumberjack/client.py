@@ -62,9 +62,10 @@ class _Client:
         window = min(initial_window, bulk_max_size) if slow_start else bulk_max_size
         self._queue = EventQueue()
         self.senders = [
-            HostSender(self, endpoint, self._queue, name, clock,
+            HostSender(endpoint, self._queue, name, clock,
                        backoff_policy(backoff_initial, backoff_max, 2.0, jitter, rng),
-                       bulk_max_size, compression_level, self.pipelining, timeout, window)
+                       bulk_max_size, compression_level, self.pipelining, timeout, window,
+                       log=self.log, returned=self._returned)
             for endpoint, name in targets]
         # the sender woken first by the next send(): the one after the last
         # woken first, so that small sends go round the hosts

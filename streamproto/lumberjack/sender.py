@@ -204,22 +204,26 @@ class HostSender:
     sends them, credits their acks, and gives back what was not acked when
     the connection ends.
 
-    @param client: the owner: its C{log} (a bound Logger: warnings name the
-        client as their source) and C{_returned(sender)}, called when this
-        sender gave events back to the queue (so that others take them).
     @param endpoint: where to connect (an IStreamClientEndpoint).
     @param queue: the client's L{EventQueue}.
     @param name: the host, for the log (None: the client's only one).
     @param policy: the reconnection backoff (L{streamproto.core.reconnect.backoff_policy}).
     @param window: the first batch size (slow start), or C{bulk_max_size}.
+    @param log: the client's Logger (bound to it: its warnings name the
+        client as their source, which the command line watches).
+    @param returned: called with this sender after it gave events back to
+        the queue (its connection failed), so that other senders take them.
+
+    The other parameters are the client's (L{streamproto.lumberjack.client}).
 
     @ivar events_acked: events this sender had acked.
     @ivar connections_made: connections this sender made.
     """
 
-    def __init__(self, client, endpoint, queue, name, clock, policy, bulk_max_size,
-                 compression_level, pipelining, timeout, window):
-        self.client = client
+    def __init__(self, endpoint, queue, name, clock, policy, bulk_max_size,
+                 compression_level, pipelining, timeout, window, log, returned):
+        self.log = log
+        self._returned = returned
         self.endpoint = endpoint
         self.queue = queue
         self.name = name
@@ -277,11 +281,11 @@ class HostSender:
         self._protocol = protocol
         self.connections_made += 1
         if self.name:
-            self.client.log.info("lumberjack client: connected to {host}", host=self.name)
+            self.log.info("lumberjack client: connected to {host}", host=self.name)
         self._pump()
 
     def _cannot_connect(self, reason, delay):
-        self.client.log.warn("lumberjack client: {host}cannot connect: {error}",
+        self.log.warn("lumberjack client: {host}cannot connect: {error}",
                              host=self._host, error=reason.value)
 
     def _disconnected(self, protocol, reason):
@@ -302,11 +306,11 @@ class HostSender:
         if not self._stopping:
             # a TLS refusal (wrong CA, no client certificate) shows up here, as a
             # connection lost right after it was made: say why before retrying
-            self.client.log.warn("lumberjack client: {host}connection lost ({reason}); "
+            self.log.warn("lumberjack client: {host}connection lost ({reason}); "
                                  "reconnecting", host=self._host, reason=describe(reason))
         self._reconnector.lost(reason)
         if returned:
-            self.client._returned(self)
+            self._returned(self)
 
     # -- sending ----------------------------------------------------------------
     def _pump(self):
@@ -355,14 +359,14 @@ class HostSender:
         self.window = max(1.0, self.window / 2)
 
     def _protocol_error(self, protocol, message):
-        self.client.log.warn("lumberjack client: {host}{message}; reconnecting",
+        self.log.warn("lumberjack client: {host}{message}; reconnecting",
                              host=self._host, message=message)
         protocol.transport.abortConnection()
 
     def _timed_out(self):
         self._timeout_call = None
         if self._protocol is not None:
-            self.client.log.warn("lumberjack client: {host}no ack within {timeout} s; "
+            self.log.warn("lumberjack client: {host}no ack within {timeout} s; "
                                  "reconnecting", host=self._host, timeout=self.timeout)
             self._protocol.transport.abortConnection()
 
