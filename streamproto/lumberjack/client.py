@@ -125,7 +125,7 @@ class _Client:
 
     def _finish(self, ignored=None):
         # every sender gave its unacked batches back to the queue on the way out
-        self._queue.fail_all(ClientClosed("client closed before the server acked"))
+        self._queue.fail_all(lambda: ClientClosed("client closed before the server acked"))
         self._closed_event.fire()
 
     # -- called by the senders ------------------------------------------------

@@ -162,8 +162,12 @@ class EventQueue:
             self._segments.appendleft(segment)
             self.queued += len(segment[0])
 
-    def fail_all(self, reason):
-        """Empty the queue, failing every C{send} call with events in it."""
+    def fail_all(self, error):
+        """
+        Empty the queue, failing every C{send} call with events in it.
+
+        @param error: makes the exception each call fails with (one each).
+        """
         requests = [segment[2] for segment in self._segments]
         self._segments.clear()
         self.queued = 0
@@ -171,7 +175,7 @@ class EventQueue:
         for request in requests:
             if id(request) not in seen and not request.deferred.called:
                 seen.add(id(request))
-                request.deferred.errback(reason)
+                request.deferred.errback(error())
 
 
 class _ClientProtocol(Protocol):
