@@ -203,7 +203,7 @@ class LoadBalanceTests(SynchronousTestCase):
         self.hosts[0].kill()
         ds = self.send(100, start=100)
         self.run_until(self.all_fired(ds), max_jump=0.5)
-        self.assertEqual(set(self.hosts[1].disk.stored) >= set(range(100, 200)), True)
+        self.assertTrue(set(self.hosts[1].disk.stored) >= set(range(100, 200)))
         self.assertFalse([n for n in self.hosts[0].disk.stored if n >= 100])
         self.run_until(lambda: len(self.hosts[0].attempts) >= 4)   # still down: backoff
         self.hosts[0].revive()
