@@ -23,6 +23,15 @@ events/s are printed as a ratio::
 
     python bench/lumberjack_bench.py --go-send /path/to/tst-send --go-server /path/to/tst-lj
     python bench/lumberjack_bench.py --events 2000000 --connections 2
+
+With C{--loadbalance}, two server processes (each its own file store) and
+one client over both, in the two modes of Filebeat's C{loadbalance}
+option, alternately: failover (L{LumberjackClient} on a
+L{FailoverEndpoint}: one server at a time) and load balancing
+(L{LoadBalancingLumberjackClient}: both at once); prints each one's
+events/s (best of C{--rounds}) and the ratio::
+
+    python bench/lumberjack_bench.py --loadbalance --rounds 3
 """
 
 import argparse
@@ -151,29 +160,39 @@ def run_senders(kind, port, events, args):
     from twisted.internet import defer, task
     from twisted.internet.endpoints import TCP4ClientEndpoint
 
-    from streamproto.lumberjack.client import LumberjackClient
+    from streamproto.core.failover import FailoverEndpoint
+    from streamproto.lumberjack.client import LoadBalancingLumberjackClient, LumberjackClient
     from streamproto.lumberjack.codec import encode_batch
 
     result = {}
+    ports = [int(p) for p in str(port).split(",")]
 
     @defer.inlineCallbacks
     def main(reactor):
         per_conn = len(events) // args.connections
         slices = [events[i * per_conn:(i + 1) * per_conn] for i in range(args.connections)]
-        if kind == "client" and args.dicts:
+        if kind != "blaster" and args.dicts:
             slices = [[json.loads(e) for e in s] for s in slices]
         if kind == "blaster":
             encoded = [[(encode_batch(s[i:i + args.batch], args.level), len(s[i:i + args.batch]))
                         for i in range(0, len(s), args.batch)] for s in slices]
         t0, c0 = time.perf_counter(), own_cpu()
         if kind == "blaster":
-            yield defer.gatherResults([blaster(reactor, port, b, args.pipelining)
+            yield defer.gatherResults([blaster(reactor, ports[0], b, args.pipelining)
                                        for b in encoded])
         else:
-            clients = [LumberjackClient(TCP4ClientEndpoint(reactor, "127.0.0.1", port),
-                                        bulk_max_size=args.batch, compression_level=args.level,
-                                        pipelining=args.pipelining)
-                       for _ in slices]
+            options = dict(bulk_max_size=args.batch, compression_level=args.level,
+                           pipelining=args.pipelining)
+            endpoints = [TCP4ClientEndpoint(reactor, "127.0.0.1", p) for p in ports]
+            names = [f"127.0.0.1:{p}" for p in ports]
+            if kind == "loadbalance":
+                clients = [LoadBalancingLumberjackClient(endpoints, names=names, **options)
+                           for _ in slices]
+            elif kind == "failover":
+                clients = [LumberjackClient(FailoverEndpoint(endpoints, names), **options)
+                           for _ in slices]
+            else:
+                clients = [LumberjackClient(endpoints[0], **options) for _ in slices]
             # feed each client as a producer would: a batch at a time, a few
             # batches ahead of the acks (events are encoded in send())
             @defer.inlineCallbacks
@@ -181,7 +200,8 @@ def run_senders(kind, port, events, args):
                 ahead = []
                 for i in range(0, len(s), args.batch):
                     ahead.append(client.send(s[i:i + args.batch]))
-                    if len(ahead) > args.pipelining + 1:
+                    # enough ahead to fill every connection's pipeline
+                    if len(ahead) > args.pipelining * len(client.senders) + 1:
                         yield ahead.pop(0)
                 yield defer.gatherResults(ahead)
             yield defer.gatherResults([feed(c, s) for c, s in zip(clients, slices)])
@@ -208,6 +228,68 @@ def child_run(kind, port, args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def start_server(env=None):
+    """A server process on a fresh file store: (process, port, data directory)."""
+    data_dir = tempfile.mkdtemp(prefix="lumberjack-bench-")
+    server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", data_dir],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    port = int(server.stdout.readline().split()[1])
+    return server, port, data_dir
+
+
+def stop_server(server, data_dir):
+    """Stop a server process: the events it persisted."""
+    persisted = None
+    if server.poll() is None:
+        server.terminate()
+        persisted = int(server.stdout.read().split()[-1])
+    server.wait()
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return persisted
+
+
+def compare_loadbalance(args):
+    """Failover against load balancing over the same two server processes."""
+    env = dict(os.environ)
+    if args.stdlib_json:
+        env["LUMBERJACK_BENCH_STDLIB_JSON"] = "1"
+    servers = [start_server(env) for _ in range(2)]
+    try:
+        ports = ",".join(str(port) for _, port, _ in servers)
+        print(f"events: {args.events}, batch {args.batch}, zlib level {args.level}, "
+              f"pipelining {args.pipelining} per connection; two server processes, each its "
+              "own file log store (acked after fsync); best of "
+              f"{args.rounds} alternated round(s)")
+        results = {}
+        sent = 0
+        for _ in range(args.rounds):
+            for kind in ("failover", "loadbalance"):
+                s0 = [cpu_seconds(server.pid) for server, _, _ in servers]
+                r = child_run(kind, ports, args)
+                r["server_cpu"] = [cpu_seconds(server.pid) - c
+                                   for (server, _, _), c in zip(servers, s0)]
+                sent += r["events"]
+                best = results.get(kind)
+                if best is None or r["wall"] < best["wall"]:
+                    results[kind] = r
+        for kind, label in (("failover", "failover (one server at a time)"),
+                            ("loadbalance", "loadbalance (both servers)")):
+            r = results[kind]
+            n = r["events"]
+            cpu = " + ".join(f"{c:.2f}" for c in r["server_cpu"])
+            print(f"{label:34s} {n / r['wall']:>10,.0f} events/s wall   client CPU "
+                  f"{r['cpu']:.2f} s, servers' CPU {cpu} s")
+        ratio = results["loadbalance"]["wall"] and (
+            results["failover"]["wall"] / results["loadbalance"]["wall"])
+        print(f"ratio loadbalance / failover (events/s): {ratio:.2f}")
+    finally:
+        persisted = [stop_server(server, data_dir) for server, _, data_dir in servers]
+    print(f"servers persisted {persisted} events, {sum(p or 0 for p in persisted)} in all; "
+          f"{sent} sent and acked")
+    if sum(p or 0 for p in persisted) != sent:
+        raise SystemExit("event count mismatch")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200000)
@@ -228,8 +310,10 @@ def main():
     parser.add_argument("--go-pipeline", type=int, default=0,
                         help="tst-send's -pipeline (0: its synchronous client)")
     parser.add_argument("--serve", metavar="DATA_DIR")
-    parser.add_argument("--sender", choices=["blaster", "client"])
-    parser.add_argument("--port", type=int)
+    parser.add_argument("--loadbalance", action="store_true",
+                        help="two servers: failover against load-balancing client")
+    parser.add_argument("--sender", choices=["blaster", "client", "failover", "loadbalance"])
+    parser.add_argument("--port", help="the server's port (PORT,PORT for two)")
     args = parser.parse_args()
 
     if args.go_send or args.go_server:
@@ -257,6 +341,9 @@ def main():
         return
     if args.serve:
         serve(args.serve)
+        return
+    if args.loadbalance and not args.sender:
+        compare_loadbalance(args)
         return
     if args.sender:
         events = make_events(args.events)

@@ -13,9 +13,11 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.trial import unittest
+from zope.interface import implementer
 
 from streamproto.core.failover import AllAddressesFailed, FailoverEndpoint
 from streamproto.log import MemoryLogStore
+from streamproto.lumberjack.sink import IEventSink
 from test.netutil import free_port
 from test.test_reliable_e2e import TrackingFactory
 
@@ -62,6 +64,19 @@ class FailoverEndpointTests(unittest.SynchronousTestCase):
         self.assertNotIsInstance(cli.CONVENTION.endpoint(reactor, args), FailoverEndpoint)
 
 
+@implementer(IEventSink)
+class SlowSink:
+    """A sink whose writes take C{delay} seconds more (a slow front-end)."""
+
+    def __init__(self, inner, delay):
+        self.inner = inner
+        self.delay = delay
+        self.log_name = inner.log_name
+
+    def write(self, connection, events):
+        return deferLater(reactor, self.delay, self.inner.write, connection, events)
+
+
 class FrontEnds:
     """Two servers of one protocol on one store; C{kill(i)} ends front-end i."""
 
@@ -91,8 +106,13 @@ class FrontEnds:
             yield self.trackers[i].close_all()
 
     def endpoint(self):
-        return FailoverEndpoint([TCP4ClientEndpoint(reactor, "127.0.0.1", p, timeout=5)
-                                 for p in self.ports], [f"127.0.0.1:{p}" for p in self.ports])
+        return FailoverEndpoint(self.endpoints(), self.names())
+
+    def endpoints(self):
+        return [TCP4ClientEndpoint(reactor, "127.0.0.1", p, timeout=5) for p in self.ports]
+
+    def names(self):
+        return [f"127.0.0.1:{p}" for p in self.ports]
 
 
 class ClientFailoverTests(unittest.TestCase):
@@ -102,7 +122,7 @@ class ClientFailoverTests(unittest.TestCase):
         self.store = MemoryLogStore(reactor)
 
     @defer.inlineCallbacks
-    def ingest_across_a_kill(self, fronts, send_one, what, n=400):
+    def ingest_across_a_kill(self, fronts, send_one, what, n=400, before_kill=None):
         acked = []
         results = []
         killed_at = None
@@ -114,6 +134,8 @@ class ClientFailoverTests(unittest.TestCase):
             results.append(d)
             if i == n // 3:
                 yield d
+                if before_kill is not None:
+                    before_kill()
                 killed_at = time.monotonic()
                 yield fronts.kill(0)
         yield defer.DeferredList([r for r in results if isinstance(r, defer.Deferred)])
@@ -148,6 +170,90 @@ class ClientFailoverTests(unittest.TestCase):
         stored = [json.loads(r)["event"]["n"] for r in batch.records()]
         self.assertEqual(set(stored), set(range(400)))
         print(f"lumberjack: {len(stored) - 400} events stored twice")
+
+    @defer.inlineCallbacks
+    def test_lumberjack_loadbalance(self):
+        """
+        The load-balancing client (Filebeat's C{loadbalance: true}) sends to
+        both front-ends; one (slow: 50 ms a batch) dies with batches in
+        flight, which go to the other: every event stored, at least once
+        (a batch the dead one stored but could not acknowledge is stored
+        twice).
+        """
+        from streamproto.lumberjack.client import LoadBalancingLumberjackClient
+        from streamproto.lumberjack.server import LumberjackServerFactory
+        from streamproto.lumberjack.sink import LogStoreSink
+        yield self.store.create("lumberjack")
+        servers = []
+
+        def make_factory():
+            sink = LogStoreSink(self.store)
+            if not servers:
+                sink = SlowSink(sink, 0.05)
+            servers.append(LumberjackServerFactory(sink))
+            return servers[-1]
+        fronts = FrontEnds(self, make_factory)
+        yield fronts.start()
+        client = LoadBalancingLumberjackClient(fronts.endpoints(), clock=reactor,
+                                               names=fronts.names())
+        self.addCleanup(client.close)
+        n = 1000
+        acked, sent = set(), []
+        killed = None
+        while len(sent) < n or killed is None:
+            self.assertLess(len(sent), 20 * n, "the slow front-end never held a batch")
+            for _ in range(10):
+                i = len(sent)
+                sent.append(client.send([{"n": i}]).addCallback(
+                    lambda _, i=i: acked.add(i)))
+            yield sleep(0.002)
+            if (killed is None and len(sent) >= n // 3 and client.senders[0].unacked
+                    and all(s.events_persisted for s in servers)):
+                # both front-ends stored events, and the slow one holds some
+                killed = (client.acked_by_host(), client.senders[0].unacked,
+                          [s.events_persisted for s in servers])
+                yield fronts.kill(0)
+        yield defer.gatherResults(sent)
+        self.assertEqual(acked, set(range(len(sent))))
+        log_ = yield self.store.get("lumberjack")
+        batch = yield log_.read(0, max_bytes=1 << 30)
+        stored = [json.loads(r)["event"]["n"] for r in batch.records()]
+        self.assertEqual(set(stored), set(range(len(sent))))
+        before, in_flight, persisted = killed
+        after = client.acked_by_host()
+        print(f"\nlumberjack loadbalance: {len(sent)} events; at the kill each front-end had "
+              f"stored {persisted}, {in_flight} in flight on the killed one; acked by host "
+              f"before {before}, at the end {after}; {len(stored) - len(sent)} stored twice")
+        # the survivor carried the rest, the batches in flight on the dead one included
+        survivor = fronts.names()[1]
+        self.assertGreater(after[survivor], before[survivor])
+        self.assertEqual(sum(after.values()), len(sent))
+
+    @defer.inlineCallbacks
+    def test_lumberjack_command_loadbalance(self):
+        """C{streamproto lumberjack send -s a,b --loadbalance}: both servers take events."""
+        import io
+
+        from streamproto.lumberjack import cli
+        from streamproto.lumberjack.server import LumberjackServerFactory
+        from streamproto.lumberjack.sink import LogStoreSink
+        servers = []
+
+        def make_factory():
+            servers.append(LumberjackServerFactory(LogStoreSink(self.store)))
+            return servers[-1]
+        fronts = FrontEnds(self, make_factory)
+        yield fronts.start()
+        args = cli.parse_args(["send", "-s", ",".join(fronts.names()), "--loadbalance",
+                               "--batch", "50", "-q", "-"])
+        lines = b"".join(b'{"n": %d}\n' % i for i in range(3000))
+        out = io.StringIO()
+        sent, skipped = yield cli.send(reactor, args, io.BytesIO(lines), out, io.StringIO())
+        self.assertEqual((sent, skipped), (3000, 0))
+        self.assertEqual(out.getvalue(), "sent 3000 events\n")
+        self.assertEqual(sum(s.events_persisted for s in servers), 3000)
+        self.assertTrue(all(s.events_persisted for s in servers),
+                        [s.events_persisted for s in servers])
 
     @defer.inlineCallbacks
     def test_pravega_exactly_once(self):

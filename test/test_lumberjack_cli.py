@@ -99,6 +99,15 @@ class GiveUpTests(unittest.TestCase):
                                         "giving up (last: cannot connect: "), text)
 
     @defer.inlineCallbacks
+    def test_refused_ports_loadbalance(self):
+        ports = [_closed_port(), _closed_port()]
+        servers = ",".join(f"127.0.0.1:{p}" for p in ports)
+        text = yield self.give_up(["-s", servers, "--loadbalance"])
+        self.assertTrue(text.startswith(f"nothing acknowledged by {servers} in 1.5 s; giving up "
+                                        "(last: 127.0.0.1:"), text)
+        self.assertIn(": cannot connect: ", text)
+
+    @defer.inlineCallbacks
     def test_permanent_tls_failure(self):
         factory = LumberjackServerFactory(LogStoreSink(MemoryLogStore(reactor), "beats"))
         port = yield serverFromString(reactor, certs().server_endpoint()).listen(factory)
@@ -151,3 +160,44 @@ class HelpTextTests(unittest.SynchronousTestCase):
         from streamproto.styx import tap as styx_tap
         for options in (styx_tap.Options(), reliable_tap.Options()):
             self._check_twisted_options(str(options))
+
+
+class LoadBalanceOptionTests(unittest.SynchronousTestCase):
+    """--loadbalance and --worker: Filebeat's loadbalance and worker."""
+
+    def test_default_is_one_connection_at_a_time(self):
+        args = cli.parse_args(["send", "-s", "h1:1,h2:2", "-"])
+        self.assertFalse(args.loadbalance)
+        client = cli.make_client(reactor, args)
+        self.assertIsInstance(client, LumberjackClient)
+        self.assertEqual(len(client.senders), 1)
+
+    def test_loadbalance(self):
+        from streamproto.lumberjack.client import LoadBalancingLumberjackClient
+        args = cli.parse_args(["send", "-s", "h1:1,h2:2", "--loadbalance", "--worker", "2",
+                               "--pipelining", "3", "-"])
+        client = cli.make_client(reactor, args)
+        self.assertIsInstance(client, LoadBalancingLumberjackClient)
+        self.assertEqual(client.names, ["h1:1", "h2:2"])
+        self.assertEqual([s.name for s in client.senders], ["h1:1", "h2:2"] * 2)
+        self.assertEqual({s.pipelining for s in client.senders}, {3})
+        self.assertEqual(cli.parse_args(["send", "--loadbalance", "-"]).worker, 1)
+
+    def test_bad_options_are_usage_errors(self):
+        for bad in (["--worker", "2"], ["--loadbalance=yes"], ["--loadbalance", "--worker", "0"],
+                    ["--loadbalance", "--worker", "many"]):
+            err = io.StringIO()
+            self.patch(sys, "stderr", err)
+            with self.assertRaises(SystemExit) as raised:
+                cli.parse_args(["send", "-s", "h1,h2"] + bad + ["-"])
+            self.assertEqual(raised.exception.code, 2, bad)
+            self.assertIn("streamproto lumberjack send: error:", err.getvalue())
+            if bad == ["--worker", "2"]:
+                self.assertIn("--worker needs --loadbalance", err.getvalue())
+
+    def test_help(self):
+        self.patch(sys, "stdout", io.StringIO())
+        with self.assertRaises(SystemExit):
+            cli.parse_args(["send", "--help"])
+        self.assertIn("--loadbalance", sys.stdout.getvalue())
+

@@ -376,7 +376,21 @@ class Convention:
     def endpoint(self, reactor: IReactorTCP, args: argparse.Namespace) -> IStreamClientEndpoint:
         """
         The client endpoint of C{args.server} (TLS when asked), its connect
-        timeout C{-t/--timeout} when given (else TCP's 30 s).
+        timeout C{-t/--timeout} when given (else TCP's 30 s); with several
+        servers, a L{streamproto.core.failover.FailoverEndpoint} over them.
+        """
+        endpoints, names = self.endpoints(reactor, args)
+        if len(endpoints) == 1:
+            return endpoints[0]
+        from streamproto.core.failover import FailoverEndpoint
+        return FailoverEndpoint(endpoints, names)
+
+    def endpoints(self, reactor: IReactorTCP,
+                  args: argparse.Namespace) -> tuple[list[IStreamClientEndpoint], list[str]]:
+        """
+        One client endpoint per server given (see L{endpoint}), and their
+        addresses: for a client that connects to all of them at once
+        (C{lumberjack send --loadbalance}).
         """
         from streamproto.core.tls import client_endpoint
         timeout = getattr(args, "timeout", None) or 30
@@ -392,10 +406,7 @@ class Convention:
                     self.tls_options(args, server)
             endpoints.append(client_endpoint(reactor, server.host, server.port, tls,
                                              timeout=timeout))
-        if len(endpoints) == 1:
-            return endpoints[0]
-        from streamproto.core.failover import FailoverEndpoint
-        return FailoverEndpoint(endpoints, [s.address for s in servers])
+        return endpoints, [s.address for s in servers]
 
     # -- running -----------------------------------------------------------
     def run(self, main: Callable[[Any], object], stderr: TextIO | None = None) -> int | str:

@@ -3,11 +3,15 @@ C{streamproto lumberjack send}: send JSON lines (one event a line) from a
 file or stdin to a Lumberjack server, with a progress line on a terminal.
 
     streamproto lumberjack send --server logs.example:5044 events.jsonl
+    streamproto lumberjack send -s logs-1,logs-2 --loadbalance events.jsonl
     tail -F app.log.json | streamproto lumberjack send -s logs.example --ca ca.pem \\
         --cert client.pem --key client.key -
 
 The common options (C{-s/--server}, TLS, C{-f}, C{-v}/C{-q}, C{-t}) are
 those of every streamproto command: L{streamproto.core.cli}, doc/cli.rst.
+Several servers are tried one at a time (failover), or with
+C{--loadbalance} all used at once, as Filebeat's C{loadbalance} option:
+L{streamproto.lumberjack.client}.
 """
 
 import argparse
@@ -18,7 +22,7 @@ from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 from streamproto.core import cli as common
 from streamproto.core.progress import Progress
-from streamproto.lumberjack.client import LumberjackClient
+from streamproto.lumberjack.client import LoadBalancingLumberjackClient, LumberjackClient
 from streamproto.lumberjack.codec import ProtocolError, validate_json
 
 PROG = "streamproto lumberjack"
@@ -47,15 +51,44 @@ def build_parser():
     send.add_argument("--ack-timeout", type=common.seconds, default=30.0,
                       help="seconds to wait for a batch's acknowledgement before sending it "
                            "again on a new connection; default 30")
+    send.add_argument("--loadbalance", action="store_true", default=False,
+                      help="with several servers (-s h1,h2): a connection to each, batches "
+                           "spread over them, a failed batch sent again on another "
+                           "(Filebeat's loadbalance: true); default: one at a time, the "
+                           "next when it fails")
+    send.add_argument("--worker", type=common.positive_int, default=None, metavar="N",
+                      help="with --loadbalance: connections per server (Filebeat's "
+                           "worker); default 1")
     # the previous release's name of -t/--timeout
     send.add_argument("--give-up", dest="timeout", type=common.seconds,
                       default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    # for the usage errors parse_args finds itself
+    parser.send_parser = send
     return parser
 
 
 def parse_args(argv, stderr=None):
     """The parsed and resolved arguments; SystemExit(2) on a usage error."""
-    return CONVENTION.parse(build_parser(), argv, stderr)
+    parser = build_parser()
+    args = CONVENTION.parse(parser, argv, stderr)
+    if args.command == "send":
+        if args.worker is not None and not args.loadbalance:
+            parser.send_parser.error("--worker needs --loadbalance")
+        if args.worker is None:
+            args.worker = 1
+    return args
+
+
+def make_client(reactor, args):
+    """The client C{args} ask for: one connection at a time, or load-balancing."""
+    options = dict(clock=reactor, bulk_max_size=args.batch,
+                   compression_level=args.compression, pipelining=args.pipelining,
+                   timeout=args.ack_timeout)
+    if args.loadbalance:
+        endpoints, names = CONVENTION.endpoints(reactor, args)
+        return LoadBalancingLumberjackClient(endpoints, names=names, workers=args.worker,
+                                             **options)
+    return LumberjackClient(CONVENTION.endpoint(reactor, args), **options)
 
 
 def read_events(stream, chunk, errors):
@@ -117,17 +150,16 @@ def send(reactor, args, stream, out=None, err=None):
     """
     out = out or sys.stdout
     err = _Errors(err or sys.stderr)
-    client = LumberjackClient(CONVENTION.endpoint(reactor, args), clock=reactor,
-                              bulk_max_size=args.batch, compression_level=args.compression,
-                              pipelining=args.pipelining, timeout=args.ack_timeout)
+    client = make_client(reactor, args)
     progress = Progress("lumberjack send", stream=err.stream)
     if args.verbosity <= 0:
         progress.enabled = False
     counts = {"acked": 0, "bytes": 0}
     in_flight = []
-    # keep a few batches' worth queued ahead, not the whole file
+    # keep a few batches' worth queued ahead, not the whole file: enough to
+    # fill every connection's pipeline
     chunk = args.batch
-    ahead = max(2, args.pipelining) * 2
+    ahead = max(2, args.pipelining) * 2 * len(client.senders)
 
     def acked(n, nbytes):
         counts["acked"] += n
@@ -167,7 +199,8 @@ def send(reactor, args, stream, out=None, err=None):
             yield d
     except Exception:
         if gave_up:
-            raise GaveUp(f"nothing acknowledged by {args.server.address} in "
+            servers = ",".join(s.address for s in args.servers)
+            raise GaveUp(f"nothing acknowledged by {servers} in "
                          f"{args.timeout:g} s; giving up (last: {gave_up[0]})") from None
         raise
     finally:
