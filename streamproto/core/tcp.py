@@ -1,6 +1,7 @@
 """TCP socket settings shared by the protocols' servers and clients."""
 
 import socket
+from typing import cast
 
 from twisted.internet.interfaces import ISSLTransport, ISystemHandle, ITCPTransport, ITransport
 
@@ -33,7 +34,7 @@ def max_segment_size(transport: ITransport | None) -> int | None:
     if not (ITCPTransport.providedBy(transport) and ISystemHandle.providedBy(transport)):
         return None
     try:
-        handle = ISystemHandle(transport).getHandle()
+        handle = cast(socket.socket, ISystemHandle(transport).getHandle())
         return int(handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
     except (OSError, AttributeError, TypeError, ValueError):
         return None
