@@ -626,6 +626,16 @@ class Link:
             # the policy's refusal, logged where it was decided: no traceback
             self.discard(LinkLost(f"forbidden: {failure.getErrorMessage()}"))
             return
+        from streamproto.log.errors import StoreUnavailable
+        if failure.check(StoreUnavailable):
+            # the store's backend did not answer (no quorum, no leader):
+            # expected in operation, one line; the connector sends again on
+            # a new link once it reconnects
+            self.log.warn("relink link {link_id}: the store is unavailable ({error}); "
+                          "discarding the link (nothing of it acknowledged that is not "
+                          "stored)", link_id=self.link_id, error=failure.getErrorMessage())
+            self.discard(LinkLost(f"store unavailable: {failure.getErrorMessage()}"))
+            return
         self.log.failure("channel handler failed; discarding the link", failure)
         self.discard(LinkLost(f"handler failed: {failure.getErrorMessage()}"))
 
