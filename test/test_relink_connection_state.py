@@ -433,7 +433,8 @@ class ConnectorStateTests(SynchronousTestCase):
         relinked = []
         self.connector.when_relinked().addCallback(relinked.append)
         second, effects2 = self.connect()
-        second.data_received(codec.encode_version() + codec.encode_listener_reply(self.epoch + 1, 6))
+        second.data_received(codec.encode_version()
+                             + codec.encode_listener_reply(self.epoch + 1, 6))
         self.clock.advance(0)
         self.assertIs(second.link, old)
         self.assertIsNone(old.lost)

@@ -215,3 +215,57 @@ class Failover(SynchronousTestCase):
                     first.append(m)
             self.assertEqual(first, [b"%d" % i for i in range(n)], seed)
             self.assertEqual(p.connector.relinks, len(servers) - 1)
+
+
+class _Reconnector:
+    """Records what the connector reports about each connection."""
+
+    def __init__(self):
+        self.reports = []
+
+    def progress(self):
+        self.reports.append("progress")
+
+    def lost(self, failure, failed):
+        self.reports.append("failed" if failed else "worked")
+
+
+class BackOff(SynchronousTestCase):
+    """
+    A connection that linked counts as working (reconnect at once) unless
+    messages waited and none was acknowledged consumed on it: a listener
+    whose store fails discards the link at each append, and resending at
+    once would spin.
+    """
+
+    def pair(self, **kw):
+        p = Pair(**kw)
+        p.connector._reconnector = _Reconnector()
+        return p
+
+    def test_idle_connection_worked(self):
+        p = self.pair().connect()
+        p.cut()
+        self.assertEqual(p.connector._reconnector.reports, ["progress", "worked"])
+
+    def test_acknowledged_messages_worked(self):
+        p = self.pair(server=Recorder(hold=True)).connect()
+        p.link.channel(1).send([b"x"], ack=None)
+        p.link.channel(1).send([b"y"], ack=None)
+        p.run()
+        p.server.release(1)
+        p.run()
+        p.cut()
+        self.assertEqual(p.connector._reconnector.reports, ["progress", "worked"])
+
+    def test_nothing_acknowledged_is_a_failure(self):
+        p = self.pair(server=Recorder(hold=True)).connect()
+        p.link.channel(1).send([b"x"], ack=None)
+        p.run()
+        p.cut()
+        self.assertEqual(p.connector._reconnector.reports, ["failed"])
+        # and on a new listener that fails the same way
+        p.fail_over(Recorder(hold=True))
+        p.connect()
+        p.cut()
+        self.assertEqual(p.connector._reconnector.reports, ["failed", "failed"])

@@ -347,6 +347,8 @@ class Connector:
         self.relinks = 0
         #: the last L{Relinked}, or None
         self.last_relink: Relinked | None = None
+        #: messages sent again on new links, in all
+        self.resent = 0
         self._relink_waiters: Observers[Relinked] = Observers()
         # (link, its peer_consumed_total) when the current connection linked:
         # whether the connection brought progress, for the back-off
@@ -486,6 +488,7 @@ class Connector:
                 resent, channels = link.relink(epoch, link_id)
                 relinked = Relinked(old_epoch, old_id, epoch, link_id, resent, channels)
                 self.relinks += 1
+                self.resent += resent
                 self.last_relink = relinked
                 self.log.info(
                     "relink: link re-established on a new listener (link {old} of epoch "
