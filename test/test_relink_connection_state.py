@@ -93,7 +93,8 @@ class ListenerStateTests(SynchronousTestCase):
         self.clock = Clock()
         self.handler = Recorder()
         self.endpoint = RelinkEndpoint("test", self.handler, connector_id_size=SIZES[0],
-                                       listener_id_size=SIZES[1], clock=self.clock)
+                                       listener_id_size=SIZES[1], clock=self.clock,
+                                       first_link_id=1)
         self.factory = ListenerFactory([self.endpoint], clock=self.clock)
 
     def connect(self, data=None):

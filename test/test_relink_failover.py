@@ -269,3 +269,36 @@ class BackOff(SynchronousTestCase):
         p.connect()
         p.cut()
         self.assertEqual(p.connector._reconnector.reports, ["failed", "failed"])
+
+
+class SameEpoch(SynchronousTestCase):
+    def test_listeners_started_in_the_same_microsecond(self):
+        """
+        Two listener instances with the same epoch hand out link ids from
+        different random starts: a connector moving from one to the other
+        (where other connectors hold links already) gets a new link there,
+        never another connector's.
+        """
+        from streamproto.relink.api import ListenerFactory, RelinkEndpoint
+        from streamproto.relink.codec import ConnectorHandshake
+
+        def listener(handler, others):
+            endpoint = RelinkEndpoint("test", handler, connector_id_size=2,
+                                      listener_id_size=2, clock=p.clock)
+            for _ in range(others):   # other connectors' links (with ids from 1,
+                # the second listener would hold ours as another's)
+                endpoint.accept(ConnectorHandshake("test", 2, 2), object())
+            return endpoint, ListenerFactory([endpoint], clock=p.clock)
+        p = Pair()
+        p.endpoint, p.factory = listener(p.server, 3)
+        p.connect()
+        first = p.link.link_id
+        d = fired(p.link.channel(1).send([b"x"]))
+        p.cut()
+        p.server = Recorder()
+        p.endpoint, p.factory = listener(p.server, 4)
+        p.connect()
+        self.assertNotEqual(p.link.link_id, first)
+        self.assertEqual(p.connector.relinks, 1)
+        self.assertEqual(d, [1])
+        self.assertEqual(p.server.messages, {1: [(b"x",)]})

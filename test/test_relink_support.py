@@ -104,7 +104,7 @@ class Pair:
         self.endpoint = RelinkEndpoint(
             name, self.server, connector_id_size=id_sizes[0], listener_id_size=id_sizes[1],
             connector_transactions=transactions[0], listener_transactions=transactions[1],
-            config=self.config, clock=self.clock)
+            config=self.config, clock=self.clock, first_link_id=1)
         self.factory = ListenerFactory([self.endpoint], config=self.config, clock=self.clock)
         sizes = connector_sizes or id_sizes
         tx = connector_transactions or transactions
@@ -134,7 +134,7 @@ class Pair:
             listener_id_size=old.listener_id_size,
             connector_transactions=old.connector_transactions,
             listener_transactions=old.listener_transactions, config=self.config,
-            clock=self.clock)
+            clock=self.clock, first_link_id=1)
         self.factory = ListenerFactory([self.endpoint], config=self.config, clock=self.clock)
         return self.server
 

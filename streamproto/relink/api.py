@@ -14,6 +14,7 @@ level; C{send_many} is the bulk path (one Deferred for a batch).
 """
 
 import itertools
+import random
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -104,6 +105,10 @@ class ChannelHandler:
         pass
 
 
+#: the random start of each endpoint's link ids (see L{RelinkEndpoint})
+_link_ids = random.SystemRandom()
+
+
 def _epoch_now(clock):
     return max(1, int(clock.seconds() * 1_000_000))
 
@@ -115,6 +120,12 @@ class RelinkEndpoint:
 
     @param connector_id_size: channel id size of the connector's channels.
     @param listener_id_size: channel id size of ours.
+    @param first_link_id: the first link id handed out (then counting up);
+        default a random one below 2^62, so that two listener instances
+        with the same epoch (started within one microsecond: front-ends
+        started in parallel) still do not hand out the same ids, and a
+        connector moving between them never resumes a link that is not
+        its own.
     """
 
     log = Logger()
@@ -122,7 +133,7 @@ class RelinkEndpoint:
     def __init__(self, name: str, handler: IChannelHandler, *, connector_id_size: int = 0,
                  listener_id_size: int = 0, connector_transactions: bool = False,
                  listener_transactions: bool = False, config: LinkConfig | None = None,
-                 clock: IReactorTime | None = None) -> None:
+                 clock: IReactorTime | None = None, first_link_id: int | None = None) -> None:
         clock = default_reactor(clock)
         self.name = name
         self.handler = IChannelHandler(handler)
@@ -134,7 +145,9 @@ class RelinkEndpoint:
         self.clock = clock
         self.epoch = _epoch_now(clock)
         self.links: dict[int, _ListenerLink] = {}
-        self._ids = itertools.count(1)
+        if first_link_id is None:
+            first_link_id = _link_ids.randrange(1, 1 << 62)
+        self._ids = itertools.count(first_link_id)
         self._expiry: dict[int, IDelayedCall] = {}
         # link id -> the IConnectionEffects of the connection carrying it
         self._connections: dict[int, Any] = {}
