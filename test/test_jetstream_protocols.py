@@ -9,8 +9,9 @@ Failover trials through the protocols: a server on a JetStream store
     a batch left unacknowledged, a Pravega append failing), never an
     acknowledgement, never a hang; then a node returns and ingest works.
 
-Styx (HTTP API), Lumberjack and Pravega (segment store); the store-level
-trials are in L{test.test_jetstream_failover}.
+Styx (HTTP API), Lumberjack, Pravega (segment store), reliable streams
+and Relink (the C{log} endpoint); the store-level trials are in
+L{test.test_jetstream_failover}.
 """
 
 import json
@@ -318,3 +319,65 @@ class ProtocolTrials(unittest.TestCase):
               f"{result.reconnects} reconnects")
         check_stream(self, result, count)
 
+
+    # -- Relink: the log endpoint -------------------------------------------
+    @defer.inlineCallbacks
+    def test_relink(self):
+        """
+        A relink connector ingesting through the C{log} endpoint.  An append
+        the store cannot make (no leader within its timeout) discards the
+        listener's link and closes the connection, acknowledging nothing
+        (relink has no error packets); the connector then gets a new link
+        and sends everything unacknowledged again (at least once: an append
+        that timed out but was stored is stored twice, counted here).
+        """
+        from streamproto.core.reconnect import backoff_policy
+        from streamproto.relink.api import Connector, ListenerFactory
+        from streamproto.relink.endpoints import server_endpoints
+        name = "relink-0"     # created by the server's first append
+        factory = ListenerFactory(server_endpoints(self.store))
+        port = yield self.listen(factory)
+        # back-off capped at 10 s (the default caps at 60 s) to keep the
+        # recovery below bounded in test time
+        connector = Connector(TCP4ClientEndpoint(reactor, "127.0.0.1", port), "log",
+                              connector_id_size=4, listener_id_size=4, clock=reactor,
+                              retry_policy=backoff_policy(1.0, 10.0, 1.5)).start()
+        self.addCleanup(connector.stop)
+        yield connector.when_linked()
+
+        def send_one(i):
+            return connector.link.channel(0).send([b"relink %d" % i])
+        acked = yield self.run_trial(name, send_one, "relink log")
+        relinks = connector.relinks
+        stored = yield self.read_all(name)
+        counted = {}
+        for r in stored:
+            counted[r] = counted.get(r, 0) + 1
+        for i in acked:
+            self.assertIn(b"relink %d" % i, counted)
+        print(f"relink log: {relinks} new link(s) across the leader kill, "
+              f"{sum(n - 1 for n in counted.values())} messages stored twice")
+
+        # without a quorum nothing is acknowledged: each failed append
+        # discards the listener's link, the connector resends on a new one
+        # with its back-off, until a node is back
+        self.cluster.kill(1)
+        self.cluster.kill(2)
+        result = []
+        connector.link.channel(0).send([b"no quorum"]).addBoth(result.append)
+        yield sleep(15)
+        refusals = connector.relinks - relinks
+        print(f"\nrelink log: no quorum: {'acknowledged!' if result else 'not acknowledged'} "
+              f"after 15 s; the listener discarded the link {refusals} time(s), the "
+              "connector resent on a new one")
+        self.assertEqual(result, [], "acknowledged without a quorum")
+        self.assertGreaterEqual(refusals, 1, "the listener never answered the failed append")
+        self.cluster.start_node(1)
+        started = time.monotonic()
+        while not result and time.monotonic() - started < 150:
+            yield sleep(0.2)
+        print(f"relink log: acknowledged {time.monotonic() - started:.1f} s after a node "
+              "returned")
+        self.assertTrue(result, "never acknowledged once a node returned")
+        self.assertNotIsInstance(result[0], Failure)
+        self.assertIn(b"no quorum", (yield self.read_all(name)))

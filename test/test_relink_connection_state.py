@@ -9,7 +9,7 @@ from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from streamproto.relink import codec
-from streamproto.relink.api import Connector, ListenerFactory, RelinkEndpoint
+from streamproto.relink.api import Connector, ListenerFactory, RelinkEndpoint, Relinked
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.connection_state import ConnectorState, IConnectionEffects, ListenerState
 from streamproto.relink.protocol import ConnectorProtocol, ListenerProtocol
@@ -93,7 +93,8 @@ class ListenerStateTests(SynchronousTestCase):
         self.clock = Clock()
         self.handler = Recorder()
         self.endpoint = RelinkEndpoint("test", self.handler, connector_id_size=SIZES[0],
-                                       listener_id_size=SIZES[1], clock=self.clock)
+                                       listener_id_size=SIZES[1], clock=self.clock,
+                                       first_link_id=1)
         self.factory = ListenerFactory([self.endpoint], clock=self.clock)
 
     def connect(self, data=None):
@@ -403,7 +404,11 @@ class ConnectorStateTests(SynchronousTestCase):
         self.assertIn(codec.encode_general(codec.RESUME), effects2.take())
 
     def test_new_link(self):
-        """Another link id from the listener: the old link is discarded, a new one starts."""
+        """
+        Another link id from the listener, without failover: the old link
+        is discarded, a new one starts.
+        """
+        self.connector.failover = False
         first, _ = self.connect()
         first.data_received(codec.encode_version() + codec.encode_listener_reply(self.epoch, 5))
         old = first.link
@@ -415,6 +420,34 @@ class ConnectorStateTests(SynchronousTestCase):
         self.assertEqual(second.link.link_id, 6)
         self.assertIsNotNone(old.lost)
         self.assertEqual(self.handler.attached, [False, False])
+
+    def test_new_link_relinks(self):
+        """
+        Another link id from the listener (by default): the same link goes
+        on under the new id, and says so.
+        """
+        first, _ = self.connect()
+        first.data_received(codec.encode_version() + codec.encode_listener_reply(self.epoch, 5))
+        old = first.link
+        old.channel(1).send([b"x"], ack=None)
+        first.connection_lost()
+        relinked = []
+        self.connector.when_relinked().addCallback(relinked.append)
+        second, effects2 = self.connect()
+        second.data_received(codec.encode_version()
+                             + codec.encode_listener_reply(self.epoch + 1, 6))
+        self.clock.advance(0)
+        self.assertIs(second.link, old)
+        self.assertIsNone(old.lost)
+        self.assertEqual((old.epoch, old.link_id), (self.epoch + 1, 6))
+        self.assertEqual(self.handler.attached, [False, False])
+        self.assertEqual(relinked, [Relinked(self.epoch, 5, self.epoch + 1, 6, 1, 1)])
+        self.assertEqual(self.connector.relinks, 1)
+        # the message goes again, with no resume first: the new listener
+        # never saw the link
+        sent = effects2.take()
+        self.assertNotIn(codec.encode_general(codec.RESUME), sent)
+        self.assertIn(b"x", sent)
 
     def test_listener_lost_the_link(self):
         """Link id zero: the listener lost our link; the connection is closed."""

@@ -146,16 +146,32 @@ class LogBridge(SynchronousTestCase):
         self.assertEqual(self.records("relink-12"), [b"one", b"two"])
 
     def test_failed_append_is_never_acknowledged(self):
-        p = Pair(server=LogBridgeHandler(self.store)).connect()
-        d = fired(p.link.channel(1).send([b"x"]))
-        p.run()
-        HeldLog.sync_all(self.store, fail=RuntimeError("disk full"))
-        p.run()
-        self.flushLoggedErrors(RuntimeError)
-        self.assertEqual(d, [])
-        self.assertEqual(p.endpoint.links, {})
-        p.connect()
-        self.assertTrue(d[0].check(LinkLost))
+        """
+        A failed append discards the listener's link and acknowledges
+        nothing; the connector, on its next connection, gets a new link and
+        sends the message again (with C{failover=False} its Deferred fails
+        with L{LinkLost} instead).
+        """
+        for failover in (True, False):
+            p = Pair(server=LogBridgeHandler(self.store))
+            p.connector.failover = failover
+            p.connect()
+            d = fired(p.link.channel(1).send([b"x"]))
+            p.run()
+            HeldLog.sync_all(self.store, fail=RuntimeError("disk full"))
+            p.run()
+            self.flushLoggedErrors(RuntimeError)
+            self.assertEqual(d, [])
+            self.assertEqual(p.endpoint.links, {})
+            p.connect()
+            if failover:
+                self.assertEqual(d, [])
+                HeldLog.sync_all(self.store)
+                p.run()
+                self.assertEqual(d, [1])
+                self.assertEqual(p.connector.relinks, 1)
+            else:
+                self.assertTrue(d[0].check(LinkLost))
 
     def test_template(self):
         p = Pair(server=LogBridgeHandler(self.memory, "all"), id_sizes=(1, 1)).connect()

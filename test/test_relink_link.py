@@ -661,7 +661,9 @@ class ListenerStop(SynchronousTestCase):
 class HandlerFailures(SynchronousTestCase):
     def test_handler_failure_discards_link(self):
         server = Recorder(hold=True)
-        p = Pair(server=server).connect()
+        p = Pair(server=server)
+        p.connector.failover = False
+        p.connect()
         d = p.link.channel(1).send([b"x"])
         failures = []
         d.addErrback(failures.append)
@@ -1016,7 +1018,9 @@ class Handshakes(SynchronousTestCase):
         self.assertEqual(p.server.attached, [False, True])
 
     def test_new_epoch_discards_state(self):
-        p = Pair(server=Recorder(hold=True)).connect()
+        p = Pair(server=Recorder(hold=True))
+        p.connector.failover = False
+        p.connect()
         old = p.link
         d = old.channel(1).send([b"x"])
         failures = []

@@ -104,7 +104,7 @@ class Pair:
         self.endpoint = RelinkEndpoint(
             name, self.server, connector_id_size=id_sizes[0], listener_id_size=id_sizes[1],
             connector_transactions=transactions[0], listener_transactions=transactions[1],
-            config=self.config, clock=self.clock)
+            config=self.config, clock=self.clock, first_link_id=1)
         self.factory = ListenerFactory([self.endpoint], config=self.config, clock=self.clock)
         sizes = connector_sizes or id_sizes
         tx = connector_transactions or transactions
@@ -117,6 +117,26 @@ class Pair:
         self.connections = 0
         #: deliver nothing to a side whose transport was paused (it stopped reading)
         self.honour_pauses = False
+
+    def fail_over(self, server=None):
+        """
+        Another listener from now on (another front-end: a new endpoint with
+        its own epoch and links, and C{server} as its handler, default a new
+        L{Recorder}); the current connection is cut first, nothing in
+        flight delivered (as a kill -9).  @return: the new handler.
+        """
+        self.cut()
+        self.clock.advance(1)   # a listener instance started later: another epoch
+        old = self.endpoint
+        self.server = server or Recorder()
+        self.endpoint = RelinkEndpoint(
+            old.name, self.server, connector_id_size=old.connector_id_size,
+            listener_id_size=old.listener_id_size,
+            connector_transactions=old.connector_transactions,
+            listener_transactions=old.listener_transactions, config=self.config,
+            clock=self.clock, first_link_id=1)
+        self.factory = ListenerFactory([self.endpoint], config=self.config, clock=self.clock)
+        return self.server
 
     @property
     def link(self):

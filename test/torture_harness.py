@@ -767,7 +767,10 @@ class RelinkTarget(CrashTarget):
     A Connector on the C{log} endpoint: channel 1 goes to log C{relink-1},
     a message acknowledged CONSUMED only once its append is durable.  The
     link state dies with the server (no resumption across a server crash),
-    so nothing is resent: exactly once, in order.
+    and the connector runs with C{failover=False} (this measures the
+    server: a failing-over connector would resend the unacknowledged
+    messages to the restarted server, at least once), so nothing is
+    resent: exactly once, in order.
     """
 
     name = "relink"
@@ -794,7 +797,7 @@ class RelinkTarget(CrashTarget):
         from streamproto.relink.api import Connector
         connector = Connector(client_endpoint(reactor, "127.0.0.1", server.port), endpoint,
                               connector_id_size=4, listener_id_size=4, clock=reactor,
-                              **connector_options)
+                              failover=False, **connector_options)
         result.connector = connector
         connector.start()
         link = yield connector.when_linked()

@@ -14,8 +14,9 @@ level; C{send_many} is the bulk path (one Deferred for a batch).
 """
 
 import itertools
+import random
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionLost
@@ -104,6 +105,10 @@ class ChannelHandler:
         pass
 
 
+#: the random start of each endpoint's link ids (see L{RelinkEndpoint})
+_link_ids = random.SystemRandom()
+
+
 def _epoch_now(clock):
     return max(1, int(clock.seconds() * 1_000_000))
 
@@ -115,6 +120,12 @@ class RelinkEndpoint:
 
     @param connector_id_size: channel id size of the connector's channels.
     @param listener_id_size: channel id size of ours.
+    @param first_link_id: the first link id handed out (then counting up);
+        default a random one below 2^62, so that two listener instances
+        with the same epoch (started within one microsecond: front-ends
+        started in parallel) still do not hand out the same ids, and a
+        connector moving between them never resumes a link that is not
+        its own.
     """
 
     log = Logger()
@@ -122,7 +133,7 @@ class RelinkEndpoint:
     def __init__(self, name: str, handler: IChannelHandler, *, connector_id_size: int = 0,
                  listener_id_size: int = 0, connector_transactions: bool = False,
                  listener_transactions: bool = False, config: LinkConfig | None = None,
-                 clock: IReactorTime | None = None) -> None:
+                 clock: IReactorTime | None = None, first_link_id: int | None = None) -> None:
         clock = default_reactor(clock)
         self.name = name
         self.handler = IChannelHandler(handler)
@@ -134,7 +145,9 @@ class RelinkEndpoint:
         self.clock = clock
         self.epoch = _epoch_now(clock)
         self.links: dict[int, _ListenerLink] = {}
-        self._ids = itertools.count(1)
+        if first_link_id is None:
+            first_link_id = _link_ids.randrange(1, 1 << 62)
+        self._ids = itertools.count(first_link_id)
         self._expiry: dict[int, IDelayedCall] = {}
         # link id -> the IConnectionEffects of the connection carrying it
         self._connections: dict[int, Any] = {}
@@ -297,6 +310,27 @@ class ListenerFactory(Factory):
             e.close()
 
 
+class Relinked(NamedTuple):
+    """
+    What L{Connector.when_relinked} reports: the link moved to a listener
+    that did not know it (another front-end, a restarted listener, or one
+    that discarded the link), and everything not acknowledged consumed was
+    sent again on the new link id.
+    """
+
+    #: the listener instance and link id before
+    old_epoch: int
+    old_link_id: int
+    #: the listener instance and link id now
+    epoch: int
+    link_id: int
+    #: messages sent again (accepted by C{send} and not acknowledged
+    #: consumed by the old listener), in order per channel
+    resent: int
+    #: channels with something sent again (messages or operations)
+    channels: int
+
+
 class Connector:
     """
     The connecting peer of one link, reconnecting and resuming it.
@@ -314,8 +348,24 @@ class Connector:
                  listener_id_size: int = 0, connector_transactions: bool = False,
                  listener_transactions: bool = False, require_old_link: bool = False,
                  config: LinkConfig | None = None, clock: IReactorTime | None = None,
-                 retry_policy: Callable[[int], float] | None = None) -> None:
+                 retry_policy: Callable[[int], float] | None = None,
+                 failover: bool = True) -> None:
         clock = default_reactor(clock)
+        #: on a listener that does not know our link (see L{linked}): True
+        #: sends everything unacknowledged again on the new link (the same
+        #: L{Link} object goes on); False discards the link (its Deferreds
+        #: fail with L{LinkLost}) and starts a fresh one
+        self.failover = failover
+        #: how many times the link moved to a new listener (L{Relinked})
+        self.relinks = 0
+        #: the last L{Relinked}, or None
+        self.last_relink: Relinked | None = None
+        #: messages sent again on new links, in all
+        self.resent = 0
+        self._relink_waiters: Observers[Relinked] = Observers()
+        # (link, its peer_consumed_total) when the current connection linked:
+        # whether the connection brought progress, for the back-off
+        self._mark: tuple[Link | None, int] = (None, 0)
         self.name = name
         self.handler = IChannelHandler(handler or ChannelHandler())
         self.connector_id_size = connector_id_size
@@ -381,6 +431,14 @@ class Connector:
             return succeed(self.link)
         return self._linked_waiters.when()
 
+    def when_relinked(self) -> Deferred[Relinked]:
+        """
+        A Deferred firing with a L{Relinked} the next time the link moves to
+        a listener that did not know it (and its unacknowledged messages
+        are sent again).
+        """
+        return self._relink_waiters.when()
+
     def shutdown(self, timeout: float | None = None) -> Deferred[Any]:
         """
         Shut the link down (see L{Link.shutdown}), then stop reconnecting.
@@ -433,15 +491,36 @@ class Connector:
             self._linked_waiters.fail(reason)
             return None, False
         resumed = link.link_id != 0 and (link.epoch, link.link_id) == (epoch, link_id)
+        relinked = None
         if not resumed:
-            if link.link_id != 0 or link.lost is not None:
+            if link.link_id != 0 and link.lost is None and self.failover:
+                # another front-end, or a listener that restarted or lost
+                # the link: the same Link goes on, resending what the old
+                # listener did not acknowledge consumed
+                old_epoch, old_id = link.epoch, link.link_id
+                resent, channels = link.relink(epoch, link_id)
+                relinked = Relinked(old_epoch, old_id, epoch, link_id, resent, channels)
+                self.relinks += 1
+                self.resent += resent
+                self.last_relink = relinked
+                self.log.info(
+                    "relink: link re-established on a new listener (link {old} of epoch "
+                    "{old_epoch} -> link {link_id} of epoch {epoch}); {resent} messages "
+                    "resent on {channels} channel(s) (any the old listener consumed "
+                    "without its acknowledgement reaching us are delivered twice)",
+                    old=old_id, old_epoch=old_epoch, link_id=link_id, epoch=epoch,
+                    resent=resent, channels=channels)
+            elif link.link_id != 0 or link.lost is not None:
                 self.log.info("relink: new link {link_id} (was {old}); old state discarded",
                               link_id=link_id, old=link.link_id)
                 link.discard(LinkLost("the listener started a new link"))
                 link = self.link = self._new_link()
             link.epoch, link.link_id = epoch, link_id
+        self._mark = (link, link.peer_consumed_total)
         # on the next turn: the caller attaches the link first
         self.clock.callLater(0, self._linked_waiters.fire, link)
+        if relinked is not None:
+            self.clock.callLater(0, self._relink_waiters.fire, relinked)
         return link, resumed
 
     def connection_lost(self, protocol):
@@ -451,11 +530,15 @@ class Connector:
         reconnector = self._reconnector or self._stopping
         if reconnector is not None:
             # a connection that linked worked: connect again at once; one
-            # that never got through its handshake counts as a failure
-            if linked:
+            # that never got through its handshake counts as a failure, and
+            # so does one that linked but got none of our messages consumed
+            # while some waited (a listener whose store fails discards the
+            # link at each append: resending at once would spin)
+            worked = linked and self._worked()
+            if worked:
                 reconnector.progress()
             reconnector.lost(Failure(ConnectionLost("relink connection closed")),
-                             failed=not linked)
+                             failed=not worked)
         link = self.link
         if link.lost is not None and self._reconnector is not None:
             # the link ended for good (shutdown or protocol error): start afresh
@@ -463,6 +546,15 @@ class Connector:
                 self.stop()
             else:
                 self.link = self._new_link()
+
+
+    def _worked(self) -> bool:
+        link, mark = self._mark
+        if link is not self.link:
+            return True
+        if link.peer_consumed_total > mark:
+            return True
+        return all(ch.idle for ch in link.out_channels.values())
 
 
 def _cancelling(timer):
@@ -475,4 +567,5 @@ def _cancelling(timer):
 
 __all__ = [
     "ChannelHandler", "Connector", "IChannelHandler", "ListenerFactory", "RelinkEndpoint",
+    "Relinked",
 ]

@@ -98,6 +98,10 @@ class OutChannel:
         self._tx_start = 0      # transactions: position of the last commit/rollback
         self._encoder = None
         self._limit = link.config.window + link.config.max_queued
+        # the count the wire's sequence numbers start from: 0, or the
+        # messages consumed before the link moved to a new listener (whose
+        # channel starts at sequence 0 again; see L{relink})
+        self._wire_base = 0
 
     # -- sending -----------------------------------------------------------
     @property
@@ -308,8 +312,8 @@ class OutChannel:
                     out.append(codec.encode_channel_packet(CHANNEL_OP, CLOSE, cid, size))
                 else:
                     # always explicit: the peer may have missed earlier operations
-                    out.append(codec.encode_sequence_packet(SEQUENCE_OP, op.op, cid,
-                                                            op.pos - 1, size))
+                    out.append(codec.encode_sequence_packet(
+                        SEQUENCE_OP, op.op, cid, op.pos - self._wire_base - 1, size))
             if self.transmitted >= limit or written >= budget:
                 break
             stop = limit
@@ -349,6 +353,27 @@ class OutChannel:
         self.transmitted = max(self.received, self.consumed)
         self._ops_sent = 0
 
+    def relink(self):
+        """
+        The link moved to a listener that never saw this channel (another
+        front-end, or one that lost the link): everything not acknowledged
+        I{consumed} is sent again, operations (commits, rollbacks, a close)
+        in their places, on a channel whose wire sequence numbers start at
+        0 again.  Counts (C{consumed}, the Deferreds' counts) go on from
+        where they were: only the wire numbering is shifted.
+
+        @return: how many messages will be sent again.
+        """
+        base = self.consumed
+        self._wire_base = base
+        self.received = base
+        self.transmitted = base
+        self._ack_ptr = [base] * 4
+        self._ops_sent = 0
+        self.reopened = False       # the new listener knows no earlier instance
+        self._encoder = None
+        return self.assigned - base
+
     # -- acknowledgements --------------------------------------------------
     def ack(self, ack_type, wire_seq):
         """Apply an acknowledgement (C{wire_seq} None for the implicit form)."""
@@ -358,10 +383,12 @@ class OutChannel:
         ptr = self._ack_ptr[ack_type]
         if wire_seq is None:
             count = ptr + 1
-        elif _ahead(wire_seq, self.assigned):
-            count = self.assigned + 1
         else:
-            count = _unwrap(wire_seq, self.assigned)
+            base = self._wire_base
+            if _ahead(wire_seq, self.assigned - base):
+                count = self.assigned + 1
+            else:
+                count = base + _unwrap(wire_seq, self.assigned - base)
         if count > self.assigned or count < ptr:
             if not self.link.messaging:
                 return  # resume acks of an earlier instance of a reopened channel
@@ -393,6 +420,7 @@ class OutChannel:
         if count <= self.consumed:
             return
         self._advance_received(count)
+        self.link.peer_consumed_total += count - self.consumed
         self._head += count - self.consumed
         self.consumed = count
         if self.transmitted < count:

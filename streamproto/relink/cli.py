@@ -170,9 +170,14 @@ def _send(reactor, args, lines, out):
     results = yield defer.gatherResults(pending)
     yield c.shutdown(timeout=args.shutdown_timeout)
     failed = results.count(False)
+    # the connector moved to a listener that did not know its link (another
+    # front-end of -s a,b, a restarted server): said, with what it resent
+    moved = (f"; link re-established {c.relinks} time(s) on a new listener, {c.resent} "
+             "messages resent (at least once)") if c.relinks else ""
     common.emit(args, out, f"sent {sent} messages"
-                + (f", {failed} commits failed" if failed else ""),
-                {"sent": sent, "commits_failed": failed})
+                + (f", {failed} commits failed" if failed else "") + moved,
+                {"sent": sent, "commits_failed": failed, "relinks": c.relinks,
+                 "resent": c.resent})
     return common.EXIT_FAILURE if failed else common.EXIT_OK
 
 

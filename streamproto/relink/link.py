@@ -97,6 +97,9 @@ class Link:
         #: C{LinkConfig.stall_timeout})
         self.stall_breaks = 0
         self._consumed_total = 0    # messages consumed on every channel so far
+        #: messages of ours the peer acknowledged consumed, every channel,
+        #: every listener (the connector's measure of a connection's progress)
+        self.peer_consumed_total = 0
         self._stall_call: IDelayedCall | None = None
         self._stall_mark = 0
         #: a resumed connection of a paused link reads up to the peer's
@@ -215,6 +218,46 @@ class Link:
             self.log.failure("link_closed handler failed")
         if close is not None:
             close()
+
+    def relink(self, epoch: int, link_id: int) -> tuple[int, int]:
+        """
+        Carry on as a new link, C{link_id} of listener C{epoch}: the
+        listener the connector reached does not know our link (another
+        front-end, or a listener that restarted or discarded it), so what
+        the old link's peer held is gone.  The spec says to discard the
+        state of the old link id; what is discarded here is the protocol
+        state (the peer's channels, sequence numbers, resumption pointers),
+        not the application's work: every message the old link had not
+        seen acknowledged I{consumed} is sent again on the new link, in
+        order, channel by channel, operations in their places, and the
+        Deferreds waiting for them fire when the new peer acknowledges.
+
+        The link must not be lost.  @return: (messages to be sent again,
+        channels that have some).
+        """
+        assert self.lost is None
+        close = self._close_connection if self.attached else None
+        self.detach()   # a new connection linked before we saw the old one end
+        if close is not None:
+            close()
+        self.epoch, self.link_id = epoch, link_id
+        resent = channels = 0
+        for ch in self.out_channels.values():
+            n = ch.relink()
+            if n or ch._ops:
+                channels += 1
+            resent += n
+        # the old peer's channels end with it (it will not resend to us;
+        # batches our handler still works on finish into the void: the
+        # acks are for a peer that is gone)
+        self.in_channels = {}
+        self._over = {}
+        self._tombstones = {}
+        self._closed_out = {}
+        self.peer_shutdown = False
+        self._tell_shutdown = False
+        self._flow()
+        return resent, channels
 
     # -- sending API ---------------------------------------------------------
     def channel(self, channel_id: int) -> OutChannel:
@@ -383,6 +426,8 @@ class Link:
             write(out)
 
     def _ack_dirty(self, ch):
+        if self.in_channels.get(ch.channel_id) is not ch:
+            return   # a channel of a peer we moved away from (see relink)
         self._acks_due[ch] = None
         self._schedule_flush()
 
@@ -407,6 +452,8 @@ class Link:
 
     def _send_ack(self, ch, ack_type, count):
         """A commit result, written in order before the consumed ack it implies."""
+        if self.in_channels.get(ch.channel_id) is not ch:
+            return   # a channel of a peer we moved away from (see relink)
         if self.attached:
             if self._acks_due.pop(ch, _MISSING) is not _MISSING:
                 self._flush_acks(ch)
@@ -578,6 +625,16 @@ class Link:
         if failure.check(AuthorizationDenied):
             # the policy's refusal, logged where it was decided: no traceback
             self.discard(LinkLost(f"forbidden: {failure.getErrorMessage()}"))
+            return
+        from streamproto.log.errors import StoreUnavailable
+        if failure.check(StoreUnavailable):
+            # the store's backend did not answer (no quorum, no leader):
+            # expected in operation, one line; the connector sends again on
+            # a new link once it reconnects
+            self.log.warn("relink link {link_id}: the store is unavailable ({error}); "
+                          "discarding the link (nothing of it acknowledged that is not "
+                          "stored)", link_id=self.link_id, error=failure.getErrorMessage())
+            self.discard(LinkLost(f"store unavailable: {failure.getErrorMessage()}"))
             return
         self.log.failure("channel handler failed; discarding the link", failure)
         self.discard(LinkLost(f"handler failed: {failure.getErrorMessage()}"))
