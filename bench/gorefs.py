@@ -38,12 +38,18 @@ def wait_port(port, timeout=30.0):
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
 
 
-def twistd(plugin, *args, log=None):
+def pinned(cpu):
+    """The command prefix running a program (every thread) on CPU C{cpu}
+    only, or nothing for C{None}."""
+    return [] if cpu is None else ["taskset", "-c", str(cpu)]
+
+
+def twistd(plugin, *args, log=None, cpu=None):
     """Start C{twistd -n PLUGIN ARGS} from this checkout (our plugins found
-    through PYTHONPATH)."""
+    through PYTHONPATH), on CPU C{cpu} only if given."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
-        [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+        [*pinned(cpu), sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
          "-n", "--pidfile=", plugin, *args],
         env=env, cwd=ROOT, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
@@ -187,12 +193,12 @@ class SendRun:
                 f"sender {self.sender_load:.0%})")
 
 
-def tst_send_rate(tst_send, port, seconds, pipeline=0, server_pid=None):
+def tst_send_rate(tst_send, port, seconds, pipeline=0, server_pid=None, cpu=None):
     """Go-lumber's C{tst-send} against the server on PORT, measured over
     SECONDS after a two-second start (its expvar count of acked events, and
     the CPU both processes used meanwhile): a L{SendRun}."""
     vars_port = free_port()
-    proc = subprocess.Popen([tst_send, "-c", f"127.0.0.1:{port}",
+    proc = subprocess.Popen([*pinned(cpu), tst_send, "-c", f"127.0.0.1:{port}",
                              "-httpprof", f"127.0.0.1:{vars_port}",
                              "-pipeline", str(pipeline)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -211,26 +217,31 @@ def tst_send_rate(tst_send, port, seconds, pipeline=0, server_pid=None):
         stop(proc)
 
 
-def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0):
+def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0, pin=False):
     """
     Alternate C{tst-send} between go-lumber's C{tst-lj -v2} (acks without
     storing) and C{twistd lumberjack-server} (file store, acks after
     fsync); return (go runs, our runs), lists of L{SendRun}.
+
+    @param pin: run each server on CPU 1 only and C{tst-send} on CPU 0
+        only: each side gets one core of its own, and the servers the same.
     """
     tmp = tempfile.mkdtemp(prefix="lumberjack-go-compare-")
     go_port, our_port = free_port(), free_port()
+    server_cpu, sender_cpu = (1, 0) if pin else (None, None)
     go = ours = None
     try:
-        go = subprocess.Popen([tst_lj, "-bind", f"127.0.0.1:{go_port}", "-v2"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        go = subprocess.Popen([*pinned(server_cpu), tst_lj, "-bind", f"127.0.0.1:{go_port}",
+                               "-v2"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         ours = twistd("lumberjack-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
-                      "--data", os.path.join(tmp, "ours"))
+                      "--data", os.path.join(tmp, "ours"), cpu=server_cpu)
         wait_port(go_port)
         wait_port(our_port)
         g, o = [], []
         for _ in range(rounds):
-            g.append(tst_send_rate(tst_send, go_port, seconds, pipeline, go.pid))
-            o.append(tst_send_rate(tst_send, our_port, seconds, pipeline, ours.pid))
+            g.append(tst_send_rate(tst_send, go_port, seconds, pipeline, go.pid, sender_cpu))
+            o.append(tst_send_rate(tst_send, our_port, seconds, pipeline, ours.pid,
+                                   sender_cpu))
         return g, o
     finally:
         stop(go)

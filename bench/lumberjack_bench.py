@@ -309,6 +309,8 @@ def main():
                         help="measured seconds per run with --go-send (8)")
     parser.add_argument("--go-pipeline", type=int, default=0,
                         help="tst-send's -pipeline (0: its synchronous client)")
+    parser.add_argument("--pin", action="store_true",
+                        help="with --go-send: each server on CPU 1 only, tst-send on CPU 0")
     parser.add_argument("--serve", metavar="DATA_DIR")
     parser.add_argument("--loadbalance", action="store_true",
                         help="two servers: failover against load-balancing client")
@@ -322,13 +324,14 @@ def main():
         from bench.gorefs import compare_lumberjack
         rounds = max(args.rounds, 3)
         g, o = compare_lumberjack(args.go_send, args.go_server, args.seconds,
-                                  rounds, args.go_pipeline)
+                                  rounds, args.go_pipeline, args.pin)
         median = statistics.median
         go, ours = median(r.rate for r in g), median(r.rate for r in o)
         go_eff = median(r.server_efficiency for r in g)
         our_eff = median(r.server_efficiency for r in o)
         print(f"go-lumber tst-send (batches of 2048, zlib 3, pipeline {args.go_pipeline}), "
-              f"{rounds} alternated runs of {args.seconds:g} s, medians")
+              f"{rounds} alternated runs of {args.seconds:g} s, medians"
+              + ("; each server on CPU 1, tst-send on CPU 0" if args.pin else ""))
         print(f"  tst-lj (acks, stores nothing):               {go:>10,.0f} events/s, "
               f"{go_eff:>10,.0f} per server CPU-second  {g}")
         print(f"  twistd lumberjack-server (fsync, then ack):  {ours:>10,.0f} events/s, "

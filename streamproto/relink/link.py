@@ -425,14 +425,19 @@ class Link:
             assert write is not None  # attached
             write(out)
 
+    def _current(self, ch: InChannel) -> bool:
+        """Whether C{ch} is a channel of the peer we are linked to now, not of
+        one we moved away from (see L{relink})."""
+        return self.in_channels.get(ch.channel_id) is ch
+
     def _ack_dirty(self, ch):
-        if self.in_channels.get(ch.channel_id) is not ch:
+        if not self._current(ch):
             return   # a channel of a peer we moved away from (see relink)
         self._acks_due[ch] = None
         self._schedule_flush()
 
     def _flush_acks(self, ch: InChannel) -> None:
-        if self.in_channels.get(ch.channel_id) is not ch:
+        if not self._current(ch):
             return
         if ch.consumed > ch.sent_ack[CONSUMED]:
             self._emit_ack(ch, CONSUMED, ch.consumed)
@@ -452,7 +457,7 @@ class Link:
 
     def _send_ack(self, ch, ack_type, count):
         """A commit result, written in order before the consumed ack it implies."""
-        if self.in_channels.get(ch.channel_id) is not ch:
+        if not self._current(ch):
             return   # a channel of a peer we moved away from (see relink)
         if self.attached:
             if self._acks_due.pop(ch, _MISSING) is not _MISSING:
@@ -590,7 +595,7 @@ class Link:
         # NOP and PONG: receiving anything already proved the peer alive
 
     def _in_channel_closed(self, ch: InChannel) -> None:
-        if self.in_channels.get(ch.channel_id) is not ch:
+        if not self._current(ch):
             return
         del self.in_channels[ch.channel_id]
         self._acks_due.pop(ch, None)
