@@ -169,7 +169,7 @@ def styx_runs(port, runs, mixed=False, consume_port=None):
     return results
 
 
-def compare_with_go(styx_cli, go_server, rounds):
+def compare_with_go(styx_cli, go_server, rounds, reference_only=False):
     from bench.gorefs import compare_styx
     table = compare_styx(styx_cli, go_server, rounds)
     print(f"styx benchmark (the reference's, unchanged), {rounds} alternated runs per "
@@ -178,8 +178,15 @@ def compare_with_go(styx_cli, go_server, rounds):
     for phase in ("produce", "consume"):
         for size in (10, 100, 1000):
             if (phase, size) in table:
-                g, o, _, _ = table[phase, size]
-                print(f"{phase:<8} {size:>5} | {g:>12,.0f} | {o:>12,.0f} | {o / g:>7.2f}")
+                g, o, gs, os_ = table[phase, size]
+                failed = ""
+                if len(gs) < rounds or len(os_) < rounds:
+                    failed = (f"  (runs that failed this phase: Go {rounds - len(gs)}, "
+                              f"ours {rounds - len(os_)})")
+                print(f"{phase:<8} {size:>5} | {g:>12,.0f} | {o:>12,.0f} | {o / g:>7.2f}"
+                      + failed)
+    if reference_only:
+        return 0
     from bench.gorefs import compare_raw
     runs = [(10, 10_000_000), (100, 3_000_000), (1000, 1_000_000)]
     table = compare_raw(go_server, runs, rounds)
@@ -206,13 +213,16 @@ def main(argv=None):
     parser.add_argument("--go-styx", metavar="PATH",
                         help="the reference's styx CLI: compare with the Go server")
     parser.add_argument("--go-server", metavar="PATH", help="the reference's styx-server")
+    parser.add_argument("--reference-only", action="store_true",
+                        help="with --go-styx: only the reference's own benchmark")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternated runs per server with --go-styx (3)")
     args = parser.parse_args(argv)
     if args.go_styx or args.go_server:
         if not (args.go_styx and args.go_server):
             parser.error("--go-styx and --go-server go together")
-        return compare_with_go(args.go_styx, args.go_server, args.rounds)
+        return compare_with_go(args.go_styx, args.go_server, args.rounds,
+                               args.reference_only)
     runs = []
     for item in args.runs.split(","):
         size, _, count = item.partition("x")

@@ -330,6 +330,14 @@ class ConsumerStreamTests(unittest.SynchronousTestCase):
     def records(self):
         return [m for m in sent_messages(self.transport) if type(m) is bytes]
 
+    def test_no_delay(self):
+        """Nagle is off on a stream's TCP connection (as Go sets it): an
+        ack or a batch's last piece never waits for the peer's ACK."""
+        calls = []
+        self.transport.setTcpNoDelay = calls.append
+        self.start(3)
+        self.assertEqual(calls, [True])
+
     def test_to_end_then_close(self):
         self.start(3)
         self.assertEqual(self.records(), [b"r%d" % i for i in range(3, 10)])

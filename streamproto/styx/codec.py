@@ -354,8 +354,15 @@ class StyxDecoder:
             pending += data
             if len(pending) < self._need:
                 return
-            data = bytes(pending)
-            pending.clear()
+            if batch:
+                # the C scanner reads the bytearray as it is and copies
+                # the payloads out: scan it, and keep any tail in a new one
+                # (a copy of a whole read less here, per read of 1 MiB)
+                data = pending
+                self._pending = pending = bytearray()
+            else:
+                data = bytes(pending)
+                pending.clear()
         elif not data:
             return
         try:

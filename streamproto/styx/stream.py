@@ -31,7 +31,7 @@ from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import redirect_channel_input, set_read_size, take_buffered_data
 from streamproto.core.ops import IOutputCounter
 from streamproto.core.sendpath import SocketSender
-from streamproto.core.tcp import max_segment_size
+from streamproto.core.tcp import max_segment_size, set_no_delay
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
     StoreUnavailable, WriteFailed,
@@ -303,6 +303,10 @@ class _StyxStream(Protocol):
             gauge.labels(f"styx0_{self.role}").inc(delta)
 
     def connectionMade(self):
+        # as Go does for every TCP connection: an ack, a heartbeat or the
+        # last piece of a consumer's batch goes out at once instead of
+        # waiting for the peer's (possibly delayed) ACK of what went before
+        set_no_delay(self.transport)
         self._count_stream(1)
         self._last_sent = self._clock.seconds()
         self._idle.start()
