@@ -326,11 +326,8 @@ class LateMessageTests(unittest.SynchronousTestCase):
         self.assertEqual(self.records(log), [b"a", b"b", b"d"])
 
 
-class PravegaWriterTests(unittest.SynchronousTestCase):
-    """
-    The Pravega segment store's writers on the chain: the scenario a leader
-    kill produced in CI (an event stored twice), played deterministically.
-    """
+class FakeClusterTestCase(unittest.SynchronousTestCase):
+    """Stores (front-ends) on one in-memory JetStream, on a clock."""
 
     def setUp(self):
         self.clock = Clock()
@@ -338,6 +335,21 @@ class PravegaWriterTests(unittest.SynchronousTestCase):
 
     store = ChainTests.store
     run_clock = ChainTests.run_clock
+
+    def two_front_ends(self, make, name):
+        """C{make(store)} on two stores of the cluster; C{name} created through the first."""
+        a = make(self.store(connection_name="a"))
+        b = make(self.store(connection_name="b"))
+        self.successResultOf(a.create(name))
+        return a, b
+
+
+class PravegaWriterTests(FakeClusterTestCase):
+    """
+    The Pravega segment store's writers on the chain: the scenario a leader
+    kill produced in CI (an event stored twice), played deterministically.
+    """
+
 
     def segment(self, segments, name):
         return self.successResultOf(segments.get(name))
@@ -382,7 +394,7 @@ class PravegaWriterTests(unittest.SynchronousTestCase):
         self.assertEqual(stored, b"event 1event 2")
 
 
-class PravegaConditionalAcrossFrontEndsTests(unittest.SynchronousTestCase):
+class PravegaConditionalAcrossFrontEndsTests(FakeClusterTestCase):
     """
     Pravega's ConditionalAppend (by segment length) through two front-ends
     of one cluster: judged by the cluster, never on one front-end's stale
@@ -391,18 +403,10 @@ class PravegaConditionalAcrossFrontEndsTests(unittest.SynchronousTestCase):
 
     NAME = "scope/stream/0.#epoch.0"
 
-    def setUp(self):
-        self.clock = Clock()
-        self.io = FakeJetStream()
-
-    store = ChainTests.store
-    run_clock = ChainTests.run_clock
 
     def front_ends(self):
         from streamproto.pravega.segments import SegmentStore
-        a = SegmentStore(self.store(connection_name="a"))
-        b = SegmentStore(self.store(connection_name="b"))
-        self.successResultOf(a.create(self.NAME))
+        a, b = self.two_front_ends(SegmentStore, self.NAME)
         return (self.successResultOf(a.get(self.NAME)),
                 self.successResultOf(b.get(self.NAME)))
 
@@ -451,24 +455,15 @@ class PravegaConditionalAcrossFrontEndsTests(unittest.SynchronousTestCase):
         self.assertEqual(self.successResultOf(seg_a.append(b"?", uuid.uuid4(), 1, 7)), 8)
 
 
-class PravegaTablesAcrossFrontEndsTests(unittest.SynchronousTestCase):
+class PravegaTablesAcrossFrontEndsTests(FakeClusterTestCase):
     """A Pravega table segment served by two front-ends of one cluster."""
 
     NAME = "scope/_tables/kvt.#epoch.0"
 
-    def setUp(self):
-        self.clock = Clock()
-        self.io = FakeJetStream()
-
-    store = ChainTests.store
-    run_clock = ChainTests.run_clock
 
     def front_ends(self):
         from streamproto.pravega.tables import TableStore
-        a = TableStore(self.store(connection_name="a"))
-        b = TableStore(self.store(connection_name="b"))
-        self.successResultOf(a.create(self.NAME))
-        return a, b
+        return self.two_front_ends(TableStore, self.NAME)
 
     def table(self, tables):
         return self.successResultOf(tables.get(self.NAME))

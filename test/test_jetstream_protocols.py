@@ -171,6 +171,21 @@ class ProtocolTrials(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, f"{what}: never recovered")
             yield sleep(0.5)
 
+    @defer.inlineCallbacks
+    def acknowledged_once_a_node_returns(self, what, result):
+        """
+        Start node 1 again (two of three were killed) and wait until the
+        request left unanswered without a quorum fires C{result} (its list
+        of outcomes): it must succeed.
+        """
+        self.cluster.start_node(1)
+        started = time.monotonic()
+        while not result and time.monotonic() - started < 150:
+            yield sleep(0.2)
+        print(f"{what}: acknowledged {time.monotonic() - started:.1f} s after a node returned")
+        self.assertTrue(result, "never acknowledged once a node returned")
+        self.assertNotIsInstance(result[0], Failure)
+
     # -- Styx (HTTP API) -------------------------------------------------
     @defer.inlineCallbacks
     def test_styx(self):
@@ -223,14 +238,7 @@ class ProtocolTrials(unittest.TestCase):
         print(f"\nlumberjack: no quorum: {'acknowledged!' if result else 'not acknowledged'} "
               "after 15 s")
         self.assertEqual(result, [], "acknowledged without a quorum")
-        self.cluster.start_node(1)
-        started = time.monotonic()
-        while not result and time.monotonic() - started < 150:
-            yield sleep(0.2)
-        print(f"lumberjack: acknowledged {time.monotonic() - started:.1f} s after a node "
-              "returned")
-        self.assertTrue(result, "never acknowledged once a node returned")
-        self.assertNotIsInstance(result[0], Failure)
+        yield self.acknowledged_once_a_node_returns("lumberjack", result)
         stored = [json.loads(r)["event"]["n"] for r in (yield self.read_all("lumberjack"))]
         self.assertIn("no quorum", stored)
 
@@ -372,12 +380,5 @@ class ProtocolTrials(unittest.TestCase):
               "connector resent on a new one")
         self.assertEqual(result, [], "acknowledged without a quorum")
         self.assertGreaterEqual(refusals, 1, "the listener never answered the failed append")
-        self.cluster.start_node(1)
-        started = time.monotonic()
-        while not result and time.monotonic() - started < 150:
-            yield sleep(0.2)
-        print(f"relink log: acknowledged {time.monotonic() - started:.1f} s after a node "
-              "returned")
-        self.assertTrue(result, "never acknowledged once a node returned")
-        self.assertNotIsInstance(result[0], Failure)
+        yield self.acknowledged_once_a_node_returns("relink log", result)
         self.assertIn(b"no quorum", (yield self.read_all(name)))

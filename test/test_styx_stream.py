@@ -728,7 +728,21 @@ def deferLater(seconds):
     return later(reactor, seconds, lambda: None)
 
 
+#: A consume request exactly as Go's net/http writes it for the styx client.
+GO_CONSUME_REQUEST = (
+    b"GET /logs/log/records?count=-1&follow=false&position=0&whence=origin "
+    b"HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: Go-http-client/1.1\r\n"
+    b"Connection: upgrade\r\nUpgrade: styx/0\r\nX-Styx-Timeout: 30\r\n"
+    b"Accept-Encoding: gzip\r\n\r\n")
+
+
 class EndToEndTCPTests(EndToEndMixin, unittest.TestCase):
+    @defer.inlineCallbacks
+    def produce(self, records):
+        producer = yield StyxProducer.connect(reactor, "127.0.0.1", self.portnum, "log")
+        yield producer.writeMany(records)
+        yield producer.close()
+
     @defer.inlineCallbacks
     def test_half_close_like_the_go_client(self):
         """The Go producer writes, half-closes, and reads until EOF: the
@@ -753,14 +767,8 @@ class EndToEndTCPTests(EndToEndMixin, unittest.TestCase):
     def test_go_style_consumer(self):
         """A GET as the Go consumer sends it: records after the 101, then the
         close at the end of the log."""
-        producer = yield StyxProducer.connect(reactor, "127.0.0.1", self.portnum, "log")
-        yield producer.writeMany([b"r%d" % i for i in range(100)])
-        yield producer.close()
-        head = (b"GET /logs/log/records?count=-1&follow=false&position=0&whence=origin "
-                b"HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: Go-http-client/1.1\r\n"
-                b"Connection: upgrade\r\nUpgrade: styx/0\r\nX-Styx-Timeout: 30\r\n"
-                b"Accept-Encoding: gzip\r\n\r\n")
-        data = yield self.raw(head)
+        yield self.produce([b"r%d" % i for i in range(100)])
+        data = yield self.raw(GO_CONSUME_REQUEST)
         head, _, body = data.partition(b"\r\n\r\n")
         self.assertIn(b"X-Styx-Timeout: 10", head)
         self.assertEqual(decode_all(body), [b"r%d" % i for i in range(100)])
@@ -779,17 +787,11 @@ class EndToEndTCPTests(EndToEndMixin, unittest.TestCase):
         import time
 
         from twisted.internet.threads import deferToThread
-        producer = yield StyxProducer.connect(reactor, "127.0.0.1", self.portnum, "log")
-        yield producer.writeMany([b"r%d" % i for i in range(1000)])
-        yield producer.close()
-        request = (b"GET /logs/log/records?count=-1&follow=false&position=0&whence=origin "
-                   b"HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: Go-http-client/1.1\r\n"
-                   b"Connection: upgrade\r\nUpgrade: styx/0\r\nX-Styx-Timeout: 30\r\n"
-                   b"Accept-Encoding: gzip\r\n\r\n")
+        yield self.produce([b"r%d" % i for i in range(1000)])
 
         def as_go_reads():
             with socket.create_connection(("127.0.0.1", self.portnum), timeout=10) as s:
-                s.sendall(request)
+                s.sendall(GO_CONSUME_REQUEST)
                 # let the head and the records arrive before the first read
                 deadline = time.monotonic() + 5
                 while time.monotonic() < deadline:
