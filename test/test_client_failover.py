@@ -256,6 +256,51 @@ class ClientFailoverTests(unittest.TestCase):
                         [s.events_persisted for s in servers])
 
     @defer.inlineCallbacks
+    def test_pravega_conditional_appends_through_both(self):
+        """
+        Pravega writers on both front-ends racing a ConditionalAppend on the
+        same length: exactly one wins, whichever front-end it came through;
+        a loser retried at the new length succeeds and its writer carries on.
+        """
+        from streamproto.pravega.client import ConditionalCheckFailedError, SegmentReader
+        from streamproto.pravega.client import SegmentWriter, connect
+        from streamproto.pravega.server import PravegaServerFactory
+        fronts = FrontEnds(self, lambda: PravegaServerFactory(self.store))
+        yield fronts.start()
+        segment = "cond/itional/0.#epoch.0"
+        proto = yield connect(fronts.endpoint())
+        yield proto.create_segment(segment)
+        proto.transport.loseConnection()
+        writers = []
+        for i in range(4):
+            port = fronts.ports[i % 2]
+            writer = SegmentWriter(TCP4ClientEndpoint(reactor, "127.0.0.1", port), segment)
+            self.addCleanup(lambda w=writer: w.close().addErrback(lambda _: None))
+            writers.append(writer)
+        yield defer.gatherResults([w.when_set_up() for w in writers])
+        results = yield defer.DeferredList(
+            [w.write_conditional(b"winner?", 0) for w in writers], consumeErrors=True)
+        won = [w for w, (ok, _) in zip(writers, results) if ok]
+        lost = [(w, f) for w, (ok, f) in zip(writers, results) if not ok]
+        self.assertEqual(len(won), 1)
+        for _, f in lost:
+            f.trap(ConditionalCheckFailedError)
+        # a loser on the other front-end than the winner's
+        other = [w for w, _ in lost if writers.index(w) % 2 != writers.index(won[0]) % 2][0]
+        # an event is stored framed: 8 bytes of header, then its bytes
+        yield other.write_conditional(b"second", 8 + len(b"winner?"))
+        yield other.write(b"plain")
+        reader = SegmentReader(fronts.endpoint(), segment)
+        events = []
+        while len(events) < 3:
+            got = yield reader.read()
+            if not got:
+                break
+            events.extend(got)
+        yield reader.close()
+        self.assertEqual(events, [b"winner?", b"second", b"plain"])
+
+    @defer.inlineCallbacks
     def test_pravega_exactly_once(self):
         """
         The Pravega writer sets up again on the next front-end, which tells
