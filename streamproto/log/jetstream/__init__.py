@@ -50,6 +50,8 @@ Modules
 =======
 - L{store}: L{JetStreamLogStore}, the cluster and the logs on it;
 - L{log}: L{JetStreamLog}, one log;
+- L{chain}: its L{AppendChain}, the write side (appends in flight,
+  resynchronisation, deadlines);
 - L{common}: what they share (the translation of the cluster's errors).
 
 The names other modules import are importable from this package.

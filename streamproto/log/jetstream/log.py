@@ -8,15 +8,12 @@ import bisect
 import itertools
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from functools import partial
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -24,20 +21,19 @@ from streamproto.core.observer import SharedCall
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
-    AppendConflict, CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge, StoreUnavailable, WriteFailed, attributes_conflict,
+    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
+    StoreUnavailable,
 )
 from streamproto.log.interfaces import ILog
+from streamproto.log.jetstream.chain import AppendChain, _Append
 from streamproto.log.jetstream.common import _Inline, _store_errors, log
 from streamproto.log.msgindex import BodyEntry, MessageIndex, holds
 from streamproto.log.natsformat import (
-    ATTRS, DATA, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError,
-    decode_body, decode_info, encode_body, encode_headers, split_points, stream_name, subject,
-    subjects_filter,
+    ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_body,
+    decode_info, encode_headers, stream_name, subject, subjects_filter,
 )
 from streamproto.log.natsio import (
-    WRONG_LAST_MSG_ID, WRONG_LAST_SEQUENCE, JetStreamError, NotAvailable, PublishOutcome,
-    StoredMsg, Watch,
+    WRONG_LAST_SEQUENCE, JetStreamError, NotAvailable, PublishOutcome, StoredMsg, Watch,
 )
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
@@ -49,97 +45,15 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 #: the message holding a position or offset, with its cached body
 _Found: TypeAlias = tuple[BatchInfo, BodyEntry]
-#: the chain's projected tail: (seq, msg id, position, offset, attributes)
-_Tail: TypeAlias = tuple[int, "str | None", int, int, "dict[str, int]"]
 
 #: seconds to wait for the stream leader's answer to "where is the tail?"
 CATCH_UP_TIMEOUT = 1.0
-
-#: how long a message whose outcome was unknown may still turn up stored
-GHOST_SECONDS = 300
 
 #: the message id of a log's first marker: two front-ends creating the same
 #: log at once write it once
 INIT_MSG_ID = "streamproto-init"
 
 _log_ids = itertools.count(1)
-
-
-class _Append:
-    """One L{ILog.append} (or a marker) on its way."""
-
-    __slots__ = ("lengths", "data", "attributes", "deferred", "deadline", "kind", "start",
-                 "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected",
-                 "expected_attributes")
-
-    def __init__(self, lengths: array[int], data: bytes, attributes: dict[str, int] | None,
-                 deadline: float, kind: str = DATA, start: tuple[int, int] | None = None,
-                 expected: int | None = None,
-                 expected_attributes: dict[str, int | None] | None = None) -> None:
-        self.lengths = lengths
-        self.data = data
-        self.attributes = attributes
-        self.deferred: Deferred[AppendResult] = defer.Deferred()
-        self.deadline = deadline
-        self.kind = kind
-        self.start = start
-        self.chunks: list[_Chunk] = []
-        self.done_chunks = 0
-        self.first_position: int | None = None
-        self.last_seq: int | None = None
-        self.failed = False
-        #: a conditional append's expected first position (alone in its message)
-        self.expected = expected
-        #: the attributes it expects (judged each time its first chunk is sent)
-        self.expected_attributes = expected_attributes
-
-
-class _Chunk:
-    """Consecutive records of one append that go into one message."""
-
-    __slots__ = ("append", "index", "lengths", "data", "last", "done")
-
-    def __init__(self, append: _Append, index: int, lengths: array[int], data: bytes,
-                 last: bool) -> None:
-        self.append = append
-        self.index = index
-        self.lengths = lengths
-        self.data = data
-        self.last = last
-        self.done = False
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.data)
-
-    @property
-    def size(self) -> int:
-        return 4 * len(self.lengths) + len(self.data)
-
-
-class _Message:
-    """One message sent: its chunks, its coordinates and what became of it."""
-
-    __slots__ = ("chunks", "info", "body", "lengths", "outcome", "error", "sent_at", "seen")
-
-    def __init__(self, chunks: list[_Chunk], info: BatchInfo, body: bytes, lengths: array[int],
-                 sent_at: float) -> None:
-        self.chunks = chunks
-        self.info = info
-        self.body = body
-        self.lengths = lengths
-        #: None until answered, then "stored", "failed" or "unknown"
-        self.outcome: str | None = None
-        self.error: JetStreamError | None = None
-        self.sent_at = sent_at
-        #: the sequence the follower (or a fetch) saw it stored at, before
-        #: its publish was answered
-        self.seen: int | None = None
-
-    @property
-    def msg_id(self) -> str:
-        """Its C{Nats-Msg-Id} (every message this store sends has one)."""
-        return cast(str, self.info.msg_id)
 
 
 @implementer(ILog)
@@ -170,24 +84,10 @@ class JetStreamLog:
         self._index = MessageIndex()
         self._waiters = Waiters(self._clock)
         self._offset_waiters = Waiters(self._clock)
-        # the chain of appends
-        self._queue: deque[_Chunk] = deque()        # chunks not sent yet
-        self._inflight: deque[_Message] = deque()   # messages sent, in order
-        self._inflight_bytes = 0
-        self._tail: _Tail | None = None  # (seq, msg id, position, offset, attributes) projected
-        self._resyncing = False
-        self._resync_running = False
-        # msg id -> message whose outcome is unknown
-        self._unresolved: dict[str, _Message] = {}
-        # msg id -> message reported failed, maybe stored later
-        self._ghosts: dict[str, _Message] = {}
-        self._pumping = False
-        self._pending: set[_Append] = set()          # appends not settled yet
-        self._deadline_call: IDelayedCall | None = None
-        self._unavailable_since: float | None = None
+        # the chain of appends (the write side)
+        self._chain = AppendChain(self)
         self._watch: Watch | None = None
         self._refreshing: SharedCall[None] = SharedCall(self._catch_up)
-        self._msg_counter = itertools.count(1)
         self._retention_running = False
         self._last_retention = 0.0
 
@@ -229,7 +129,6 @@ class JetStreamLog:
             if first_info.kind != MARKER and first_info.position > self.start_position:
                 # purged behind our back: what is gone is gone
                 self.start_position, self.start_offset = first_info.position, first_info.offset
-        self._tail = None
 
     @defer.inlineCallbacks
     def _latest_snapshot(
@@ -272,7 +171,7 @@ class JetStreamLog:
             self._attributes = dict(snap.attributes or {})
         if marker is not None and marker.start is not None:
             self._apply_start(marker.start)
-        self._resolve(last_info)
+        self._chain.resolve(last_info)
         self._wake()
 
     @defer.inlineCallbacks
@@ -326,7 +225,7 @@ class JetStreamLog:
         """A stored message, from an ack, the follower or a fetch."""
         if info.seq <= self._end_seq:
             self._index.add(info)
-            self._resolve(info)
+            self._chain.resolve(info)
             return
         if info.seq == self._end_seq + 1 and (info.position != self.end_position
                                               or info.offset != self.end_offset):
@@ -343,7 +242,7 @@ class JetStreamLog:
         if info.start is not None:
             self._apply_start(info.start)
         self._index.add(info)
-        self._resolve(info)
+        self._chain.resolve(info)
         self._wake()
 
     def _apply_start(self, start: tuple[int, int]) -> None:
@@ -356,25 +255,6 @@ class JetStreamLog:
     def _wake(self) -> None:
         self._waiters.advance(self.end_position)
         self._offset_waiters.advance(self.end_offset)
-
-    def _resolve(self, info: BatchInfo) -> None:
-        """One of our messages whose outcome we did not know is stored."""
-        if info.msg_id is None:
-            return
-        message = self._unresolved.pop(info.msg_id, None) or self._ghosts.pop(info.msg_id, None)
-        if message is None:
-            # stored, and seen before its publish was answered (the
-            # follower can be quicker than the ack): if that answer is then
-            # lost, the message must not be sent again
-            for sent in self._inflight:
-                if sent.outcome is None and sent.info.msg_id == info.msg_id:
-                    sent.seen = info.seq
-                    return
-            return
-        if message.outcome != "stored":
-            message.outcome = "stored"
-            message.info.seq = info.seq
-            self._complete(message)
 
     # -- appending -------------------------------------------------------
     def append(
@@ -414,318 +294,7 @@ class JetStreamLog:
                     dict(attributes) if attributes else None,
                     self._clock.seconds() + self.store.timeout, expected=expected_position,
                     expected_attributes=dict(expected_attributes) if expected_attributes else None)
-        return self._enqueue(a)
-
-    def _enqueue(self, a: _Append) -> Deferred[AppendResult]:
-        cuts = split_points(a.lengths, self.store.max_message_bytes) if len(a.lengths) else [(0, 0)]
-        offsets: list[int] | None = None
-        if len(cuts) > 1:
-            offsets = list(accumulate(a.lengths, initial=0))
-        for i, (lo, hi) in enumerate(cuts):
-            if offsets is None:
-                chunk = _Chunk(a, i, a.lengths, a.data, True)
-            else:
-                chunk = _Chunk(a, i, a.lengths[lo:hi], a.data[offsets[lo]:offsets[hi]],
-                               i == len(cuts) - 1)
-            a.chunks.append(chunk)
-            self._queue.append(chunk)
-        self._pending.add(a)
-        a.deferred.addBoth(self._settled, a)
-        self._schedule_deadlines()
-        self._pump()
-        return a.deferred
-
-    def _settled(self, result: _T, a: _Append) -> _T:
-        self._pending.discard(a)
-        return result
-
-    def _pump(self) -> None:
-        """Send queued chunks while the window allows."""
-        if self._pumping:
-            return
-        self._pumping = True
-        try:
-            store = self.store
-            while (self._queue and not self._resyncing and not self._closed
-                   and self.failed is None
-                   and len(self._inflight) < store.max_inflight
-                   and self._inflight_bytes < store.max_inflight_bytes):
-                chunks = self._take_chunks()
-                if chunks:
-                    self._send(chunks)
-        finally:
-            self._pumping = False
-
-    def _take_chunks(self) -> list[_Chunk]:
-        """The next message's chunks: small appends merged, markers alone."""
-        queue = self._queue
-        limit = self.store.max_message_bytes
-        chunks: list[_Chunk] = []
-        size = 0
-        while queue:
-            chunk = queue[0]
-            if chunk.append.failed or chunk.done:
-                queue.popleft()
-                continue
-            if chunk.append.kind == MARKER or chunk.append.expected is not None:
-                # alone in its message: a marker, or a conditional append
-                # (judged against the chain's tail when it is sent)
-                if not chunks:
-                    chunks.append(queue.popleft())
-                break
-            if chunks and (size + chunk.size > limit):
-                break
-            chunks.append(queue.popleft())
-            size += chunk.size
-        return chunks
-
-    def _send(self, chunks: list[_Chunk]) -> None:
-        if self._tail is None:
-            self._tail = (self._end_seq, self._last_id, self.end_position, self.end_offset,
-                          self._attributes)
-        seq, last_id, position, offset, attrs = self._tail
-        first = chunks[0].append
-        if first.expected is not None and first.expected != position:
-            if not self._inflight:
-                self._tail = None
-            self._fail_append(first, AppendConflict(
-                f"log {self.name} ends at {position}, not {first.expected}"))
-            return
-        kind = MARKER if first.kind == MARKER else DATA
-        lengths: array[int]
-        data: bytes
-        snapshot: dict[str, int] | None
-        if kind == DATA:
-            chunks = self._meeting_expectations(chunks, attrs)
-            if not chunks:
-                if not self._inflight:
-                    self._tail = None
-                return
-        if kind == MARKER:
-            lengths, data, count, nbytes = lengths_array(), b"", 0, 0
-            snapshot = attrs
-        else:
-            snapshot = None
-            for chunk in chunks:
-                if chunk.last and chunk.append.attributes:
-                    snapshot = dict(attrs if snapshot is None else snapshot)
-                    snapshot.update(chunk.append.attributes)
-            if snapshot is not None:
-                kind = ATTRS
-            if len(chunks) == 1:
-                lengths, data = chunks[0].lengths, chunks[0].data
-            else:
-                lengths = lengths_array()
-                for chunk in chunks:
-                    lengths.extend(chunk.lengths)
-                data = b"".join(chunk.data for chunk in chunks)
-            count, nbytes = len(lengths), len(data)
-        body, crc = encode_body(lengths, data)
-        msg_id = f"{self.store.writer_id}.{self._id}.{next(self._msg_counter)}"
-        headers = encode_headers(position, offset, count, nbytes, crc, snapshot,
-                                 first.start if kind == MARKER else None)
-        headers[MSG_ID] = msg_id
-        headers[EXPECTED_LAST_SEQUENCE] = str(seq)
-        # the expected last sequence alone orders the chain.  Not also the
-        # expected last message id: nats-server replicas check it when they
-        # apply an entry, and one restarted and caught up from a snapshot
-        # does not know the last id: "last msgid mismatch", a critical write
-        # error, and that replica never catches up (one more node lost is
-        # then no quorum).  Seen in test_jetstream_protocols.
-        info = BatchInfo(seq + 1, kind, position, offset, count, nbytes, crc, snapshot,
-                         first.start if kind == MARKER else None, msg_id)
-        message = _Message(chunks, info, body, lengths, self._clock.seconds())
-        new_attrs = snapshot if snapshot is not None else attrs
-        self._tail = (seq + 1, msg_id, position + count, offset + nbytes, new_attrs)
-        self._inflight.append(message)
-        self._inflight_bytes += len(body)
-        self.store.bridge.call_soon(self.store.io.publish, self._subject(kind), headers, body,
-                                    partial(self._published, message))
-
-    def _meeting_expectations(self, chunks: list[_Chunk],
-                              attrs: dict[str, int]) -> list[_Chunk]:
-        """
-        C{chunks} without the appends whose C{expected_attributes} do not
-        hold where they now go (after the tail's C{attrs} and the chunks
-        before them); those fail with L{AppendConflict}.
-
-        Judged at every send, resends after a resynchronisation included:
-        when a message whose outcome was unknown turns up stored, an append
-        expecting the attributes it replaced is refused rather than stored
-        a second time (a Pravega writer's resent events).
-        """
-        kept: list[_Chunk] = []
-        current = attrs
-        for chunk in chunks:
-            a = chunk.append
-            if chunk.index == 0 and a.expected_attributes:
-                conflict = attributes_conflict(self.name, current, a.expected_attributes)
-                if conflict is not None:
-                    self._fail_append(a, conflict)
-            if a.failed:
-                continue
-            kept.append(chunk)
-            if chunk.last and a.attributes:
-                current = dict(current)
-                current.update(a.attributes)
-        return kept
-
-    def _published(self, message: _Message, outcome: PublishOutcome) -> None:
-        """What JetStream answered to one of our publishes (reactor thread)."""
-        if self._closed or message.outcome is not None:
-            return
-        if outcome.error is None:
-            if outcome.seq != message.info.seq:
-                log.error("log {name}: JetStream stored message {id} at {seq}, expected {want}",
-                          name=self.name, id=message.info.msg_id, seq=outcome.seq,
-                          want=message.info.seq)
-                message.outcome = "unknown"
-                message.error = JetStreamError(f"stored at unexpected sequence {outcome.seq}")
-                self._unresolved[message.msg_id] = message
-                self._begin_resync(message.error)
-                return
-            self._confirm_through(message)
-            return
-        error = outcome.error
-        if message.seen is not None and isinstance(error, NotAvailable):
-            # its answer was lost, but it was seen stored: it is
-            message.info.seq = message.seen
-            self._confirm_through(message)
-            return
-        message.error = error
-        if isinstance(error, NotAvailable):
-            # a timeout or a lost connection: it may be stored or not
-            message.outcome = "unknown"
-            self._unresolved[message.msg_id] = message
-        else:
-            message.outcome = "failed"
-            if error.err_code not in (WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
-                # refused for its own sake (too large, no space...): this
-                # append fails; the chain resynchronises for the others
-                for chunk in message.chunks:
-                    # nothing of it stored, the log goes on: as the file
-                    # store's rolled-back write (a full disk)
-                    self._fail_append(chunk.append, WriteFailed(
-                        f"JetStream refused the append: {error}"))
-        self._begin_resync(error)
-
-    def _confirm_through(self, message: _Message) -> None:
-        """C{message} is stored: so is every message before it (the chain)."""
-        while self._inflight:
-            m = self._inflight.popleft()
-            self._inflight_bytes -= len(m.body)
-            self._unresolved.pop(m.msg_id, None)
-            if m.outcome != "stored":
-                m.outcome = "stored"
-                self._learn(m.info)
-                self._complete(m)
-            if m is message:
-                break
-        if not self._inflight and not self._resyncing:
-            self._tail = None
-        self._maybe_resync()
-        self._pump()
-
-    def _complete(self, message: _Message) -> None:
-        """Fire what C{message} finishes, and keep its body for readers."""
-        info = message.info
-        if info.count:
-            entry = self.store.cache.put((self._id, info.seq), message.lengths,
-                                         memoryview(message.body)[4 * info.count:])
-            del entry
-        position = info.position
-        for chunk in message.chunks:
-            a = chunk.append
-            if chunk.done:
-                continue
-            chunk.done = True
-            if chunk.index == 0:
-                a.first_position = position
-            position += len(chunk.lengths)
-            a.done_chunks += 1
-            a.last_seq = info.seq
-            if a.done_chunks == len(a.chunks) and not a.failed and not a.deferred.called:
-                a.deferred.callback(AppendResult(cast(int, a.first_position),
-                                                 self.end_position, self.end_offset))
-        if self._retention_due():
-            self._clock.callLater(0, self.store._retain, self)
-
-    def _fail_append(self, a: _Append, error: BaseException) -> None:
-        if a.failed or a.deferred.called:
-            return
-        a.failed = True
-        a.deferred.errback(error)
-
-    # -- recovery of the chain ------------------------------------------
-    def _begin_resync(self, error: BaseException) -> None:
-        if not self._resyncing:
-            self._resyncing = True
-            if not isinstance(error, JetStreamError) or error.err_code not in (
-                    WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
-                log.warn("log {name}: append failed ({error}); re-reading the tail",
-                         name=self.name, error=error)
-        self._maybe_resync()
-
-    def _maybe_resync(self) -> None:
-        if not self._resyncing or self._resync_running or self._closed:
-            return
-        if any(m.outcome is None for m in self._inflight):
-            return  # wait until every message sent has an answer
-        self._resync_running = True
-        self._resync().addErrback(self._resync_crashed)
-
-    def _resync_crashed(self, f: Failure) -> None:
-        self._resync_running = False
-        log.failure("log {name}: resynchronisation failed", f, name=self.name)
-
-    @defer.inlineCallbacks
-    def _resync(self) -> _Inline[None]:
-        delay = 0.1
-        while not self._closed:
-            try:
-                yield self._catch_up(resolving=bool(self._unresolved))
-                break
-            except (NotAvailable, JetStreamError) as e:
-                if self._unavailable_since is None:
-                    self._unavailable_since = self._clock.seconds()
-                self._note_unavailable(e)
-                yield _sleep(self._clock, delay)
-                delay = min(delay * 2, 1.0)
-                self._expire()
-            except CorruptLog as e:
-                self._fail_stop(e)
-                break
-        self._resync_running = False
-        if self._closed:
-            return
-        self._unavailable_since = None
-        if self.unavailable is not None:
-            log.info("log {name}: JetStream answers again", name=self.name)
-            self.unavailable = None
-        # what was not stored goes again, in order, with fresh positions
-        again: list[_Chunk] = []
-        now = self._clock.seconds()
-        # a message whose outcome was unknown can still be applied by the
-        # quorum after the tail was read (then its records are not sent a
-        # third time); after GHOST_SECONDS it no longer can
-        for msg_id, m in list(self._ghosts.items()):
-            if now - m.sent_at > GHOST_SECONDS:
-                del self._ghosts[msg_id]
-        for m in self._inflight:
-            if m.outcome == "stored":
-                continue
-            if m.outcome == "unknown":
-                self._ghosts[m.msg_id] = m
-            for chunk in m.chunks:
-                if not chunk.done and not chunk.append.failed and chunk.append.deadline > now:
-                    again.append(chunk)
-        self._unresolved.clear()
-        self._inflight.clear()
-        self._inflight_bytes = 0
-        self._queue.extendleft(reversed(again))
-        self._tail = None
-        self._resyncing = False
-        self._pump()
+        return self._chain.enqueue(a)
 
     @defer.inlineCallbacks
     def _catch_up(self, resolving: bool = False) -> _Inline[None]:
@@ -763,45 +332,12 @@ class JetStreamLog:
         """Catch up with the leader (C{get()} of an open log): shared by concurrent callers."""
         return self._refreshing()
 
-    def _note_unavailable(self, error: BaseException) -> None:
-        since = self._unavailable_since
-        if since is None:
-            since = self._clock.seconds()
-        if self._clock.seconds() - since >= self.store.timeout and self.unavailable is None:
-            # transient (not C{failed}, which is for good): appends fail at
-            # once until the cluster answers again
-            self.unavailable = StoreUnavailable(
-                f"JetStream unavailable for {self.store.timeout:g}s: {error}")
-            log.error("log {name}: {error}", name=self.name, error=self.unavailable)
-            for a in list(self._pending):
-                self._fail_append(a, StoreUnavailable(str(self.unavailable)))
-
     def _fail_stop(self, error: BaseException) -> None:
         if self.failed is None:
             self.failed = error
             log.error("log {name} stopped: {error}", name=self.name, error=error)
-        for a in list(self._pending):
-            self._fail_append(a, LogFailed(str(error)))
-
-    # -- deadlines: an append is acknowledged in time or fails ------------
-    def _schedule_deadlines(self) -> None:
-        if self._deadline_call is None and self._pending:
-            delay = max(0.05, min(1.0, self.store.timeout / 4))
-            self._deadline_call = self._clock.callLater(delay, self._check_deadlines)
-
-    def _check_deadlines(self) -> None:
-        self._deadline_call = None
-        self._expire()
-        self._schedule_deadlines()
-
-    def _expire(self) -> None:
-        now = self._clock.seconds()
-        for a in list(self._pending):
-            if a.deadline <= now:
-                why = self.failed or self.unavailable or (
-                    self._inflight and self._inflight[0].error) or "no acknowledgement"
-                self._fail_append(a, StoreUnavailable(
-                    f"JetStream did not acknowledge within {self.store.timeout:g}s ({why})"))
+        for a in list(self._chain.pending):
+            self._chain.fail_append(a, LogFailed(str(error)))
 
     # -- reading ---------------------------------------------------------
     def _check(self, position: int) -> None:
@@ -1020,7 +556,7 @@ class JetStreamLog:
         """A marker saying where the log starts, then the purge of what it hides."""
         a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
                     kind=MARKER, start=(position, offset))
-        yield self._enqueue(a)
+        yield self._chain.enqueue(a)
         marker_seq = cast(int, a.last_seq)  # set once it is stored
         keep: int | None = marker_seq
         if position < self.end_position:
@@ -1111,7 +647,7 @@ class JetStreamLog:
         }
 
     def sync(self) -> Deferred[int]:
-        pending = [a.deferred for a in self._pending]
+        pending = [a.deferred for a in self._chain.pending]
         if not pending:
             return succeed(self.end_position)
         waits: list[Deferred[None]] = []
@@ -1137,15 +673,10 @@ class JetStreamLog:
             return
         self._closed = True
         reason = reason or LogClosed(self.name)
-        for a in list(self._pending):
-            if not a.deferred.called:
-                a.failed = True
-                a.deferred.errback(LogClosed(str(reason)))
-        self._queue.clear()
+        self._chain.close(reason)
         self._waiters.fail_all(LogClosed(self.name))
         self._offset_waiters.fail_all(LogClosed(self.name))
-        if self._deadline_call is not None and self._deadline_call.active():
-            self._deadline_call.cancel()
+        self._chain.cancel_deadlines()
         self.store.cache.drop_log(self._id)
         watch, self._watch = self._watch, None
         if watch is not None:
@@ -1184,7 +715,3 @@ def _spawn(bridge: AsyncioThreadBridge,
 
 
 
-def _sleep(clock: IReactorTime, seconds: float) -> Deferred[None]:
-    d: Deferred[None] = defer.Deferred()
-    clock.callLater(seconds, d.callback, None)
-    return d

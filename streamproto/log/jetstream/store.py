@@ -384,7 +384,7 @@ class JetStreamLogStore:
             self._retention_call.cancel()
         logs = list(self._logs.values())
         for log_ in logs:
-            if log_._pending and log_.failed is None:
+            if log_._chain.pending and log_.failed is None:
                 try:
                     yield log_.sync()
                 except Exception:
