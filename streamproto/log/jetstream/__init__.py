@@ -52,6 +52,8 @@ Modules
 - L{log}: L{JetStreamLog}, one log;
 - L{chain}: its L{AppendChain}, the write side (appends in flight,
   resynchronisation, deadlines);
+- L{reading}: its L{MessageReader}, the read side (finding messages, the
+  body cache, read-ahead);
 - L{common}: what they share (the translation of the cluster's errors).
 
 The names other modules import are importable from this package.

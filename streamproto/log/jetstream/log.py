@@ -4,13 +4,10 @@ L{JetStreamLog}: one log, a JetStream stream, on the reactor thread.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import time
-from array import array
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from itertools import accumulate
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
@@ -18,7 +15,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.core.observer import SharedCall
-from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
@@ -27,10 +24,11 @@ from streamproto.log.errors import (
 from streamproto.log.interfaces import ILog
 from streamproto.log.jetstream.chain import AppendChain, _Append
 from streamproto.log.jetstream.common import _Inline, _store_errors, log
-from streamproto.log.msgindex import BodyEntry, MessageIndex, holds
+from streamproto.log.jetstream.reading import MessageReader, _Found, _offsets
+from streamproto.log.msgindex import MessageIndex
 from streamproto.log.natsformat import (
-    ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_body,
-    decode_info, encode_headers, stream_name, subject, subjects_filter,
+    ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_info,
+    encode_headers, stream_name, subject, subjects_filter,
 )
 from streamproto.log.natsio import (
     WRONG_LAST_SEQUENCE, JetStreamError, NotAvailable, PublishOutcome, StoredMsg, Watch,
@@ -43,8 +41,6 @@ if TYPE_CHECKING:
     from streamproto.log.jetstream.store import JetStreamLogStore
 
 _T = TypeVar("_T")
-#: the message holding a position or offset, with its cached body
-_Found: TypeAlias = tuple[BatchInfo, BodyEntry]
 
 #: seconds to wait for the stream leader's answer to "where is the tail?"
 CATCH_UP_TIMEOUT = 1.0
@@ -86,6 +82,8 @@ class JetStreamLog:
         self._offset_waiters = Waiters(self._clock)
         # the chain of appends (the write side)
         self._chain = AppendChain(self)
+        # the read side
+        self._reader = MessageReader(self)
         self._watch: Watch | None = None
         self._refreshing: SharedCall[None] = SharedCall(self._catch_up)
         self._retention_running = False
@@ -340,177 +338,19 @@ class JetStreamLog:
             self._chain.fail_append(a, LogFailed(str(error)))
 
     # -- reading ---------------------------------------------------------
-    def _check(self, position: int) -> None:
-        if self._closed:
-            raise LogClosed(self.name)
-        if not self.start_position <= position <= self.end_position:
-            raise PositionOutOfRange(
-                f"position {position} outside [{self.start_position}, {self.end_position}]")
-
     @_store_errors
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
-        try:
-            self._check(position)
-        except Exception as e:
-            return fail(e)
-        if position == self.end_position or max_records == 0:
-            return succeed(empty_batch(position))
-        found = self._cached("position", position)
-        if found is not None:
-            return succeed(self._slice(found[0], found[1], position, max_records, max_bytes))
-        return self._load("position", position).addCallback(
-            lambda found: self._slice(found[0], found[1], position, max_records, max_bytes))
-
-    def _slice(self, info: BatchInfo, entry: BodyEntry, position: int, max_records: int,
-               max_bytes: int) -> RecordBatch:
-        """
-        Records from C{position} in message C{info}, continued into the
-        next messages while they are in memory and the limits allow (so
-        that small appends read back in one batch).
-        """
-        batch = _slice_one(info, entry, position, max_records, max_bytes)
-        count, nbytes = len(batch), batch.nbytes
-        if batch.next_position < info.end_position or nbytes >= max_bytes \
-                or (max_records >= 0 and count >= max_records):
-            return batch
-        parts = [batch]
-        current = info
-        while True:
-            following = self._index.after(current)
-            if following is None:
-                break
-            current = following
-            if following.count == 0:
-                continue
-            cached = self.store.cache.get((self._id, following.seq))
-            if cached is None:
-                break
-            entry = cached
-            left = -1 if max_records < 0 else max_records - count
-            more = _slice_one(following, entry, following.position, left, max_bytes - nbytes)
-            if nbytes + more.nbytes > max_bytes:
-                break  # its first record alone is over what is left
-            parts.append(more)
-            count += len(more)
-            nbytes += more.nbytes
-            if more.next_position < following.end_position or nbytes >= max_bytes \
-                    or (max_records >= 0 and count >= max_records):
-                break
-        if len(parts) == 1:
-            return batch
-        lengths = lengths_array()
-        for part in parts:
-            lengths.extend(part.lengths)
-        return RecordBatch(position, lengths, b"".join(part.data for part in parts))
-
-    def _cached(self, key: str, target: int) -> _Found | None:
-        """(info, body entry) of the message holding C{target}, if in memory."""
-        _below, above = self._index.bounds(key, target)
-        if above is not None and holds(above, key, target):
-            entry = self.store.cache.get((self._id, above.seq))
-            if entry is not None:
-                return above, entry
-        return None
-
-    @defer.inlineCallbacks
-    def _load(self, key: str, target: int) -> _Inline[_Found]:
-        info = yield self._locate(key, target)
-        entry = self.store.cache.get((self._id, info.seq))
-        if entry is None:
-            entry = yield self._fetch_body(info.seq)
-        self._prefetch(info)
-        return info, entry
-
-    @defer.inlineCallbacks
-    def _locate(self, key: str, target: int) -> _Inline[BatchInfo]:
-        """The message holding position (or payload byte) C{target}: memory, or a short search."""
-        below, above = self._index.bounds(key, target)
-        if above is not None and holds(above, key, target):
-            return above
-        lo = below.seq if below is not None else self._first_seq - 1
-        upper = above.seq if above is not None else self._end_seq + 1
-        answer = above
-        io = self.store.io
-        filter_ = subjects_filter(self.store.prefix, self.name)
-        while upper - lo > 1:
-            mid = (lo + upper) // 2
-            got = yield self.store._call(io.get, self.stream, seq=mid, next=filter_)
-            if self._closed:
-                raise LogClosed(self.name)
-            if got is None or got.seq >= upper:
-                upper = mid
-                continue
-            info = self._decode(got)
-            self._index.add(info)
-            end = info.end_position if key == "position" else info.end_offset
-            if end > target:
-                answer, upper = info, info.seq
-            else:
-                lo = info.seq
-        if answer is None or not holds(answer, key, target):
-            if target < (self.start_position if key == "position" else self.start_offset):
-                raise PositionOutOfRange(f"{key} {target} was truncated")
-            raise CorruptLog(f"log {self.name}: no message holds {key} {target}")
-        return answer
-
-    @defer.inlineCallbacks
-    def _fetch_body(self, seq: int) -> _Inline[BodyEntry]:
-        got = yield self.store._call(self.store.io.get_direct, self.stream, seq)
-        if got is None:
-            raise PositionOutOfRange(f"message {seq} of log {self.name} was purged")
-        info = self._decode(got)
-        self._index.add(info)
-        try:
-            lengths, data = decode_body(info, got.data)
-        except MessageFormatError as e:
-            raise CorruptLog(f"log {self.name}: {e}")
-        return self.store.cache.put((self._id, seq), lengths, data)
-
-    def _prefetch(self, info: BatchInfo) -> None:
-        """Read ahead the next messages of a sequential reader."""
-        for seq in range(info.seq + 1, min(info.seq + 1 + self.store.read_ahead,
-                                          self._end_seq + 1)):
-            if self.store.cache.get((self._id, seq)) is None:
-                self._fetch_body(seq).addErrback(lambda f: None)
+        return self._reader.read(position, max_records, max_bytes)
 
     @_store_errors
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if not self.start_offset <= offset <= self.end_offset:
-            return fail(PositionOutOfRange(
-                f"offset {offset} outside [{self.start_offset}, {self.end_offset}]"))
-        if offset == self.end_offset or max_bytes <= 0:
-            return succeed(b"")
-
-        def cut(found: _Found) -> bytes:
-            info, entry = found
-            at = offset - info.offset
-            return bytes(entry[1][at:at + max_bytes])
-        found = self._cached("offset", offset)
-        if found is not None:
-            return succeed(cut(found))
-        return self._load("offset", offset).addCallback(cut)
+        return self._reader.read_bytes(offset, max_bytes)
 
     @_store_errors
     def position_of_offset(self, offset: int) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if not self.start_offset <= offset <= self.end_offset:
-            return fail(PositionOutOfRange(f"offset {offset} out of range"))
-        if offset == self.end_offset:
-            return succeed(self.end_position)
+        return self._reader.position_of_offset(offset)
 
-        def find(found: _Found) -> int:
-            info, entry = found
-            offsets = _offsets(entry)
-            k = bisect.bisect_right(offsets, offset - info.offset, 0, len(entry[0])) - 1
-            return info.position + k
-        found = self._cached("offset", offset)
-        if found is not None:
-            return succeed(find(found))
-        return self._load("offset", offset).addCallback(find)
 
     def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
@@ -537,7 +377,7 @@ class JetStreamLog:
         def at(found: _Found) -> Deferred[int]:
             info, entry = found
             return self._truncate(position, info.offset + _offsets(entry)[position - info.position])
-        return self._load("position", position).addCallback(at)
+        return self._reader.load("position", position).addCallback(at)
 
     @_store_errors
     def truncate_offset(self, offset: int) -> Deferred[int]:
@@ -561,7 +401,7 @@ class JetStreamLog:
         keep: int | None = marker_seq
         if position < self.end_position:
             try:
-                info = yield self._locate("position", position)
+                info = yield self._reader.locate("position", position)
                 keep = min(info.seq, marker_seq)
             except PositionOutOfRange:
                 keep = None
@@ -603,10 +443,10 @@ class JetStreamLog:
             c = self.config
             cut = self.start_position
             if c.log_max_count > 0 and self.end_position - self.start_position > c.log_max_count:
-                info = yield self._locate("position", self.end_position - c.log_max_count)
+                info = yield self._reader.locate("position", self.end_position - c.log_max_count)
                 cut = max(cut, info.position)
             if c.log_max_size > 0 and self.end_offset - self.start_offset > c.log_max_size:
-                info = yield self._locate("offset", self.end_offset - c.log_max_size)
+                info = yield self._reader.locate("offset", self.end_offset - c.log_max_size)
                 cut = max(cut, info.position)
             if c.log_max_age > 0:
                 since = time.time() - c.log_max_age
@@ -685,28 +525,6 @@ class JetStreamLog:
             except Exception:
                 pass
 
-
-def _slice_one(info: BatchInfo, entry: BodyEntry, position: int, max_records: int,
-               max_bytes: int) -> RecordBatch:
-    """Records from C{position} within one message: at least one, whole ones within C{max_bytes}."""
-    lengths: array[int] = entry[0]
-    data: bytes | memoryview = entry[1]
-    offsets = _offsets(entry)
-    n = len(lengths)
-    i = position - info.position
-    stop = n if max_records < 0 else min(n, i + max_records)
-    limit = offsets[i] + max(max_bytes, 0)
-    j = bisect.bisect_right(offsets, limit, i + 1, stop + 1) - 1
-    j = max(j, i + 1)
-    return RecordBatch(position, lengths[i:j], data[offsets[i]:offsets[j]])
-
-
-def _offsets(entry: BodyEntry) -> list[int]:
-    """The n + 1 record offsets of a cached message body (computed once)."""
-    if entry[2] is None:
-        entry[2] = list(accumulate(entry[0], initial=0))
-    offsets: list[int] = entry[2]
-    return offsets
 
 
 def _spawn(bridge: AsyncioThreadBridge,
