@@ -48,15 +48,24 @@ Followers
 
 Modules
 =======
-- L{store}: L{JetStreamLogStore}, the cluster and the logs on it;
-- L{log}: L{JetStreamLog}, one log;
-- L{chain}: its L{AppendChain}, the write side (appends in flight,
-  resynchronisation, deadlines);
-- L{reading}: its L{MessageReader}, the read side (finding messages, the
-  body cache, read-ahead);
+One module per concern; the log delegates to one object per side:
+
+- L{store}: L{JetStreamLogStore}, the cluster and the logs on it
+  (connecting, advisories, create/open/delete, retention rounds);
+- L{log}: L{JetStreamLog}, one log: its acknowledged state, how it is
+  learnt (recovery, the follower, catching up with the leader), and the
+  L{ILog} methods, which hand the work to
+- L{chain}: L{AppendChain}, the write side (merging and splitting appends
+  into messages, the messages in flight, the resynchronisation after an
+  error, deadlines);
+- L{reading}: L{MessageReader}, the read side (finding a message by
+  position or offset, the body cache, read-ahead);
+- L{truncation}: L{Truncation}, where the log starts (markers, purges,
+  retention);
 - L{common}: what they share (the translation of the cluster's errors).
 
-The names other modules import are importable from this package.
+The names other modules import (L{JetStreamLogStore}, L{JetStreamLog}) are
+importable from this package.
 """
 
 from streamproto.log.jetstream.log import JetStreamLog

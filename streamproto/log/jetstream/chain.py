@@ -251,8 +251,8 @@ class AppendChain:
 
     def _send(self, chunks: list[_Chunk]) -> None:
         if self._tail is None:
-            self._tail = (self._log._end_seq, self._log._last_id, self._log.end_position, self._log.end_offset,
-                          self._log._attributes)
+            self._tail = (self._log._end_seq, self._log._last_id, self._log.end_position,
+                          self._log.end_offset, self._log._attributes)
         seq, last_id, position, offset, attrs = self._tail
         first = chunks[0].append
         if first.expected is not None and first.expected != position:
@@ -417,7 +417,7 @@ class AppendChain:
             if a.done_chunks == len(a.chunks) and not a.failed and not a.deferred.called:
                 a.deferred.callback(AppendResult(cast(int, a.first_position),
                                                  self._log.end_position, self._log.end_offset))
-        if self._log._retention_due():
+        if self._log._truncation.due():
             self._clock.callLater(0, self.store._retain, self._log)
 
     def fail_append(self, a: _Append, error: BaseException) -> None:

@@ -1,13 +1,25 @@
 """
 L{JetStreamLog}: one log, a JetStream stream, on the reactor thread.
+
+The log holds the acknowledged state, what readers see: where the log
+starts and ends (positions, payload offsets, stream sequences) and its
+attributes.  Only what JetStream stored changes it, learnt from the stream
+leader when the log is opened, from the follower (an ordered consumer of
+every new message's headers), from the answers to our own publishes, and
+from catching up with the leader after an error or on C{get()}.  A message
+that breaks the chain of positions stops the log (C{failed}).
+
+The L{ILog} methods are here, each handing its work to the object that
+owns that side: appends to the L{AppendChain}, reads to the
+L{MessageReader}, truncation and retention to L{Truncation}; waiters and
+closing stay here because they are about the acknowledged state.
 """
 
 from __future__ import annotations
 
 import itertools
-import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
@@ -18,21 +30,19 @@ from streamproto.core.observer import SharedCall
 from streamproto.log.batch import BytesLike, RecordBatch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogFailed, LogNotFound, PositionOutOfRange, RecordTooLarge,
-    StoreUnavailable,
+    CorruptLog, LogClosed, LogFailed, LogNotFound, RecordTooLarge, StoreUnavailable,
 )
 from streamproto.log.interfaces import ILog
 from streamproto.log.jetstream.chain import AppendChain, _Append
 from streamproto.log.jetstream.common import _Inline, _store_errors, log
-from streamproto.log.jetstream.reading import MessageReader, _Found, _offsets
+from streamproto.log.jetstream.reading import MessageReader
+from streamproto.log.jetstream.truncation import Truncation
 from streamproto.log.msgindex import MessageIndex
 from streamproto.log.natsformat import (
     ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_info,
     encode_headers, stream_name, subject, subjects_filter,
 )
-from streamproto.log.natsio import (
-    WRONG_LAST_SEQUENCE, JetStreamError, NotAvailable, PublishOutcome, StoredMsg, Watch,
-)
+from streamproto.log.natsio import WRONG_LAST_SEQUENCE, PublishOutcome, StoredMsg, Watch
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
 
@@ -84,10 +94,10 @@ class JetStreamLog:
         self._chain = AppendChain(self)
         # the read side
         self._reader = MessageReader(self)
+        # where the log starts
+        self._truncation = Truncation(self)
         self._watch: Watch | None = None
         self._refreshing: SharedCall[None] = SharedCall(self._catch_up)
-        self._retention_running = False
-        self._last_retention = 0.0
 
     # -- coordinates -----------------------------------------------------
     @property
@@ -365,107 +375,15 @@ class JetStreamLog:
     # -- truncation and retention ----------------------------------------
     @_store_errors
     def truncate(self, position: int | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if position is None or position > self.end_position:
-            position = self.end_position
-        if position <= self.start_position:
-            return succeed(self.start_position)
-        if position == self.end_position:
-            return self._truncate(position, self.end_offset)
-
-        def at(found: _Found) -> Deferred[int]:
-            info, entry = found
-            return self._truncate(position, info.offset + _offsets(entry)[position - info.position])
-        return self._reader.load("position", position).addCallback(at)
+        return self._truncation.truncate(position)
 
     @_store_errors
     def truncate_offset(self, offset: int) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if offset > self.end_offset:
-            return fail(PositionOutOfRange(f"offset {offset} beyond end {self.end_offset}"))
-        if offset <= self.start_offset:
-            return succeed(self.start_offset)
-        return self.position_of_offset(offset).addCallback(
-            lambda position: self._truncate(position, offset)).addCallback(
-            lambda _: self.start_offset)
+        return self._truncation.truncate_offset(offset)
 
-    @defer.inlineCallbacks
-    def _truncate(self, position: int, offset: int) -> _Inline[int]:
-        """A marker saying where the log starts, then the purge of what it hides."""
-        a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
-                    kind=MARKER, start=(position, offset))
-        yield self._chain.enqueue(a)
-        marker_seq = cast(int, a.last_seq)  # set once it is stored
-        keep: int | None = marker_seq
-        if position < self.end_position:
-            try:
-                info = yield self._reader.locate("position", position)
-                keep = min(info.seq, marker_seq)
-            except PositionOutOfRange:
-                keep = None
-        if keep is not None and keep > self._first_seq:
-            try:
-                yield self.store._call(self.store.io.purge, self.stream, keep)
-                self._first_seq = keep
-                self._index.forget_before(keep)
-            except (NotAvailable, JetStreamError) as e:
-                # the log is truncated (the marker is stored); the space
-                # comes back at the next retention round
-                log.warn("log {name}: purge below {seq} failed: {error}", name=self.name,
-                         seq=keep, error=e)
-        return self.start_position
-
-    def _retention_due(self) -> bool:
-        c = self.config
-        now = self._clock.seconds()
-        if self._retention_running or now - self._last_retention < 1.0:
-            return False
-        kept = self.end_position - self.start_position
-        if c.log_max_count > 0 and kept > c.log_max_count + max(1, c.log_max_count // 8):
-            return True
-        size = self.end_offset - self.start_offset
-        return c.log_max_size > 0 and size > c.log_max_size + max(1, c.log_max_size // 8)
-
-    @defer.inlineCallbacks
-    def retain(self) -> _Inline[int]:
-        """
-        Apply the retention limits: hide and purge whole messages while
-        what remains still reaches each limit (so, as on the file store, a
-        log keeps I{at least} its limits, here less than one message more).
-        """
-        if self._retention_running or self._closed:
-            return self.start_position
-        self._retention_running = True
-        self._last_retention = self._clock.seconds()
-        try:
-            c = self.config
-            cut = self.start_position
-            if c.log_max_count > 0 and self.end_position - self.start_position > c.log_max_count:
-                info = yield self._reader.locate("position", self.end_position - c.log_max_count)
-                cut = max(cut, info.position)
-            if c.log_max_size > 0 and self.end_offset - self.start_offset > c.log_max_size:
-                info = yield self._reader.locate("offset", self.end_offset - c.log_max_size)
-                cut = max(cut, info.position)
-            if c.log_max_age > 0:
-                since = time.time() - c.log_max_age
-                got = yield self.store._call(
-                    self.store.io.get, self.stream,
-                    next=subjects_filter(self.store.prefix, self.name),
-                    start_time=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since))
-                    + f".{int(since % 1 * 1e6):06d}Z")
-                if got is None:
-                    cut = max(cut, self.end_position)
-                else:
-                    info = self._decode(got)
-                    self._index.add(info)
-                    cut = max(cut, info.position)
-            if cut > self.start_position:
-                yield self.truncate(cut)
-        finally:
-            self._retention_running = False
-        return self.start_position
+    def retain(self) -> Deferred[int]:
+        """Apply the retention limits (L{Truncation.retain})."""
+        return self._truncation.retain()
 
     # -- the rest --------------------------------------------------------
     def info(self) -> dict[str, Any]:

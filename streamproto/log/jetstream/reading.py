@@ -59,7 +59,8 @@ class MessageReader:
             raise LogClosed(self.name)
         if not self._log.start_position <= position <= self._log.end_position:
             raise PositionOutOfRange(
-                f"position {position} outside [{self._log.start_position}, {self._log.end_position}]")
+                f"position {position} outside "
+                f"[{self._log.start_position}, {self._log.end_position}]")
 
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
