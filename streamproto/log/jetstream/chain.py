@@ -135,7 +135,6 @@ class _Message:
         return cast(str, self.info.msg_id)
 
 
-
 class AppendChain:
     """
     The appends of one log, from L{ILog.append} to their acknowledgement.
@@ -166,27 +165,9 @@ class AppendChain:
         self._unavailable_since: float | None = None
         self._msg_counter = itertools.count(1)
 
-    def resolve(self, info: BatchInfo) -> None:
-        """One of our messages whose outcome we did not know is stored."""
-        if info.msg_id is None:
-            return
-        message = self._unresolved.pop(info.msg_id, None) or self._ghosts.pop(info.msg_id, None)
-        if message is None:
-            # stored, and seen before its publish was answered (the
-            # follower can be quicker than the ack): if that answer is then
-            # lost, the message must not be sent again
-            for sent in self._inflight:
-                if sent.outcome is None and sent.info.msg_id == info.msg_id:
-                    sent.seen = info.seq
-                    return
-            return
-        if message.outcome != "stored":
-            message.outcome = "stored"
-            message.info.seq = info.seq
-            self._complete(message)
-
-
+    # -- appending -------------------------------------------------------
     def enqueue(self, a: _Append) -> Deferred[AppendResult]:
+        """Queue C{a} (cut into chunks) and send what the window allows."""
         cuts = split_points(a.lengths, self.store.max_message_bytes) if len(a.lengths) else [(0, 0)]
         offsets: list[int] | None = None
         if len(cuts) > 1:
@@ -426,6 +407,26 @@ class AppendChain:
         a.failed = True
         a.deferred.errback(error)
 
+    # -- what the log learnt is stored -------------------------------------
+    def resolve(self, info: BatchInfo) -> None:
+        """One of our messages whose outcome we did not know is stored."""
+        if info.msg_id is None:
+            return
+        message = self._unresolved.pop(info.msg_id, None) or self._ghosts.pop(info.msg_id, None)
+        if message is None:
+            # stored, and seen before its publish was answered (the
+            # follower can be quicker than the ack): if that answer is then
+            # lost, the message must not be sent again
+            for sent in self._inflight:
+                if sent.outcome is None and sent.info.msg_id == info.msg_id:
+                    sent.seen = info.seq
+                    return
+            return
+        if message.outcome != "stored":
+            message.outcome = "stored"
+            message.info.seq = info.seq
+            self._complete(message)
+
     # -- recovery of the chain ------------------------------------------
     def _begin_resync(self, error: BaseException) -> None:
         if not self._resyncing:
@@ -510,7 +511,6 @@ class AppendChain:
             for a in list(self.pending):
                 self.fail_append(a, StoreUnavailable(str(self._log.unavailable)))
 
-
     # -- deadlines: an append is acknowledged in time or fails ------------
     def _schedule_deadlines(self) -> None:
         if self._deadline_call is None and self.pending:
@@ -531,7 +531,6 @@ class AppendChain:
                 self.fail_append(a, StoreUnavailable(
                     f"JetStream did not acknowledge within {self.store.timeout:g}s ({why})"))
 
-
     # -- closing -----------------------------------------------------------
     def close(self, reason: BaseException) -> None:
         """The log closed: every append not settled fails, nothing more is sent."""
@@ -542,6 +541,7 @@ class AppendChain:
         self._queue.clear()
 
     def cancel_deadlines(self) -> None:
+        """No more deadline checks (the log is closed)."""
         if self._deadline_call is not None and self._deadline_call.active():
             self._deadline_call.cancel()
 

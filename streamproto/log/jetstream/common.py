@@ -44,4 +44,3 @@ def _store_errors(method: Callable[_P, Deferred[_T]]) -> Callable[_P, Deferred[_
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         return method(*args, **kwargs).addErrback(translated)
     return wrapper
-

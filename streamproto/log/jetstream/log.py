@@ -361,7 +361,7 @@ class JetStreamLog:
     def position_of_offset(self, offset: int) -> Deferred[int]:
         return self._reader.position_of_offset(offset)
 
-
+    # -- waiting -----------------------------------------------------------
     def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:
             return fail(LogClosed(self.name))
@@ -444,10 +444,6 @@ class JetStreamLog:
                 pass
 
 
-
 def _spawn(bridge: AsyncioThreadBridge,
            coroutine_function: Callable[[], Coroutine[Any, Any, object]]) -> None:
     bridge.loop.create_task(coroutine_function())
-
-
-

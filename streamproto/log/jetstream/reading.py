@@ -246,4 +246,3 @@ def _offsets(entry: BodyEntry) -> list[int]:
         entry[2] = list(accumulate(entry[0], initial=0))
     offsets: list[int] = entry[2]
     return offsets
-

@@ -55,7 +55,6 @@ async def _pause(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
-
 @implementer(ILogStore)
 class JetStreamLogStore:
     """
