@@ -1,0 +1,46 @@
+"""
+What the modules of L{streamproto.log.jetstream} share: the type of their
+C{inlineCallbacks} generators, the logger they log to, and the translation
+of the cluster's own errors into what every protocol reports.
+
+Kept apart so that the log, its collaborators and the store import it
+without importing each other.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Generator
+from typing import Any, ParamSpec, TypeAlias, TypeVar
+
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from streamproto.log.errors import StoreUnavailable
+from streamproto.log.natsio import JetStreamError, NotAvailable
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+#: what an C{inlineCallbacks} generator yields, is sent, and returns
+_Inline: TypeAlias = Generator[Deferred[Any], Any, _T]
+
+# the store's log lines keep the namespace they had in one module
+log = Logger(namespace="streamproto.log.jetstream")
+
+
+def _store_errors(method: Callable[_P, Deferred[_T]]) -> Callable[_P, Deferred[_T]]:
+    """
+    The cluster's own errors (no answer, no leader) out of an ILog/ILogStore
+    method as L{StoreUnavailable}, a L{LogFailed}: what every protocol
+    already reports as its "not available" error.
+    """
+    def translated(failure: Failure) -> Failure:
+        if failure.check(NotAvailable, JetStreamError):
+            raise StoreUnavailable(f"JetStream: {failure.getErrorMessage()}")
+        return failure
+
+    @functools.wraps(method)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
+        return method(*args, **kwargs).addErrback(translated)
+    return wrapper

@@ -1,0 +1,156 @@
+"""
+Where one L{JetStreamLog} starts: truncation and retention.
+
+A truncation appends a marker saying where the log now starts (through the
+append chain, so that it is ordered with the appends and every front-end
+learns it), then purges the messages it hides; a purge that fails only
+leaves the space to the next retention round.  Retention truncates whole
+messages while what remains still reaches each of the log's limits (count,
+size, age), after appends (at most once a second) and in the store's
+periodic rounds.
+
+Kept apart from the log because it is the one writer of the log's start
+besides what the log learns from the stream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, cast
+
+from twisted.internet import defer
+from twisted.internet.defer import Deferred, fail, succeed
+
+from streamproto.log.batch import lengths_array
+from streamproto.log.errors import LogClosed, PositionOutOfRange
+from streamproto.log.jetstream.chain import _Append
+from streamproto.log.jetstream.common import _Inline, log
+from streamproto.log.jetstream.reading import _Found, _offsets
+from streamproto.log.natsformat import MARKER, subjects_filter
+from streamproto.log.natsio import JetStreamError, NotAvailable
+
+if TYPE_CHECKING:
+    from streamproto.log.jetstream.log import JetStreamLog
+
+
+class Truncation:
+    """
+    Truncates one log: what L{ILog.truncate} and L{ILog.truncate_offset}
+    do, and its retention (L{retain}, and L{due} after appends).
+    """
+
+    def __init__(self, log: JetStreamLog) -> None:
+        self._log = log
+        self.store = log.store
+        self.name = log.name
+        self.stream = log.stream
+        self._clock = log._clock
+        self._chain = log._chain
+        self._reader = log._reader
+        self._retention_running = False
+        self._last_retention = 0.0
+
+    def truncate(self, position: int | None = None) -> Deferred[int]:
+        if self._log._closed:
+            return fail(LogClosed(self.name))
+        if position is None or position > self._log.end_position:
+            position = self._log.end_position
+        if position <= self._log.start_position:
+            return succeed(self._log.start_position)
+        if position == self._log.end_position:
+            return self._truncate(position, self._log.end_offset)
+
+        def at(found: _Found) -> Deferred[int]:
+            info, entry = found
+            return self._truncate(position, info.offset + _offsets(entry)[position - info.position])
+        return self._reader.load("position", position).addCallback(at)
+
+    def truncate_offset(self, offset: int) -> Deferred[int]:
+        if self._log._closed:
+            return fail(LogClosed(self.name))
+        if offset > self._log.end_offset:
+            return fail(PositionOutOfRange(f"offset {offset} beyond end {self._log.end_offset}"))
+        if offset <= self._log.start_offset:
+            return succeed(self._log.start_offset)
+        return self._log.position_of_offset(offset).addCallback(
+            lambda position: self._truncate(position, offset)).addCallback(
+            lambda _: self._log.start_offset)
+
+    @defer.inlineCallbacks
+    def _truncate(self, position: int, offset: int) -> _Inline[int]:
+        """A marker saying where the log starts, then the purge of what it hides."""
+        a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
+                    kind=MARKER, start=(position, offset))
+        yield self._chain.enqueue(a)
+        marker_seq = cast(int, a.last_seq)  # set once it is stored
+        keep: int | None = marker_seq
+        if position < self._log.end_position:
+            try:
+                info = yield self._reader.locate("position", position)
+                keep = min(info.seq, marker_seq)
+            except PositionOutOfRange:
+                keep = None
+        if keep is not None and keep > self._log._first_seq:
+            try:
+                yield self.store._call(self.store.io.purge, self.stream, keep)
+                self._log._first_seq = keep
+                self._log._index.forget_before(keep)
+            except (NotAvailable, JetStreamError) as e:
+                # the log is truncated (the marker is stored); the space
+                # comes back at the next retention round
+                log.warn("log {name}: purge below {seq} failed: {error}", name=self.name,
+                         seq=keep, error=e)
+        return self._log.start_position
+
+    def due(self) -> bool:
+        c = self._log.config
+        now = self._clock.seconds()
+        if self._retention_running or now - self._last_retention < 1.0:
+            return False
+        kept = self._log.end_position - self._log.start_position
+        if c.log_max_count > 0 and kept > c.log_max_count + max(1, c.log_max_count // 8):
+            return True
+        size = self._log.end_offset - self._log.start_offset
+        return c.log_max_size > 0 and size > c.log_max_size + max(1, c.log_max_size // 8)
+
+    @defer.inlineCallbacks
+    def retain(self) -> _Inline[int]:
+        """
+        Apply the retention limits: hide and purge whole messages while
+        what remains still reaches each limit (so, as on the file store, a
+        log keeps I{at least} its limits, here less than one message more).
+        """
+        if self._retention_running or self._log._closed:
+            return self._log.start_position
+        self._retention_running = True
+        self._last_retention = self._clock.seconds()
+        try:
+            c = self._log.config
+            cut = self._log.start_position
+            if c.log_max_count > 0 and \
+                    self._log.end_position - self._log.start_position > c.log_max_count:
+                info = yield self._reader.locate("position",
+                                                 self._log.end_position - c.log_max_count)
+                cut = max(cut, info.position)
+            if c.log_max_size > 0 and \
+                    self._log.end_offset - self._log.start_offset > c.log_max_size:
+                info = yield self._reader.locate("offset", self._log.end_offset - c.log_max_size)
+                cut = max(cut, info.position)
+            if c.log_max_age > 0:
+                since = time.time() - c.log_max_age
+                got = yield self.store._call(
+                    self.store.io.get, self.stream,
+                    next=subjects_filter(self.store.prefix, self.name),
+                    start_time=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(since))
+                    + f".{int(since % 1 * 1e6):06d}Z")
+                if got is None:
+                    cut = max(cut, self._log.end_position)
+                else:
+                    info = self._log._decode(got)
+                    self._log._index.add(info)
+                    cut = max(cut, info.position)
+            if cut > self._log.start_position:
+                yield self._log.truncate(cut)
+        finally:
+            self._retention_running = False
+        return self._log.start_position
