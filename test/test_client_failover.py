@@ -77,6 +77,21 @@ class SlowSink:
         return deferLater(reactor, self.delay, self.inner.write, connection, events)
 
 
+@defer.inlineCallbacks
+def pravega_events(endpoint, segment, count):
+    """Read up to C{count} events of C{segment} from its start."""
+    from streamproto.pravega.client import SegmentReader
+    reader = SegmentReader(endpoint, segment)
+    events = []
+    while len(events) < count:
+        got = yield reader.read()
+        if not got:
+            break
+        events.extend(got)
+    yield reader.close()
+    return events
+
+
 class FrontEnds:
     """Two servers of one protocol on one store; C{kill(i)} ends front-end i."""
 
@@ -262,8 +277,8 @@ class ClientFailoverTests(unittest.TestCase):
         same length: exactly one wins, whichever front-end it came through;
         a loser retried at the new length succeeds and its writer carries on.
         """
-        from streamproto.pravega.client import ConditionalCheckFailedError, SegmentReader
-        from streamproto.pravega.client import SegmentWriter, connect
+        from streamproto.pravega.client import ConditionalCheckFailedError, SegmentWriter
+        from streamproto.pravega.client import connect
         from streamproto.pravega.server import PravegaServerFactory
         fronts = FrontEnds(self, lambda: PravegaServerFactory(self.store))
         yield fronts.start()
@@ -290,14 +305,7 @@ class ClientFailoverTests(unittest.TestCase):
         # an event is stored framed: 8 bytes of header, then its bytes
         yield other.write_conditional(b"second", 8 + len(b"winner?"))
         yield other.write(b"plain")
-        reader = SegmentReader(fronts.endpoint(), segment)
-        events = []
-        while len(events) < 3:
-            got = yield reader.read()
-            if not got:
-                break
-            events.extend(got)
-        yield reader.close()
+        events = yield pravega_events(fronts.endpoint(), segment, 3)
         self.assertEqual(events, [b"winner?", b"second", b"plain"])
 
     @defer.inlineCallbacks
@@ -307,7 +315,7 @@ class ClientFailoverTests(unittest.TestCase):
         it the last event number the store has: every acknowledged event is
         stored exactly once.
         """
-        from streamproto.pravega.client import SegmentReader, SegmentWriter, connect
+        from streamproto.pravega.client import SegmentWriter, connect
         from streamproto.pravega.server import PravegaServerFactory
         fronts = FrontEnds(self, lambda: PravegaServerFactory(self.store))
         yield fronts.start()
@@ -320,15 +328,7 @@ class ClientFailoverTests(unittest.TestCase):
         yield self.ingest_across_a_kill(fronts, lambda i: writer.write(b"event %d" % i),
                                         "pravega")
         yield writer.close()
-        endpoint = fronts.endpoint()
-        reader = SegmentReader(endpoint, segment)
-        events = []
-        while len(events) < 400:
-            got = yield reader.read()
-            if not got:
-                break
-            events.extend(got)
-        yield reader.close()
+        events = yield pravega_events(fronts.endpoint(), segment, 400)
         self.assertEqual(events, [b"event %d" % i for i in range(400)])
 
 
