@@ -23,6 +23,7 @@ from twisted.trial import unittest
 
 from streamproto.log.errors import LogFailed, StoreUnavailable
 from streamproto.log.jetstream import JetStreamLogStore
+from streamproto.log.jetstream.store import DEFAULT_TIMEOUT
 from test.natsutil import NatsCluster
 
 log = Logger()
@@ -101,7 +102,7 @@ class FailoverTrials(unittest.TestCase):
         self.cluster = NatsCluster(3, sync_interval=self.sync_interval).start()
         self.addCleanup(self.cluster.stop)
 
-    def make_store(self, timeout=10.0):
+    def make_store(self, timeout=DEFAULT_TIMEOUT):
         store = JetStreamLogStore(self.cluster.urls, replicas=3, prefix="failover",
                                   timeout=timeout, retention_interval=None)
         self.addCleanup(store.close)

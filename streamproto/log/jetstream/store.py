@@ -55,6 +55,16 @@ async def _pause(seconds: float) -> None:
     await asyncio.sleep(seconds)
 
 
+#: Seconds within which an append is acknowledged or fails.  A stream
+#: leader's death must not fail the appends in flight: nats-server elects
+#: the next leader after a randomised timeout of up to 9 s, and an append
+#: sent just before the death first waits its publish timeout (3 s), then
+#: the election, then its resend.  With 10 s, CI once saw one such append
+#: fail (8.6 s without an acknowledgement); 20 s covers the worst case.
+#: Without a quorum appends still fail, after this long.
+DEFAULT_TIMEOUT = 20.0
+
+
 @implementer(ILogStore)
 class JetStreamLogStore:
     """
@@ -69,7 +79,7 @@ class JetStreamLogStore:
     @param tls: an C{ssl.SSLContext} for C{tls://} servers.
     @param timeout: seconds within which an append is acknowledged or
         fails with L{LogFailed} (and how long the cluster may be unreachable
-        before logs report C{failed}).
+        before logs report C{failed}); default L{DEFAULT_TIMEOUT}.
     @param clock: IReactorTime for timers (waits, deadlines, retention).
     @param bridge: the reactor/asyncio bridge (tests pass a
         L{streamproto.log.bridge.SynchronousBridge}).
@@ -87,7 +97,7 @@ class JetStreamLogStore:
 
     def __init__(self, servers: str | Iterable[str], replicas: int | None = None,
                  prefix: str = DEFAULT_PREFIX, tls: ssl.SSLContext | None = None,
-                 timeout: float = 10.0, clock: IReactorTime | None = None,
+                 timeout: float = DEFAULT_TIMEOUT, clock: IReactorTime | None = None,
                  bridge: AsyncioThreadBridge | None = None, cache_bytes: int = 64 << 20,
                  max_message_bytes: int = 1 << 20, max_inflight: int = 64,
                  max_inflight_bytes: int = 32 << 20, retention_interval: float | None = 60.0,
