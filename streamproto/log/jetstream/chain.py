@@ -37,7 +37,7 @@ from streamproto.log.batch import lengths_array
 from streamproto.log.errors import (
     AppendConflict, CorruptLog, LogClosed, StoreUnavailable, WriteFailed, attributes_conflict,
 )
-from streamproto.log.jetstream.common import _Inline, log
+from streamproto.log.jetstream.common import LogPart, _Inline, log
 from streamproto.log.natsformat import (
     ATTRS, DATA, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, encode_body, encode_headers,
     split_points,
@@ -135,7 +135,7 @@ class _Message:
         return cast(str, self.info.msg_id)
 
 
-class AppendChain:
+class AppendChain(LogPart):
     """
     The appends of one log, from L{ILog.append} to their acknowledgement.
 
@@ -144,11 +144,7 @@ class AppendChain:
     """
 
     def __init__(self, log: JetStreamLog) -> None:
-        self._log = log
-        self.store = log.store
-        self.name = log.name
-        self._id = log._id
-        self._clock = log._clock
+        super().__init__(log)
         self._queue: deque[_Chunk] = deque()        # chunks not sent yet
         self._inflight: deque[_Message] = deque()   # messages sent, in order
         self._inflight_bytes = 0

@@ -1,7 +1,8 @@
 """
 What the modules of L{streamproto.log.jetstream} share: the type of their
-C{inlineCallbacks} generators, the logger they log to, and the translation
-of the cluster's own errors into what every protocol reports.
+C{inlineCallbacks} generators, the logger they log to, the translation
+of the cluster's own errors into what every protocol reports, and what
+each side of a log's work (L{LogPart}) knows of its log.
 
 Kept apart so that the log, its collaborators and the store import it
 without importing each other.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Generator
-from typing import Any, ParamSpec, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -19,6 +20,9 @@ from twisted.python.failure import Failure
 
 from streamproto.log.errors import StoreUnavailable
 from streamproto.log.natsio import JetStreamError, NotAvailable
+
+if TYPE_CHECKING:
+    from streamproto.log.jetstream.log import JetStreamLog
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
@@ -44,3 +48,19 @@ def _store_errors(method: Callable[_P, Deferred[_T]]) -> Callable[_P, Deferred[_
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         return method(*args, **kwargs).addErrback(translated)
     return wrapper
+
+
+class LogPart:
+    """
+    One side of a L{JetStreamLog}'s work as an object of its own (the
+    append chain, reading, truncation): it reads the log's acknowledged
+    state through C{_log}, and keeps the log's fixed facts at hand.
+    """
+
+    def __init__(self, log: JetStreamLog) -> None:
+        self._log = log
+        self.store = log.store
+        self.name = log.name
+        self.stream = log.stream
+        self._id = log._id
+        self._clock = log._clock

@@ -26,7 +26,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 
 from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
 from streamproto.log.errors import CorruptLog, LogClosed, PositionOutOfRange
-from streamproto.log.jetstream.common import _Inline
+from streamproto.log.jetstream.common import LogPart, _Inline
 from streamproto.log.msgindex import BodyEntry, holds
 from streamproto.log.natsformat import (
     BatchInfo, MessageFormatError, decode_body, subjects_filter,
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 _Found: TypeAlias = tuple[BatchInfo, BodyEntry]
 
 
-class MessageReader:
+class MessageReader(LogPart):
     """
     Reads one log: what L{ILog.read}, L{ILog.read_bytes} and
     L{ILog.position_of_offset} do, and the message lookups truncation and
@@ -47,11 +47,7 @@ class MessageReader:
     """
 
     def __init__(self, log: JetStreamLog) -> None:
-        self._log = log
-        self.store = log.store
-        self.name = log.name
-        self.stream = log.stream
-        self._id = log._id
+        super().__init__(log)
         self._index = log._index
 
     def _check(self, position: int) -> None:

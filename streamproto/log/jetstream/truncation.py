@@ -24,7 +24,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from streamproto.log.batch import lengths_array
 from streamproto.log.errors import LogClosed, PositionOutOfRange
 from streamproto.log.jetstream.chain import _Append
-from streamproto.log.jetstream.common import _Inline, log
+from streamproto.log.jetstream.common import LogPart, _Inline, log
 from streamproto.log.jetstream.reading import _Found, _offsets
 from streamproto.log.natsformat import MARKER, subjects_filter
 from streamproto.log.natsio import JetStreamError, NotAvailable
@@ -33,18 +33,14 @@ if TYPE_CHECKING:
     from streamproto.log.jetstream.log import JetStreamLog
 
 
-class Truncation:
+class Truncation(LogPart):
     """
     Truncates one log: what L{ILog.truncate} and L{ILog.truncate_offset}
     do, and its retention (L{retain}, and L{due} after appends).
     """
 
     def __init__(self, log: JetStreamLog) -> None:
-        self._log = log
-        self.store = log.store
-        self.name = log.name
-        self.stream = log.stream
-        self._clock = log._clock
+        super().__init__(log)
         self._chain = log._chain
         self._reader = log._reader
         self._retention_running = False
