@@ -38,7 +38,7 @@ from typing import cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
-    IPushProducer, IReactorFDSet, ISSLTransport, ISystemHandle, ITCPTransport, IWriteDescriptor,
+    IPushProducer, IReactorFDSet, ISystemHandle, IWriteDescriptor,
 )
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -48,6 +48,7 @@ from streamproto.log.batch import BytesLike
 
 from streamproto.core.framing import _speedups, frame_records
 from streamproto.core.observer import Observers
+from streamproto.core.tcp import tcp_socket
 
 #: Below this average record size the frames are built in one buffer (a
 #: fast C copy) rather than sent as two iovecs a record: tiny iovecs would
@@ -109,15 +110,7 @@ class SocketSender:
         True if C{transport} is plain TCP with a socket this sender can
         write to and C{reactor} lets descriptors be added.
         """
-        if ISSLTransport.providedBy(transport) or not IReactorFDSet.providedBy(reactor):
-            return False
-        if not ITCPTransport.providedBy(transport):
-            return False
-        try:
-            handle = cast(socket.socket, cast(ISystemHandle, transport).getHandle())
-            return handle.fileno() >= 0
-        except Exception:  # noqa: BLE001 - no socket: not usable
-            return False
+        return IReactorFDSet.providedBy(reactor) and tcp_socket(transport) is not None
 
     # -- the writer's side -----------------------------------------------
     def write(self, data: BytesLike) -> None:

@@ -23,18 +23,32 @@ def set_no_delay(transport: ITransport | None) -> None:
             return
 
 
+def tcp_socket(transport: object) -> socket.socket | None:
+    """
+    The socket under a plain TCP transport, or None for one that is not
+    (TLS, a UNIX socket, a test transport) or whose socket is closed.
+    """
+    if transport is None or ISSLTransport.providedBy(transport):
+        return None
+    if not ITCPTransport.providedBy(transport):
+        return None
+    try:
+        handle = cast(socket.socket, cast(ISystemHandle, transport).getHandle())
+        return handle if handle.fileno() >= 0 else None
+    except Exception:  # noqa: BLE001 - no socket to be had
+        return None
+
+
 def max_segment_size(transport: ITransport | None) -> int | None:
     """
     The connection's TCP maximum segment size (C{TCP_MAXSEG}): how many
     bytes of a write the peer receives at once, at most.  None for a
-    transport that is not plain TCP (TLS, a UNIX socket, a test transport).
+    transport that is not plain TCP (see L{tcp_socket}).
     """
-    if transport is None or ISSLTransport.providedBy(transport):
-        return None
-    if not (ITCPTransport.providedBy(transport) and ISystemHandle.providedBy(transport)):
+    handle = tcp_socket(transport)
+    if handle is None:
         return None
     try:
-        handle = cast(socket.socket, ISystemHandle(transport).getHandle())
         return int(handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG))
-    except (OSError, AttributeError, TypeError, ValueError):
+    except OSError:
         return None
