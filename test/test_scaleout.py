@@ -10,7 +10,6 @@ be reached at start-up (one line, exit 1).
 import json
 import os
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from twisted.trial import unittest
 from streamproto import tap as umbrella
 from test.natsutil import shared_cluster, unique_prefix
 from test.netutil import free_port
+from test.test_styx_http import BINARY, unbinary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
@@ -93,18 +93,9 @@ class StoreOptionTests(unittest.SynchronousTestCase):
 def get_binary(url, timeout=30):
     """GET C{url} as binary records (int32 big-endian size, then the bytes)."""
     request = urllib.request.Request(
-        url, headers={"Accept": "application/vnd.styx.binary-records"})
+        url, headers={"Accept": BINARY})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return response.status, response.read()
-
-
-def split_binary_records(body):
-    records, pos = [], 0
-    while pos < len(body):
-        (size,) = struct.unpack_from(">i", body, pos)
-        records.append(body[pos + 4:pos + 4 + size])
-        pos += 4 + size
-    return records
 
 
 def get(url, data=None, timeout=10):
@@ -231,7 +222,7 @@ class FrontEndTests(unittest.SynchronousTestCase):
         self.assertLessEqual(len(unknown), 2)      # at most the write in flight, and its retry
         # everything, read back through the survivor
         status, body = get_binary(f"{b}/logs/killed/records?position=0&count=-1")
-        stored = [r.decode() for r in split_binary_records(body)]
+        stored = [r.decode() for r in unbinary(body)]
         batches = [s.split("-")[0] for s in stored[::20]]
         for i in range(0, len(stored), 20):
             chunk = stored[i:i + 20]

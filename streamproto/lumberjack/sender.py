@@ -290,7 +290,7 @@ class HostSender:
 
     def _cannot_connect(self, reason, delay):
         self.log.warn("lumberjack client: {host}cannot connect: {error}",
-                             host=self._host, error=reason.value)
+                      host=self._host, error=reason.value)
 
     def _disconnected(self, protocol, reason):
         if protocol is not self._protocol:
@@ -311,7 +311,7 @@ class HostSender:
             # a TLS refusal (wrong CA, no client certificate) shows up here, as a
             # connection lost right after it was made: say why before retrying
             self.log.warn("lumberjack client: {host}connection lost ({reason}); "
-                                 "reconnecting", host=self._host, reason=describe(reason))
+                          "reconnecting", host=self._host, reason=describe(reason))
         self._reconnector.lost(reason)
         if returned:
             self._returned(self)
@@ -364,14 +364,14 @@ class HostSender:
 
     def _protocol_error(self, protocol, message):
         self.log.warn("lumberjack client: {host}{message}; reconnecting",
-                             host=self._host, message=message)
+                      host=self._host, message=message)
         protocol.transport.abortConnection()
 
     def _timed_out(self):
         self._timeout_call = None
         if self._protocol is not None:
             self.log.warn("lumberjack client: {host}no ack within {timeout} s; "
-                                 "reconnecting", host=self._host, timeout=self.timeout)
+                          "reconnecting", host=self._host, timeout=self.timeout)
             self._protocol.transport.abortConnection()
 
     def _cancel_timeout(self):
