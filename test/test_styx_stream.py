@@ -707,6 +707,13 @@ class EndToEndMixin:
         self.assertEqual((error.code, error.status), ("log_not_found", 404))
 
     @defer.inlineCallbacks
+    def produce(self, records):
+        producer = yield StyxProducer.connect(reactor, "127.0.0.1", self.portnum, "log",
+                                              tls=self.client_tls)
+        yield producer.writeMany(records)
+        yield producer.close()
+
+    @defer.inlineCallbacks
     def raw(self, head, after=b""):
         """Send C{head}, then (after the 101 arrived) C{after}; return all."""
         client = RawClient(head)
@@ -737,12 +744,6 @@ GO_CONSUME_REQUEST = (
 
 
 class EndToEndTCPTests(EndToEndMixin, unittest.TestCase):
-    @defer.inlineCallbacks
-    def produce(self, records):
-        producer = yield StyxProducer.connect(reactor, "127.0.0.1", self.portnum, "log")
-        yield producer.writeMany(records)
-        yield producer.close()
-
     @defer.inlineCallbacks
     def test_half_close_like_the_go_client(self):
         """The Go producer writes, half-closes, and reads until EOF: the
@@ -814,6 +815,20 @@ class EndToEndTCPTests(EndToEndMixin, unittest.TestCase):
 
 class EndToEndTLSTests(EndToEndMixin, unittest.TestCase):
     tls = True
+
+    @defer.inlineCallbacks
+    def test_go_agent_over_tls_waits(self):
+        """
+        Over TLS the 101 is not padded (the head is read through TLS
+        records, whatever the segment size): a Go client gets the plain
+        head, and its records after the start delay, all of them.
+        """
+        yield self.produce([b"r%d" % i for i in range(100)])
+        data = yield self.raw(GO_CONSUME_REQUEST)
+        head, _, body = data.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 101 "))
+        self.assertNotIn(b"X-Styx-Padding", head)
+        self.assertEqual(decode_all(body), [b"r%d" % i for i in range(100)])
 
 
 class EndToEndMutualTLSTests(EndToEndMixin, unittest.TestCase):
