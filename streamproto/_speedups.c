@@ -5,6 +5,9 @@
  * versions, with identical behaviour, and uses these when they build.
  */
 #define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE     /* preadv2 and RWF_NOWAIT */
+#endif
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
@@ -236,6 +239,55 @@ static PyObject *mt19937_first(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong(mt19937_first_u32((uint32_t)seed));
 }
 
+#if defined(RWF_NOWAIT)
+/*
+ * pread_cached(fd, n, offset) -> bytes: pread, but only what the page cache
+ * holds (preadv2 with RWF_NOWAIT).  Returns fewer than n bytes only at the
+ * end of the file; raises BlockingIOError when any of the range would have
+ * to come from the disk (the caller reads it in a thread instead).  Why C:
+ * os.preadv needs a bytearray, which Python zero-fills before the read
+ * (a second pass over every byte).
+ */
+static PyObject *pread_cached(PyObject *self, PyObject *args) {
+    int fd;
+    Py_ssize_t n;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "inL", &fd, &n, &offset))
+        return NULL;
+    if (n < 0 || offset < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative size or offset");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n);
+    if (out == NULL)
+        return NULL;
+    char *buf = PyBytes_AS_STRING(out);
+    Py_ssize_t got = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (got < n) {
+        struct iovec iov = {buf + got, (size_t)(n - got)};
+        ssize_t r = preadv2(fd, &iov, 1, (off_t)(offset + got), RWF_NOWAIT);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            err = errno;
+            break;
+        }
+        if (r == 0) break;          /* the end of the file */
+        got += r;                   /* part of it cached: ask for the rest */
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        Py_DECREF(out);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);  /* EAGAIN: BlockingIOError */
+    }
+    if (got < n && _PyBytes_Resize(&out, got) < 0)
+        return NULL;
+    return out;
+}
+#endif
+
 static PyMethodDef methods[] = {
     {"mt19937_first", mt19937_first, METH_O,
      "mt19937_first(seed) -> npm mersenne-twister's first random_int() for that seed"},
@@ -245,6 +297,10 @@ static PyMethodDef methods[] = {
      "send_frames(fd, lengths, data, prefix, index, skip) -> (index, skip, sent)"},
     {"scan_frames", scan_frames, METH_VARARGS,
      "scan_frames(buf, start, prefix, max_size, max_records) -> (lengths, data, end, status)"},
+#if defined(RWF_NOWAIT)
+    {"pread_cached", pread_cached, METH_VARARGS,
+     "pread_cached(fd, n, offset) -> bytes from the page cache, or BlockingIOError"},
+#endif
     {NULL, NULL, 0, NULL}
 };
 

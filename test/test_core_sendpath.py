@@ -253,9 +253,16 @@ class StyxDirectSendTests(unittest.TestCase):
 
     timeout = 120
 
+    def make_store(self):
+        from streamproto.log import MemoryLogStore
+        return MemoryLogStore(reactor)
+
+    @defer.inlineCallbacks
+    def append(self, log):
+        yield log.append(self.records)
+
     @defer.inlineCallbacks
     def setUp(self):
-        from streamproto.log import MemoryLogStore
         from streamproto.styx import consume, stream
         from streamproto.styx.resource import make_site
 
@@ -269,10 +276,10 @@ class StyxDirectSendTests(unittest.TestCase):
 
         self.patch(stream, "SocketSender", Counting)
         self.patch(consume, "SocketSender", Counting)
-        self.store = MemoryLogStore(reactor)
+        self.store = self.make_store()
         log = yield self.store.create("events")
         self.records = [bytes([i % 256]) * 1000 for i in range(20_000)]
-        yield log.append(self.records)
+        yield self.append(log)
         self.port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(
             make_site(self.store))
         self.addCleanup(self.port.stopListening)
@@ -327,3 +334,32 @@ class StyxDirectSendTests(unittest.TestCase):
         expected = b"".join(struct.pack(">i", len(r)) + r for r in self.records)
         self.assertEqual(bytes(body), expected)
         self.assertEqual(len(self.senders), 1)
+
+
+class FileStoreDirectSendTests(StyxDirectSendTests):
+    """
+    The same through the file store, appended in stored batches of uneven
+    sizes: a read of 1 MiB then spans several of them, and the consumers
+    send each stored batch's payloads from the buffer it was read into
+    (L{RecordBatch.chunks}), read on the reactor thread from the page
+    cache where the build can (L{FileIO.pread_cached}).
+    """
+
+    def make_store(self):
+        from streamproto.log.file import FileLogStore
+        store = FileLogStore(self.mktemp(), reactor, retention_interval=None)
+        self.addCleanup(store.close)
+        return store
+
+    @defer.inlineCallbacks
+    def append(self, log):
+        i = 0
+        for n in [37, 500, 1, 1200, 64, 999, 3000] * 10:
+            if i >= len(self.records):
+                break
+            yield log.append(self.records[i:i + n])
+            i += n
+        yield log.append(self.records[i:])
+        # reads do span several stored batches
+        batch = yield log.read(0, -1, 1 << 20)
+        self.assertGreater(len(batch.chunks()), 1)

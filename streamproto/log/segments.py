@@ -21,6 +21,12 @@ from streamproto.log.format import (
     batch_lengths, decode_batch_header, verify_batch,
 )
 
+_pread_cached: Callable[[int, int, int], bytes] | None
+try:
+    from streamproto._speedups import pread_cached as _pread_cached
+except ImportError:     # no accelerator, or an OS without RWF_NOWAIT
+    _pread_cached = None
+
 #: (position, offset, file_pos) of a batch start in a segment file.
 Cursor: TypeAlias = tuple[int, int, int]
 
@@ -42,6 +48,20 @@ class FileIO:
 
     def pread(self, fd: int, n: int, offset: int) -> bytes:
         return os.pread(fd, n, offset)
+
+    def pread_cached(self, fd: int, n: int, offset: int) -> bytes:
+        """
+        C{pread} served by the page cache alone (C{preadv2} with
+        C{RWF_NOWAIT}): fewer than C{n} bytes only at the end of the file.
+
+        @raise BlockingIOError: some of the range would have to come from
+            the disk.
+        @raise NotImplementedError: this build or OS cannot tell (no C
+            accelerator, no C{RWF_NOWAIT}).
+        """
+        if _pread_cached is None:
+            raise NotImplementedError("no page-cache-only reads here")
+        return _pread_cached(fd, n, offset)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -67,6 +87,21 @@ class FileIO:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+class PageCacheIO(FileIO):
+    """
+    The reads of another file layer, from the page cache only: a read that
+    would wait for the disk raises L{BlockingIOError} instead (see
+    L{FileIO.pread_cached}).  The live store reads through it on the
+    reactor thread first, and in a thread only when that raises.
+    """
+
+    def __init__(self, io: FileIO) -> None:
+        self._io = io
+
+    def pread(self, fd: int, n: int, offset: int) -> bytes:
+        return self._io.pread_cached(fd, n, offset)
 
 
 def write_all(io: FileIO, fd: int, buffers: Sequence[BytesLike]) -> int:
@@ -238,7 +273,7 @@ def read_records(
     """
     start_pos, start_off, file_pos = seg.seek_position(position)
     lengths = lengths_array()
-    parts: list[memoryview] = []
+    parts: list[tuple[int, memoryview]] = []
     total = 0
     count = 0
     cursor: Cursor | None = None
@@ -268,7 +303,7 @@ def read_records(
             break
         if first == 0 and last == h.count and h.data_len <= max_bytes - total:
             # the whole batch fits: no per-record work at all
-            parts.append(memoryview(buf)[h.data_start:h.data_start + h.data_len])
+            parts.append((h.count, memoryview(buf)[h.data_start:h.data_start + h.data_len]))
             lengths.extend(lens)
             total += h.data_len
             count += h.count
@@ -286,7 +321,7 @@ def read_records(
             cut = first + 1 if count == 0 else first
         if cut > first:
             base = h.data_start
-            parts.append(memoryview(buf)[base + offs[first]:base + offs[cut]])
+            parts.append((cut - first, memoryview(buf)[base + offs[first]:base + offs[cut]]))
             lengths.extend(lens[first:cut])
             total += offs[cut] - offs[first]
             count += cut - first
@@ -294,8 +329,9 @@ def read_records(
             break
     if count == 0:
         return empty_batch(position), cursor
-    data: bytes | memoryview = parts[0] if len(parts) == 1 else b"".join(parts)
-    return RecordBatch(position, lengths, data), cursor
+    # the stored batches' payloads stay where they were read: a consumer
+    # sends each as it lies, only a caller of .data joins them
+    return RecordBatch.from_parts(position, lengths, parts), cursor
 
 
 def read_payload(io: FileIO, seg: Segment, offset: int, stop_offset: int,

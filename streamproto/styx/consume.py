@@ -219,7 +219,8 @@ class RecordStreamer:
         if self._chunked:
             sender.write(b"%x\r\n" % size)
         if body is None:
-            sender.write_records(batch.lengths, batch.data, b"")
+            for lengths, data in batch.chunks():
+                sender.write_records(lengths, data, b"")
         else:
             sender.write(body)
         if self._chunked:

@@ -602,7 +602,8 @@ class ConsumerStream(_StyxStream):
     def _send(self, batch):
         self._last_sent = self._clock.seconds()
         if self._sender is not None:
-            self._sender.write_records(batch.lengths, batch.data, RECORD_PREFIX)
+            for lengths, data in batch.chunks():
+                self._sender.write_records(lengths, data, RECORD_PREFIX)
         else:
             self.transport.write(encode_batch(batch))
         if self._metrics is not None:
