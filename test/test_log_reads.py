@@ -116,6 +116,15 @@ class InlineReadTests(unittest.SynchronousTestCase):
         self.assertEqual(self.reads(), [])
         self.assertGreater(io.cached_calls, 0)
 
+    def test_large_reads_go_to_a_thread(self):
+        from streamproto.log.file import INLINE_READ_MAX_BYTES
+        io = ScriptedIO()
+        log = self.make_log(io)
+        self.successResultOf(log.read(0, -1, INLINE_READ_MAX_BYTES + 1))
+        self.successResultOf(log.read_bytes(0, INLINE_READ_MAX_BYTES + 1))
+        self.assertEqual(self.reads(), ["read_records", "read_payload"])
+        self.assertEqual(io.cached_calls, 0)
+
     def test_would_block_goes_to_a_thread(self):
         io = ScriptedIO(BlockingIOError(errno.EAGAIN, "not cached"))
         log = self.make_log(io)
@@ -170,3 +179,8 @@ class PageCacheReadTests(unittest.SynchronousTestCase):
         # short only at the end of the file
         self.assertEqual(io.pread(self.fd, 100_000, 250_000), self.data[250_000:])
         self.assertEqual(io.pread(self.fd, 10, 300_000), b"")
+
+    def test_bounded(self):
+        io = PageCacheIO(FileIO(), max_read=1000)
+        self.assertEqual(io.pread(self.fd, 1000, 0), self.data[:1000])
+        self.assertRaises(BlockingIOError, io.pread, self.fd, 1001, 0)

@@ -64,6 +64,11 @@ STATE_FILE = "state.json"
 
 _T = TypeVar("_T")
 
+#: Reads asking for more than this go to C{run_blocking} even when the page
+#: cache holds them: copying and checksumming 4 MiB keeps the reactor busy
+#: for about a millisecond, and no more.
+INLINE_READ_MAX_BYTES = 4 * 1024 * 1024
+
 
 class RunBlocking(Protocol):
     """
@@ -627,17 +632,19 @@ class FileLog:
             return result
         return self._run_blocking(f, self._io, seg, *args).addBoth(done)
 
-    def _read_segment(self, seg: Segment, f: Callable[..., _T], *args: Any) -> Deferred[_T]:
+    def _read_segment(self, seg: Segment, max_bytes: int, f: Callable[..., _T],
+                      *args: Any) -> Deferred[_T]:
         """
         Run the blocking read C{f(io, seg, *args)}: on this thread if every
-        byte it needs is in the page cache, else through C{run_blocking}.
+        byte it needs is in the page cache (and it asks for at most
+        L{INLINE_READ_MAX_BYTES}), else through C{run_blocking}.
 
         Why: a read of bytes that were just written (a consumer following
         its producers, the common case) costs less than handing it to a
         thread and back; the hand-off was 6% of a styx/0 consumer's CPU.
         A read that would wait for the disk still never blocks the reactor.
         """
-        if self._inline_io is not None:
+        if self._inline_io is not None and max_bytes <= INLINE_READ_MAX_BYTES:
             try:
                 return succeed(f(self._inline_io, seg, *args))
             except BlockingIOError:
@@ -666,7 +673,8 @@ class FileLog:
             return succeed(empty_batch(position))
         seg = self._segments[self._segment_index(0, position)]
         stop = min(self.end_position, seg.end_position)
-        d = self._read_segment(seg, read_records, position, stop, max_records, max_bytes)
+        d = self._read_segment(seg, max_bytes, read_records, position, stop, max_records,
+                               max_bytes)
 
         def got(result: tuple[RecordBatch, Cursor | None]) -> RecordBatch:
             batch, cursor = result
@@ -693,7 +701,8 @@ class FileLog:
             return succeed(b"")
         seg = self._segments[self._segment_index(1, offset)]
         stop = min(self.end_offset, seg.end_offset)
-        return self._read_segment(seg, read_payload, offset, stop, max_bytes).addErrback(
+        return self._read_segment(seg, max_bytes, read_payload, offset, stop,
+                                  max_bytes).addErrback(
             self._read_failed)
 
     def position_of_offset(self, offset: int) -> Deferred[int]:

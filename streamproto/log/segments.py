@@ -97,10 +97,14 @@ class PageCacheIO(FileIO):
     reactor thread first, and in a thread only when that raises.
     """
 
-    def __init__(self, io: FileIO) -> None:
+    def __init__(self, io: FileIO, max_read: int = 8 * 1024 * 1024) -> None:
         self._io = io
+        self.max_read = max_read
 
     def pread(self, fd: int, n: int, offset: int) -> bytes:
+        if n > self.max_read:
+            # one huge record: not worth holding the calling thread for
+            raise BlockingIOError(errno.EAGAIN, f"a read of {n} bytes is left to a thread")
         return self._io.pread_cached(fd, n, offset)
 
 
