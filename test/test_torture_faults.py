@@ -286,6 +286,8 @@ class StyxFaults(FaultCase):
         seqs = [parse_payload(b"s", r) for r in served]
         self.assertNotIn(None, seqs)
         self.assertFalse(set(seqs) & set(range(100, 200)), "corrupt segment served")
+        # and the good segment before it did arrive, whole, before the cut
+        self.assertEqual(seqs, list(range(100)))
         self.assertEqual(log.info()["status"], "corrupt")
         # from inside the bad segment: an error before anything is sent
         e = yield self.assertFailure(client.read_records(self.name, position=150), StyxAPIError)

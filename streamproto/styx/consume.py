@@ -28,6 +28,9 @@ TIMEOUT_HEADER = b"X-Styx-Timeout"
 MAX_LONG_POLL = 2**31 - 1
 # what one read of the log hands to the transport while streaming a response
 READ_CHUNK_BYTES = 1024 * 1024
+#: Seconds a response cut short by a failed read has to deliver what was
+#: queued before it, before the connection is aborted.
+CUT_TIMEOUT = 10
 
 
 def long_poll_timeout(request, params):
@@ -258,11 +261,14 @@ class RecordStreamer:
             log.failure("consume of {log} failed at position {position}", failure,
                         log=self.log.name, position=self.position)
         self._done()
-        if self._sender is not None:
-            self._sender.close()
+        sender = self._sender
+        if sender is not None:
+            sender.unregisterProducer()
         else:
             self.request.unregisterProducer()
         if request_gone(self.request):
+            if sender is not None:
+                sender.close()
             return
         if not self.request.startedWriting:
             # nothing sent yet: the client still gets a proper JSON error
@@ -276,8 +282,25 @@ class RecordStreamer:
             self.request.write(body)
             self.request.finish()
             return
-        # the status line is gone: all we can do is cut the response short
-        self.request.channel.transport.abortConnection()
+        # the status line is gone: all we can do is cut the response short.
+        # What was queued are whole records read before the failure: they go
+        # out first (a read can fail in the very turn the previous one was
+        # queued), then the connection closes without the last chunk, which
+        # tells the client the body is incomplete.  A client that stopped
+        # reading is cut off after CUT_TIMEOUT seconds.
+        transport = self.request.channel.transport
+        abort = self._reactor.callLater(CUT_TIMEOUT, transport.abortConnection)
+
+        def cut(_=None):
+            if sender is not None:
+                sender.close()
+            transport.loseConnection()
+            self.request.notifyFinish().addBoth(
+                lambda _: abort.cancel() if abort.active() else None)
+        if sender is not None:
+            sender.when_drained().addCallback(cut)
+        else:
+            cut()
 
     def _done(self):
         self.done = True

@@ -112,7 +112,10 @@ class MessageReader(LogPart):
         lengths = lengths_array()
         for part in parts:
             lengths.extend(part.lengths)
-        return RecordBatch(position, lengths, b"".join(part.data for part in parts))
+        # each message's payloads stay where they are (RecordBatch.chunks)
+        return RecordBatch.from_parts(
+            position, lengths, [(len(lens), chunk) for part in parts
+                                for lens, chunk in part.chunks()])
 
     def _cached(self, key: str, target: int) -> _Found | None:
         """(info, body entry) of the message holding C{target}, if in memory."""
