@@ -148,10 +148,11 @@ def compare_styx(styx_cli, go_server, rounds=3, warmup=True):
 
 
 @contextlib.contextmanager
-def styx_servers(go_server, prefix):
+def styx_servers(go_server, prefix, pids=None):
     """
     The Go server and C{twistd styx-server} (file store) on fresh data
-    directories, for the time of a C{with}: yields {"go": port, "ours": port}.
+    directories, for the time of a C{with}: yields {"go": port, "ours": port}
+    (and fills C{pids}, if given, with their process ids).
     """
     tmp = tempfile.mkdtemp(prefix=prefix)
     go_port, our_port = free_port(), free_port()
@@ -161,11 +162,51 @@ def styx_servers(go_server, prefix):
         ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
                       "--data", os.path.join(tmp, "ours"))
         wait_port(our_port)
+        if pids is not None:
+            pids.update(go=go.pid, ours=ours.pid)
         yield {"go": go_port, "ours": our_port}
     finally:
         stop(go)
         stop(ours)
         subprocess.run(["rm", "-rf", tmp])
+
+
+def compare_long_read(styx_cli, go_server, gigabytes=1, rounds=5, size=1000):
+    """
+    A read long enough to measure steadily (the reference benchmark's 1000 B
+    consume phase lasts some 40 ms): GIGABYTES of SIZE-byte records written
+    to each server with the reference CLI (C{styx logs write}, lines), then
+    read back whole with C{styx logs read --binary} to /dev/null, alternately,
+    ROUNDS times.  Returns {"go"|"ours": [(seconds, server CPU seconds)]}
+    (a read the Go server fails, its race on the bytes behind the 101, is
+    left out).
+    """
+    count = int(gigabytes * 1e9) // size
+    line = b"x" * (size - 1) + b"\n"
+    pids = {}
+    with styx_servers(go_server, "styx-go-read-", pids) as ports:
+        urls = {side: f"http://127.0.0.1:{port}" for side, port in ports.items()}
+        with tempfile.TemporaryFile() as lines:
+            block = line * 1000
+            for _ in range(count // 1000):
+                lines.write(block)
+            lines.write(line * (count % 1000))
+            for url in urls.values():
+                subprocess.run([styx_cli, "logs", "create", "long", "-H", url], check=True,
+                               stdout=subprocess.DEVNULL)
+                lines.seek(0)
+                subprocess.run([styx_cli, "logs", "write", "long", "-H", url], check=True,
+                               stdin=lines)
+        runs = {"go": [], "ours": []}
+        for _ in range(rounds):
+            for side, url in urls.items():
+                c0, t0 = cpu_seconds(pids[side]), time.perf_counter()
+                done = subprocess.run([styx_cli, "logs", "read", "long", "--binary", "-H", url],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                t1, c1 = time.perf_counter(), cpu_seconds(pids[side])
+                if done.returncode == 0:
+                    runs[side].append((t1 - t0, c1 - c0))
+        return runs
 
 
 # -- lumberjack ----------------------------------------------------------

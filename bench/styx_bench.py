@@ -22,6 +22,11 @@ after fsync), alternately, C{--rounds} times, and the medians are printed
 side by side as ratios::
 
     python bench/styx_bench.py --go-styx /path/to/styx --go-server /path/to/styx-server
+
+With C{--long-read GB}, instead: GB of 1000-byte records written to each
+server and read back whole by the reference CLI (C{styx logs read
+--binary}), alternately, timed with each server's CPU time: a consume long
+enough to measure steadily.
 """
 
 import argparse
@@ -201,6 +206,29 @@ def compare_with_go(styx_cli, go_server, rounds, reference_only=False):
     return 0
 
 
+def long_read(styx_cli, go_server, gigabytes, rounds):
+    from bench.gorefs import compare_long_read
+    import statistics
+    runs = compare_long_read(styx_cli, go_server, gigabytes, rounds)
+    print(f"styx logs read --binary of {gigabytes:g} GB of 1000 B records from each server, "
+          f"{rounds} alternated runs (kept: Go {len(runs['go'])}, ours {len(runs['ours'])}), "
+          "medians; ours: twistd styx-server, file store")
+    print(f"{'server':<6} | {'seconds':>8} | {'MB/s':>7} | {'server CPU s/GB':>15}")
+    med = {}
+    for side, values in runs.items():
+        if not values:
+            print(f"{side:<6} | every run failed")
+            continue
+        wall = statistics.median(v[0] for v in values)
+        cpu = statistics.median(v[1] for v in values) / gigabytes
+        med[side] = (wall, cpu)
+        print(f"{side:<6} | {wall:>8.3f} | {gigabytes * 1000 / wall:>7,.0f} | {cpu:>15.3f}")
+    if len(med) == 2:
+        print(f"ours/Go: throughput {med['go'][0] / med['ours'][0]:.2f}, "
+              f"server CPU per GB {med['ours'][1] / med['go'][1]:.2f}")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", default=DEFAULT_RUNS, help=f"SIZExCOUNT,... ({DEFAULT_RUNS})")
@@ -217,12 +245,21 @@ def main(argv=None):
                         help="with --go-styx: only the reference's own benchmark")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternated runs per server with --go-styx (3)")
+    parser.add_argument("--long-read", type=float, metavar="GB",
+                        help="with --go-styx: instead, GB of 1000 B records read back whole "
+                             "by the reference CLI from each server, with each server's CPU")
     args = parser.parse_args(argv)
     if args.go_styx or args.go_server:
         if not (args.go_styx and args.go_server):
             parser.error("--go-styx and --go-server go together")
+        if args.long_read is not None:
+            if args.long_read <= 0:
+                parser.error("--long-read takes a positive number of GB")
+            return long_read(args.go_styx, args.go_server, args.long_read, args.rounds)
         return compare_with_go(args.go_styx, args.go_server, args.rounds,
                                args.reference_only)
+    if args.long_read is not None:
+        parser.error("--long-read needs --go-styx and --go-server")
     runs = []
     for item in args.runs.split(","):
         size, _, count = item.partition("x")

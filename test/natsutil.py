@@ -114,7 +114,44 @@ class NatsCluster:
             if self.processes[i] is None:
                 self.start_node(i, wait=False)
         self.wait_ready(timeout)
+        if self.size > 1:
+            self.wait_placement(timeout)
         return self
+
+    def wait_placement(self, timeout=30.0):
+        """
+        Wait until a stream of C{size} replicas can be placed, by creating
+        (and deleting) one.  A meta leader answers before it has heard
+        from every peer's JetStream (their periodic statistics): until then
+        creating such a stream fails at once with "no suitable peers for
+        placement, peer offline" (seen on a loaded CI machine).
+        """
+        import asyncio
+
+        import nats
+        from nats.js.api import StorageType
+        from nats.js.errors import APIError
+
+        async def probe():
+            nc = await nats.connect(self.urls, connect_timeout=5, max_reconnect_attempts=3)
+            try:
+                js = nc.jetstream(timeout=5)
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        await js.add_stream(name="placement-probe",
+                                            subjects=["placement-probe"],
+                                            num_replicas=self.size,
+                                            storage=StorageType.MEMORY)
+                        await js.delete_stream("placement-probe")
+                        return
+                    except (APIError, asyncio.TimeoutError, nats.errors.TimeoutError):
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
+            finally:
+                await nc.close()
+        asyncio.run(probe())
 
     def start_node(self, i, wait=True, timeout=30.0):
         log = open(os.path.join(self.directory, f"n{i}.log"), "ab")
