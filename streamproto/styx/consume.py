@@ -289,14 +289,20 @@ class RecordStreamer:
         # tells the client the body is incomplete.  A client that stopped
         # reading is cut off after CUT_TIMEOUT seconds.
         transport = self.request.channel.transport
-        abort = self._reactor.callLater(CUT_TIMEOUT, transport.abortConnection)
+
+        def give_up():
+            if sender is not None:
+                sender.close()      # its duplicate descriptor would keep the socket open
+            transport.abortConnection()
+        abort = self._reactor.callLater(CUT_TIMEOUT, give_up)
+        # the request is not gone yet (see above): this fires once it is
+        self.request.notifyFinish().addBoth(
+            lambda _: abort.cancel() if abort.active() else None)
 
         def cut(_=None):
             if sender is not None:
                 sender.close()
             transport.loseConnection()
-            self.request.notifyFinish().addBoth(
-                lambda _: abort.cancel() if abort.active() else None)
         if sender is not None:
             sender.when_drained().addCallback(cut)
         else:
