@@ -28,7 +28,8 @@ class PartsTests(unittest.SynchronousTestCase):
         lengths = lengths_array(map(len, self.recs))
         a, b, c = b"".join(self.recs[:3]), b"".join(self.recs[3:4]), b"".join(self.recs[4:])
         self.views = [memoryview(a), memoryview(b), memoryview(c)]
-        self.batch = RecordBatch.from_parts(7, lengths, [(3, a), (1, b), (6, c)])
+        self.batch = RecordBatch.from_parts(
+            7, [(lengths[:3], a), (lengths[3:4], b), (lengths[4:], c)])
 
     def test_chunks_are_the_parts(self):
         chunks = self.batch.chunks()
@@ -55,7 +56,7 @@ class PartsTests(unittest.SynchronousTestCase):
         self.assertEqual(self.batch.next_position, 17)
 
     def test_one_part_is_a_plain_batch(self):
-        batch = RecordBatch.from_parts(0, lengths_array([3]), [(1, b"abc")])
+        batch = RecordBatch.from_parts(0, [(lengths_array([3]), b"abc")])
         self.assertEqual(len(batch.chunks()), 1)
         self.assertEqual(bytes(batch.data), b"abc")
 

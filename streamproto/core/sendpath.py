@@ -44,7 +44,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.log.batch import BytesLike
+from streamproto.log.batch import BytesLike, RecordBatch
 
 from streamproto.core.framing import _speedups, frame_records
 from streamproto.core.observer import Observers
@@ -136,6 +136,14 @@ class SocketSender:
         self._queue.append(frames)
         self.pending += frames.nbytes
         self._schedule()
+
+    def write_batch(self, batch: RecordBatch, prefix: bytes) -> None:
+        """
+        Queue a batch's records as frames (see L{write_records}), each of
+        its chunks from the buffer it was read into.
+        """
+        for lengths, data in batch.chunks():
+            self.write_records(lengths, data, prefix)
 
     def registerProducer(self, producer: IPushProducer) -> None:
         """A streaming producer, paused while the queue is over the high

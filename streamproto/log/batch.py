@@ -41,7 +41,7 @@ class RecordBatch:
     position: int
     lengths: array[int]
     _data: bytes | memoryview | None
-    _parts: list[tuple[int, BytesLike]] | None
+    _parts: list[tuple[array[int], BytesLike]] | None
     _offsets: array[int] | None
 
     def __init__(self, position: int, lengths: array[int], data: bytes | memoryview) -> None:
@@ -52,17 +52,20 @@ class RecordBatch:
         self._offsets = None
 
     @classmethod
-    def from_parts(cls, position: int, lengths: array[int],
-                   parts: Sequence[tuple[int, BytesLike]]) -> RecordBatch:
+    def from_parts(cls, position: int,
+                   parts: Sequence[tuple[array[int], BytesLike]]) -> RecordBatch:
         """
-        A batch whose payloads lie in several buffers.
+        A batch whose payloads lie in several buffers (at least one).
 
-        @param parts: C{(count, payloads)} in order: C{count} consecutive
-            records of C{lengths}, their payloads concatenated in
-            C{payloads}.  The counts add up to C{len(lengths)}.
+        @param parts: C{(lengths, payloads)} in order: consecutive records'
+            sizes (C{array('I')}) and their payloads, concatenated.
         """
         if len(parts) == 1:
-            return cls(position, lengths, memoryview(parts[0][1]))
+            lengths, payloads = parts[0]
+            return cls(position, lengths, memoryview(payloads))
+        lengths = lengths_array()
+        for part_lengths, _ in parts:
+            lengths.extend(part_lengths)
         batch = cls(position, lengths, b"")
         batch._data = None
         batch._parts = list(parts)
@@ -90,12 +93,7 @@ class RecordBatch:
         if self._parts is None:
             assert self._data is not None
             return [(self.lengths, self._data)]
-        out: list[tuple[array[int], BytesLike]] = []
-        i = 0
-        for count, part in self._parts:
-            out.append((self.lengths[i:i + count], part))
-            i += count
-        return out
+        return self._parts
 
     @classmethod
     def from_records(cls, position: int, records: Iterable[BytesLike]) -> RecordBatch:

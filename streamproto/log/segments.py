@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
 from typing import Any, TypeAlias
 
-from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch, empty_batch
 from streamproto.log.errors import CorruptLog
 from streamproto.log.format import (
     BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, BatchHeader, FormatError, batch_attributes,
@@ -276,8 +276,7 @@ def read_records(
         file_pos) batch start from which a follow-up read can continue.
     """
     start_pos, start_off, file_pos = seg.seek_position(position)
-    lengths = lengths_array()
-    parts: list[tuple[int, memoryview]] = []
+    parts: list[tuple[array[int], memoryview]] = []
     total = 0
     count = 0
     cursor: Cursor | None = None
@@ -307,8 +306,7 @@ def read_records(
             break
         if first == 0 and last == h.count and h.data_len <= max_bytes - total:
             # the whole batch fits: no per-record work at all
-            parts.append((h.count, memoryview(buf)[h.data_start:h.data_start + h.data_len]))
-            lengths.extend(lens)
+            parts.append((lens, memoryview(buf)[h.data_start:h.data_start + h.data_len]))
             total += h.data_len
             count += h.count
             # a next read starts at the next batch, without reading this one
@@ -325,8 +323,7 @@ def read_records(
             cut = first + 1 if count == 0 else first
         if cut > first:
             base = h.data_start
-            parts.append((cut - first, memoryview(buf)[base + offs[first]:base + offs[cut]]))
-            lengths.extend(lens[first:cut])
+            parts.append((lens[first:cut], memoryview(buf)[base + offs[first]:base + offs[cut]]))
             total += offs[cut] - offs[first]
             count += cut - first
         if cut < last or count >= budget_records or h.end_position >= stop_position:
@@ -335,7 +332,7 @@ def read_records(
         return empty_batch(position), cursor
     # the stored batches' payloads stay where they were read: a consumer
     # sends each as it lies, only a caller of .data joins them
-    return RecordBatch.from_parts(position, lengths, parts), cursor
+    return RecordBatch.from_parts(position, parts), cursor
 
 
 def read_payload(io: FileIO, seg: Segment, offset: int, stop_offset: int,

@@ -222,8 +222,7 @@ class RecordStreamer:
         if self._chunked:
             sender.write(b"%x\r\n" % size)
         if body is None:
-            for lengths, data in batch.chunks():
-                sender.write_records(lengths, data, b"")
+            sender.write_batch(batch, b"")
         else:
             sender.write(body)
         if self._chunked:

@@ -602,8 +602,7 @@ class ConsumerStream(_StyxStream):
     def _send(self, batch):
         self._last_sent = self._clock.seconds()
         if self._sender is not None:
-            for lengths, data in batch.chunks():
-                self._sender.write_records(lengths, data, RECORD_PREFIX)
+            self._sender.write_batch(batch, RECORD_PREFIX)
         else:
             self.transport.write(encode_batch(batch))
         if self._metrics is not None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TypeAlias
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 
-from streamproto.log.batch import RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import RecordBatch, empty_batch
 from streamproto.log.errors import CorruptLog, LogClosed, PositionOutOfRange
 from streamproto.log.jetstream.common import LogPart, _Inline
 from streamproto.log.msgindex import BodyEntry, holds
@@ -109,13 +109,8 @@ class MessageReader(LogPart):
                 break
         if len(parts) == 1:
             return batch
-        lengths = lengths_array()
-        for part in parts:
-            lengths.extend(part.lengths)
         # each message's payloads stay where they are (RecordBatch.chunks)
-        return RecordBatch.from_parts(
-            position, lengths, [(len(lens), chunk) for part in parts
-                                for lens, chunk in part.chunks()])
+        return RecordBatch.from_parts(position, [c for part in parts for c in part.chunks()])
 
     def _cached(self, key: str, target: int) -> _Found | None:
         """(info, body entry) of the message holding C{target}, if in memory."""
