@@ -1033,6 +1033,108 @@ class ProduceBackpressureTests(HTTPTestBase):
         self.assertEqual(batch.records(), [b"a" * 10] * 2)
 
 
+class LateOpeningStoreTests(HTTPTestBase):
+    """
+    A store whose C{get()} answers later (JetStream asks the cluster): a
+    batch produce body complete before the log is open is answered only
+    once its records are appended and durable, with their count and end
+    position, or with an error, never with C{count: 0}.
+    """
+
+    def late_get(self):
+        opening = []
+
+        def get(name):
+            d = defer.Deferred()
+            opening.append((name, d))
+            return d
+        self.patch(self.store, "get", get)
+        return opening
+
+    @defer.inlineCallbacks
+    def post_lines(self, lines):
+        body = b"".join(b"%s\n" % line for line in lines)
+        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
+                        b"Connection: close\r\nContent-Type: " + LINES.encode() + b"\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
+            "127.0.0.1", self.port.getHost().port)
+        return proto
+
+    @defer.inlineCallbacks
+    def test_answer_waits_for_the_log_and_the_append(self):
+        yield self.make_log("events", records=[b"before"])
+        opening = self.late_get()
+        lines = [b"line %d" % i for i in range(10)]
+        proto = yield self.post_lines(lines)
+        for _ in range(20):
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(len(opening), 1)
+        self.assertFalse(proto.done.called, "answered before the log was open")
+        log = yield self.memory.get("events")
+        holding = HoldingLog(log)
+        opening[0][1].callback(holding)
+        for _ in range(20):
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        self.assertEqual(holding.appended_bytes, sum(map(len, lines)))
+        self.assertFalse(proto.done.called, "answered before the append was durable")
+        holding.release()
+        response = yield proto.done
+        self.assertTrue(response.startswith(b"HTTP/1.1 200 "), response)
+        self.assertEqual(json.loads(response.split(b"\r\n\r\n", 1)[1]),
+                         {"position": 11, "count": 10})
+        batch = yield log.read(0, max_bytes=1 << 20)
+        self.assertEqual(batch.records(), [b"before"] + lines)
+
+    @defer.inlineCallbacks
+    def test_store_unreachable_is_an_error(self):
+        from streamproto.log.errors import StoreUnavailable
+        yield self.make_log("events")
+        opening = self.late_get()
+        proto = yield self.post_lines([b"x"])
+        yield task.deferLater(reactor, 0.05, lambda: None)
+        self.assertFalse(proto.done.called)
+        opening[0][1].errback(StoreUnavailable("JetStream: no answer"))
+        response = yield proto.done
+        self.assertFalse(response.startswith(b"HTTP/1.1 2"), response)
+        self.assertIn(b"not_available", response)
+
+    @defer.inlineCallbacks
+    def test_failed_append_is_an_error(self):
+        from streamproto.log.errors import StoreUnavailable
+        yield self.make_log("events")
+        opening = self.late_get()
+        proto = yield self.post_lines([b"x", b"y"])
+        yield task.deferLater(reactor, 0.05, lambda: None)
+        log = yield self.memory.get("events")
+        self.patch(log, "append", lambda records, attributes=None: defer.fail(
+            StoreUnavailable("JetStream did not acknowledge within 20s")))
+        opening[0][1].callback(log)
+        response = yield proto.done
+        self.assertFalse(response.startswith(b"HTTP/1.1 2"), response)
+
+    @defer.inlineCallbacks
+    def test_lost_connection_before_the_log_opened(self):
+        """Only the complete records of a cut body are appended, as when the log is open."""
+        yield self.make_log("events")
+        opening = self.late_get()
+        body = binary([b"a" * 10] * 3)[:-4]
+        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Type: " + BINARY.encode() + b"\r\n"
+                        b"Content-Length: 1000\r\n\r\n" + body)
+        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
+            "127.0.0.1", self.port.getHost().port)
+        yield task.deferLater(reactor, 0.05, lambda: None)
+        proto.transport.loseConnection()
+        yield proto.done
+        yield task.deferLater(reactor, 0.05, lambda: None)
+        log = yield self.memory.get("events")
+        opening[0][1].callback(log)
+        yield task.deferLater(reactor, 0.05, lambda: None)
+        batch = yield log.read(0)
+        self.assertEqual(batch.records(), [b"a" * 10] * 2)
+
+
 class UpgradeHookTests(HTTPTestBase):
     @defer.inlineCallbacks
     def test_styx_upgrade_handed_over(self):

@@ -237,6 +237,7 @@ class StreamedProduce:
         self.end_position = None
         self.paused = False
         self.complete = False
+        self.lost = False
         self.done = defer.Deferred()
         d = resource.store.get(name)
         d.addCallbacks(self._opened, self._fail)
@@ -267,23 +268,30 @@ class StreamedProduce:
         """
         The body ended (C{lost}: the connection was lost first; then only
         the complete records received are appended, and nobody waits for
-        the answer).
+        the answer).  Before the log is open this only notes it: the
+        early chunks are appended, and the answer given, once it is.
         """
         if self.complete:
             return
         self.complete = True
+        self.lost = lost
         self._resume()
         if lost:
             self.done.addErrback(lambda _: None)
-        if self.log is not None and self.error is None:
-            if not lost:
+        if self.log is not None:
+            self._finish()
+        self._maybe_done()
+
+    def _finish(self):
+        """The body is complete and the log open: append what is left."""
+        if self.error is None:
+            if not self.lost:
                 try:
                     self._add(self.decoder.close())
                 except (formats.FormatError, RecordTooLarge) as e:
                     self._fail(e)
                     return
             self._flush()
-        self._maybe_done()
 
     # -- log -----------------------------------------------------------------
     def _opened(self, the_log):
@@ -293,8 +301,8 @@ class StreamedProduce:
         for chunk in early:
             self.feed(chunk)
         if self.complete:
-            self.complete = False
-            self.body_complete()
+            self._finish()
+            self._maybe_done()
         elif not self.unsynced_too_high():
             self._resume()
 
@@ -349,7 +357,12 @@ class StreamedProduce:
         self._maybe_done()
 
     def _maybe_done(self):
+        # an answer stands for the appends of the whole body: none is given
+        # before the log is open and every append durable (the log opens
+        # asynchronously on JetStream, after a small body is complete)
         if self.done.called or not self.complete or self.pending:
+            return
+        if self.log is None and self.error is None:
             return
         if self.count:
             self.resource.metrics.produced(self.name, self.count, self.nbytes)

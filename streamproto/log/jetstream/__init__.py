@@ -11,16 +11,20 @@ L{streamproto.log.bridge}).  Everything here runs on the reactor thread.
 Appends: one chain per log
     Appends are queued in order and sent as messages, several small appends
     merged into one message and a large one split (at most
-    C{max_message_bytes} each), up to C{max_inflight} messages in flight.
-    Each message carries the positions it was given and one expectation,
-    C{Nats-Expected-Last-Sequence}: the stream leader checks it before it
-    proposes, and the replicas apply an entry only at the sequence the
-    leader proposed it for.  So a message is stored only right after the
-    message its positions were computed from: positions
-    stay contiguous even with several front-ends appending to one log, and a
-    message can never be stored after one of its predecessors failed.
-    An append is acknowledged once JetStream acknowledged every message
-    holding it, i.e. once the quorum stored them.
+    C{max_message_bytes} each), one message in flight per log: what is
+    appended while it waits goes out merged in the next.  Each message
+    carries the positions it was given and one expectation,
+    C{Nats-Expected-Last-Sequence}, the sequence of the last message the
+    log knows is stored: the stream leader checks it before it proposes,
+    and the replicas apply an entry only at the sequence the leader
+    proposed it for.  So a message is stored only right after the message
+    its positions were computed from: positions stay contiguous even with
+    several front-ends appending to one log.  (Two messages in flight would
+    break that: the second's expectation names a sequence another
+    front-end's message can fill after the first was refused; the chain
+    module says more.)  An append is acknowledged once JetStream
+    acknowledged every message holding it, i.e. once the quorum stored
+    them, and never because of another message's acknowledgement.
 
 Fail-stop, then recovery from the quorum
     On any error or timeout the chain stops: nothing sent after the failure

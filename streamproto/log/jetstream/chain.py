@@ -3,10 +3,23 @@ The append chain of one L{JetStreamLog}: the write side.
 
 Appends are queued in order and sent as messages, several small appends
 merged into one message and a large one split (at most C{max_message_bytes}
-each), up to C{max_inflight} messages in flight.  Each message carries the
-positions it was given and one expectation, C{Nats-Expected-Last-Sequence},
-so that a message is stored only right after the message its positions were
-computed from (the package's docstring says why that is enough).
+each), one message in flight per log: what is queued while a message waits
+for its acknowledgement goes out merged in the next (a group commit).  Each
+message carries the positions it was given and one expectation,
+C{Nats-Expected-Last-Sequence}: the sequence of the last message the log
+I{knows} is stored, so a message is stored only right after the message its
+positions were computed from.
+
+Why one message in flight: that expectation names a sequence, not a
+message.  With two in flight, N (expecting S) and N+1 (expecting S+1),
+another front-end's message stored at S+1 gets N refused and N+1 stored
+after it, with positions (and attributes) that assumed N: acknowledging
+N+1 then acknowledges N's records too, which are nowhere, and every reader
+stops at N+1's broken positions.  The expected last message id would say
+"after N", but nats-server replicas check that one when they apply an entry
+and one caught up from a snapshot does not know it (see L{_send}).  With
+one message in flight the sequence expected is always one the log learnt
+from the cluster, so whatever stands at S is a message of the log.
 
 On any error or timeout the chain stops, waits until every message sent
 has an answer, has the log re-read the tail from the leader (learning which
@@ -146,8 +159,8 @@ class AppendChain(LogPart):
     def __init__(self, log: JetStreamLog) -> None:
         super().__init__(log)
         self._queue: deque[_Chunk] = deque()        # chunks not sent yet
-        self._inflight: deque[_Message] = deque()   # messages sent, in order
-        self._inflight_bytes = 0
+        # the message sent and not answered yet (at most one: see above)
+        self._inflight: deque[_Message] = deque()
         self._tail: _Tail | None = None  # (seq, msg id, position, offset, attributes) projected
         self._resyncing = False
         self._resync_running = False
@@ -192,11 +205,9 @@ class AppendChain(LogPart):
             return
         self._pumping = True
         try:
-            store = self.store
+            # one message in flight (the module docstring says why)
             while (self._queue and not self._resyncing and not self._log._closed
-                   and self._log.failed is None
-                   and len(self._inflight) < store.max_inflight
-                   and self._inflight_bytes < store.max_inflight_bytes):
+                   and self._log.failed is None and not self._inflight):
                 chunks = self._take_chunks()
                 if chunks:
                     self._send(chunks)
@@ -285,7 +296,6 @@ class AppendChain(LogPart):
         new_attrs = snapshot if snapshot is not None else attrs
         self._tail = (seq + 1, msg_id, position + count, offset + nbytes, new_attrs)
         self._inflight.append(message)
-        self._inflight_bytes += len(body)
         self.store.bridge.call_soon(self.store.io.publish, self._log._subject(kind), headers, body,
                                     partial(self._published, message))
 
@@ -331,13 +341,13 @@ class AppendChain(LogPart):
                 self._unresolved[message.msg_id] = message
                 self._begin_resync(message.error)
                 return
-            self._confirm_through(message)
+            self._confirm(message)
             return
         error = outcome.error
         if message.seen is not None and isinstance(error, NotAvailable):
             # its answer was lost, but it was seen stored: it is
             message.info.seq = message.seen
-            self._confirm_through(message)
+            self._confirm(message)
             return
         message.error = error
         if isinstance(error, NotAvailable):
@@ -356,18 +366,19 @@ class AppendChain(LogPart):
                         f"JetStream refused the append: {error}"))
         self._begin_resync(error)
 
-    def _confirm_through(self, message: _Message) -> None:
-        """C{message} is stored: so is every message before it (the chain)."""
-        while self._inflight:
-            m = self._inflight.popleft()
-            self._inflight_bytes -= len(m.body)
-            self._unresolved.pop(m.msg_id, None)
-            if m.outcome != "stored":
-                m.outcome = "stored"
-                self._log._learn(m.info)
-                self._complete(m)
-            if m is message:
-                break
+    def _confirm(self, message: _Message) -> None:
+        """
+        C{message}, the one in flight, is stored right after the message
+        its positions were computed from: its appends are acknowledged.
+        Only ever this message: another one's fate is never inferred from
+        it (a refused message confirmed this way is the loss the module
+        docstring describes).
+        """
+        self._inflight.remove(message)
+        self._unresolved.pop(message.msg_id, None)
+        message.outcome = "stored"
+        self._log._learn(message.info)
+        self._complete(message)
         if not self._inflight and not self._resyncing:
             self._tail = None
         self._maybe_resync()
@@ -488,7 +499,6 @@ class AppendChain(LogPart):
                     again.append(chunk)
         self._unresolved.clear()
         self._inflight.clear()
-        self._inflight_bytes = 0
         self._queue.extendleft(reversed(again))
         self._tail = None
         self._resyncing = False

@@ -86,9 +86,6 @@ class JetStreamLogStore:
     @param cache_bytes: bound of the message body cache, all logs together.
     @param max_message_bytes: body bound of one message (appends are merged
         up to it or split at it); never above the servers' C{max_payload}.
-    @param max_inflight: messages per log sent and not yet acknowledged;
-        with C{max_inflight_bytes}, the window that makes a slow cluster
-        slow the appenders down rather than grow buffers.
     @param retention_interval: seconds between retention rounds (None: only
         after appends).
     @param io: the asyncio-side client (default a L{NatsIO}; tests pass a
@@ -99,8 +96,7 @@ class JetStreamLogStore:
                  prefix: str = DEFAULT_PREFIX, tls: ssl.SSLContext | None = None,
                  timeout: float = DEFAULT_TIMEOUT, clock: IReactorTime | None = None,
                  bridge: AsyncioThreadBridge | None = None, cache_bytes: int = 64 << 20,
-                 max_message_bytes: int = 1 << 20, max_inflight: int = 64,
-                 max_inflight_bytes: int = 32 << 20, retention_interval: float | None = 60.0,
+                 max_message_bytes: int = 1 << 20, retention_interval: float | None = 60.0,
                  read_ahead: int = 16, publish_timeout: float | None = None,
                  connection_name: str = "streamproto", io: NatsIO | None = None) -> None:
         from streamproto.log.bridge import AsyncioThreadBridge
@@ -118,8 +114,6 @@ class JetStreamLogStore:
                                publish_timeout=publish_timeout or min(3.0, timeout))
         self.cache = BodyCache(cache_bytes)
         self._max_message_bytes = max_message_bytes
-        self.max_inflight = max_inflight
-        self.max_inflight_bytes = max_inflight_bytes
         self.read_ahead = read_ahead
         self.retention_interval = retention_interval
         self.writer_id = uuid.uuid4().hex[:12]
