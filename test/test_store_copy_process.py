@@ -1,0 +1,216 @@
+"""
+C{streamproto store copy} run as users run it (C{python -m streamproto}):
+a file store to a real JetStream cluster and back, a copy killed halfway
+(SIGKILL) and run again in a fresh process, a copy following a JetStream
+source that is written until SIGTERM, and the refusals (exit 1, one line).
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from streamproto.log import LogConfig
+from streamproto.log.copy import JOURNAL_LOG
+from streamproto.log.file import FileLogStore, synchronous
+from streamproto.log.reader import LogDirectoryReader
+from test.natsutil import shared_cluster, unique_prefix
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def records(n, size, tag=b""):
+    return [(tag + b"%d:" % i).ljust(size, b".") for i in range(n)]
+
+
+def run_copy(*argv, wait=True):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.Popen([sys.executable, "-m", "streamproto", "store", *argv], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if not wait:
+        return p
+    out, err = p.communicate(timeout=300)
+    return p.returncode, out.decode(), err.decode()
+
+
+class ProcessCopyTests(unittest.SynchronousTestCase):
+
+    def setUp(self):
+        self.clock = Clock()
+
+    def tempdir(self):
+        path = tempfile.mkdtemp(prefix="streamproto-copy-")
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
+    def file_store(self, path):
+        store = FileLogStore(path, reactor=self.clock, run_blocking=synchronous,
+                             retention_interval=None)
+        self.addCleanup(store.close)
+        return store
+
+    def nats_store(self, prefix):
+        from streamproto.log.bridge import SynchronousBridge
+        from streamproto.log.jetstream import JetStreamLogStore
+        cluster = shared_cluster()
+        store = JetStreamLogStore(cluster.urls, prefix=prefix, clock=self.clock,
+                                  bridge=SynchronousBridge(), retention_interval=None)
+        self.addCleanup(store.close)
+        self.successResultOf(store.start())
+        return store
+
+    def nats_url(self):
+        cluster = shared_cluster()
+        prefix = unique_prefix(self)
+        self.addCleanup(self.delete_streams, prefix)
+        hosts = ",".join(u.split("://", 1)[1] for u in cluster.urls)
+        return prefix, f"nats://{hosts}?prefix={prefix}"
+
+    def delete_streams(self, prefix):
+        store = self.nats_store(prefix)
+        for name in store.names():
+            self.successResultOf(store.delete(name))
+
+    def populate(self, store):
+        """Logs of every kind: user, internal, truncated heads, attributes, empty."""
+        events = self.successResultOf(store.create("events", LogConfig(log_max_count=100000)))
+        self.successResultOf(events.append(records(3000, 100)))
+        self.successResultOf(events.append(records(50, 1000), attributes={"writer": 3050}))
+        self.successResultOf(events.truncate(1000))
+        controller = self.successResultOf(store.create("pravega-controller"))
+        self.successResultOf(controller.append([b'{"scopes": {"s": {}}}']))
+        segment = self.successResultOf(store.create("pravega_s_t_0.#epoch.0"
+                                                    .replace(".", "_").replace("#", "")))
+        self.successResultOf(segment.append(records(200, 37)))
+        self.successResultOf(segment.truncate_offset(37 * 20 + 11))
+        self.successResultOf(store.create("relink-target"))
+
+    def assertSameStores(self, a, b):
+        names = [n for n in a.names() if n != JOURNAL_LOG]
+        self.assertEqual(names, [n for n in b.names() if n != JOURNAL_LOG])
+        for name in names:
+            x = self.successResultOf(a.get(name))
+            y = self.successResultOf(b.get(name))
+            self.assertEqual([x.start_position, x.end_position, x.start_offset, x.end_offset],
+                             [y.start_position, y.end_position, y.start_offset, y.end_offset],
+                             name)
+            self.assertEqual((x.attributes, x.config), (y.attributes, y.config), name)
+            position = x.start_position
+            while position < x.end_position:
+                got_x = self.successResultOf(x.read(position))
+                got_y = self.successResultOf(y.read(position, max_records=len(got_x)))
+                self.assertEqual(got_x.records(), got_y.records(), (name, position))
+                position = got_x.next_position
+
+    def test_file_to_nats_and_back(self):
+        """
+        A file store copied to JetStream and back holds the same logs,
+        positions, offsets, boundaries, attributes and configurations.
+        """
+        src_path = self.tempdir()
+        src = self.file_store(src_path)
+        self.populate(src)
+        prefix, url = self.nats_url()
+        code, out, err = run_copy("copy", src_path, url)
+        self.assertEqual(code, 0, err)
+        self.assertIn("4 logs verified", out)
+        self.assertSameStores(src, self.nats_store(prefix))
+        back = os.path.join(self.tempdir(), "back")
+        code, out, err = run_copy("copy", url, back, "-f", "json")
+        self.assertEqual(code, 0, err)
+        self.assertSameStores(src, self.file_store(back))
+
+    def test_killed_copy_resumes_in_a_fresh_process(self):
+        """
+        A copy killed (SIGKILL) halfway and started again finishes with
+        every record once, at its position.
+        """
+        src_path, dst_path = self.tempdir(), os.path.join(self.tempdir(), "dst")
+        src = self.file_store(src_path)
+        log = self.successResultOf(src.create("events"))
+        for i in range(40):
+            self.successResultOf(log.append(records(5000, 100, tag=b"%d-" % i)))
+        self.successResultOf(src.close())
+        p = run_copy("copy", src_path, dst_path, wait=False)
+        deadline = time.monotonic() + 60
+        seg_dir = os.path.join(dst_path, "events")
+        while time.monotonic() < deadline:
+            if os.path.isdir(seg_dir) and sum(
+                    os.path.getsize(os.path.join(seg_dir, f)) for f in os.listdir(seg_dir)
+                    if f.endswith(".seg")) > 3_000_000:
+                break
+            time.sleep(0.01)
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        reader = LogDirectoryReader(dst_path)
+        start, end = reader.bounds("events")
+        self.assertTrue(0 < end < 200000, end)
+        code, out, err = run_copy("copy", src_path, dst_path)
+        self.assertEqual(code, 0, err)
+        self.assertIn("events: 200000 end position, 200000 records", out)
+        expected = [r for i in range(40) for r in records(5000, 100, tag=b"%d-" % i)]
+        got = [r for batch in LogDirectoryReader(dst_path).read("events", 0, 200000)
+               for r in batch.records()]
+        self.assertEqual(got, expected)
+
+    def test_follow_until_sigterm(self):
+        """
+        C{--follow} copies what is appended to the JetStream source while it
+        runs; SIGTERM makes it catch up, verify and exit 0.
+        """
+        prefix, url = self.nats_url()
+        src = self.nats_store(prefix)
+        log = self.successResultOf(src.create("events"))
+        self.successResultOf(log.append(records(100, 50)))
+        dst_path = os.path.join(self.tempdir(), "dst")
+        p = run_copy("copy", url, dst_path, "--follow", wait=False)
+        reader = LogDirectoryReader(dst_path)
+
+        def copied():
+            try:
+                return reader.bounds("events")[1]
+            except Exception:
+                return -1
+        deadline = time.monotonic() + 60
+        while copied() < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(copied(), 100)
+        for i in range(5):
+            self.successResultOf(log.append(records(10, 50, tag=b"late%d" % i)))
+        while copied() < 150 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(copied(), 150)
+        self.successResultOf(log.append([b"just before the stop"], attributes={"w": 1}))
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("events: 151 end position, 151 records", out.decode())
+        self.assertSameStores(src, self.file_store(dst_path))
+
+    def test_refusals(self):
+        """
+        A destination holding another log of the same name: exit 1, one
+        line naming it, nothing written to it.
+        """
+        src_path, dst_path = self.tempdir(), self.tempdir()
+        src, dst = self.file_store(src_path), self.file_store(dst_path)
+        self.successResultOf(self.successResultOf(src.create("events")).append([b"a", b"b"]))
+        self.successResultOf(self.successResultOf(dst.create("events")).append([b"z"]))
+        self.successResultOf(dst.close())
+        code, out, err = run_copy("copy", src_path, dst_path)
+        self.assertEqual(code, 1)
+        self.assertEqual(err.strip().splitlines()[-1],
+                         "streamproto store: error: refused: log events: the destination's "
+                         "record 0 differs from the source's (or ends at another offset): "
+                         "a different log of the same name")
+        self.assertEqual(LogDirectoryReader(dst_path).bounds("events"), (0, 1))
+        code, out, err = run_copy("copy", src_path, "nats://127.0.0.1:1")
+        self.assertEqual(code, 1)
+        self.assertIn("cannot be reached", err)
+        self.assertNotIn("Traceback", err)
