@@ -282,6 +282,60 @@ class MemoryToFileCopyTests(CopyTestsMixin, unittest.SynchronousTestCase):
         self.assertEqual(copied.end_position, 20)
 
 
+class LiveFileSourceTests(unittest.SynchronousTestCase):
+    """
+    A data directory a server is writing, copied through the read-only
+    view and reopened each round: never changed, its torn tail ignored.
+    """
+
+    def setUp(self):
+        from streamproto.log.copy.readonly import open_read_only, reopening_store
+        self.clock = Clock()
+        self.path = tempfile.mkdtemp(prefix="streamproto-copy-")
+        self.addCleanup(shutil.rmtree, self.path, True)
+        self.server = FileLogStore(self.path, reactor=self.clock, run_blocking=synchronous,
+                                   retention_interval=None)
+        self.addCleanup(self.server.close)
+        self.log = self.successResultOf(self.server.create("events"))
+        self.successResultOf(self.log.append(records(10)))
+        self.view = open_read_only(self.path, self.clock, run_blocking=synchronous)
+        self.refresh = reopening_store(self.path, self.clock, run_blocking=synchronous)
+        self.dst = MemoryLogStore(self.clock)
+
+    def tear(self):
+        """A batch half written at the end of the segment, as a server leaves it mid-write."""
+        seg = os.path.join(self.path, "events", "00000000000000000000.seg")
+        with open(seg, "ab") as f:
+            f.write(b"SPB1" + b"\x00" * 20)
+        return seg, os.path.getsize(seg)
+
+    def test_follow_and_leave_the_source_alone(self):
+        seg, size = self.tear()
+        copier = StoreCopy(self.view, self.dst, self.clock, follow=True, refresh=self.refresh)
+        d = copier.run()
+        self.assertEqual(os.path.getsize(seg), size)    # the torn tail is not cut
+        self.assertEqual(self.successResultOf(self.dst.get("events")).end_position, 10)
+        with open(seg, "r+b") as f:   # the server's write completes... as a new append
+            f.truncate(size - 24)
+        self.successResultOf(self.log.append(records(5, tag=b"more"), attributes={"w": 5}))
+        self.clock.advance(1)
+        copied = self.successResultOf(self.dst.get("events"))
+        self.assertEqual((copied.end_position, copied.attributes), (15, {"w": 5}))
+        copier.stop()
+        self.clock.advance(1)
+        self.assertEqual(self.successResultOf(d)["events"]["records"], 15)
+
+    def test_written_without_follow_is_refused(self):
+        """Without follow, a directory written meanwhile fails the copy; run again, it goes on."""
+        copier = StoreCopy(self.view, self.dst, self.clock, refresh=self.refresh)
+        self.successResultOf(self.view.get("events"))   # what the view sees: 10 records
+        self.successResultOf(self.log.append([b"meanwhile"]))
+        failure = self.failureResultOf(copier.run(), SourceWritten)
+        self.assertIn("1 records after the 10 copied", failure.getErrorMessage())
+        again = StoreCopy(self.refresh().result, self.dst, self.clock, refresh=self.refresh)
+        self.assertEqual(self.successResultOf(again.run())["events"]["records"], 11)
+
+
 class FailingAfter:
     """A store whose logs fail every append after the first C{appends}."""
 

@@ -193,6 +193,40 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
         self.assertIn("events: 151 end position, 151 records", out.decode())
         self.assertSameStores(src, self.file_store(dst_path))
 
+    def test_follow_a_live_data_directory_until_sigint(self):
+        """
+        C{--follow} from a data directory a server is writing (here this
+        process's store) to JetStream: the appends made while it runs are
+        copied; SIGINT makes it catch up, verify and exit 0.
+        """
+        src_path = self.tempdir()
+        server = self.file_store(src_path)
+        log = self.successResultOf(server.create("events"))
+        self.successResultOf(log.append(records(100, 50)))
+        prefix, url = self.nats_url()
+        p = run_copy("copy", src_path, url, "--follow", wait=False)
+        dst = self.nats_store(prefix)
+
+        def copied():
+            try:
+                return self.successResultOf(dst.get("events")).end_position
+            except Exception:
+                return -1
+        deadline = time.monotonic() + 60
+        while copied() < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(copied(), 100)
+        self.successResultOf(log.append(records(20, 50, tag=b"late")))
+        while copied() < 120 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(copied(), 120)
+        self.successResultOf(log.append([b"last"], attributes={"w": 121}))
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("events: 121 end position, 121 records", out.decode())
+        self.assertSameStores(server, self.nats_store(prefix))
+
     def test_refusals(self):
         """
         A destination holding another log of the same name: exit 1, one

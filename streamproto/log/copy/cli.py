@@ -26,6 +26,7 @@ from streamproto.core.cli import (
 )
 from streamproto.core.progress import Progress
 from streamproto.log.copy.plan import CopyRefused
+from streamproto.log.copy.readonly import open_read_only, reopening_store
 from streamproto.log.copy.store import StoreCopy, last_journal_entry
 from streamproto.log.interfaces import ILogStore
 from streamproto.log.storeurl import is_store_url
@@ -43,8 +44,8 @@ def parser() -> CommandParser:
                           description="Copy logs, internal ones included, keeping every "
                           "record's position, offset and boundaries and every log's "
                           "attributes; resumable (run it again); verified at the end.")
-    copy.add_argument("src", metavar="SRC", help="source: a data directory (no server may be "
-                      "running on it) or a nats:// URL")
+    copy.add_argument("src", metavar="SRC", help="source: a data directory (read-only, "
+                      "servers may run on it) or a nats:// URL")
     copy.add_argument("dst", metavar="DST", help="destination: a data directory or a nats:// URL")
     copy.add_argument("--log", dest="include", action="append", default=[], metavar="PATTERN",
                       help="copy the logs matching this name or shell pattern (repeated: "
@@ -52,8 +53,8 @@ def parser() -> CommandParser:
     copy.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                       help="do not copy the logs matching this name or pattern (repeated)")
     copy.add_argument("--follow", action="store_true",
-                      help="keep copying what the servers append to the source (a nats:// "
-                           "one) until SIGINT/SIGTERM: then finish, verify, exit 0")
+                      help="keep copying what the servers append to the source until "
+                           "SIGINT/SIGTERM: then catch up once more, verify, exit 0")
     copy.add_argument("--no-verify", dest="verify", action="store_false",
                       help="skip the final count and CRC comparison of every log")
     listing = sub.add_parser("list", help="the logs of a store, with their bounds, and the "
@@ -98,10 +99,18 @@ def store_options(where: str, args: argparse.Namespace, must_exist: bool) -> dic
 
 
 @defer.inlineCallbacks
-def open_store(options: dict[str, Any], reactor: Any) -> Any:
-    """The store, connected (a JetStream cluster that does not answer fails here)."""
+def open_store(options: dict[str, Any], reactor: Any, read_only: bool = False) -> Any:
+    """
+    The store, connected (a JetStream cluster that does not answer fails
+    here); a data directory C{read_only} never changes (servers may be
+    writing it: L{streamproto.log.copy.readonly}).
+    """
     from streamproto.core.stores import describe_store, open_log_store
-    store: ILogStore = open_log_store(options, reactor)
+    store: ILogStore
+    if read_only and options["store-url"] is None:
+        store = open_read_only(options["data"], reactor)
+    else:
+        store = open_log_store(options, reactor)
     start = getattr(store, "start", None)
     if start is not None:
         try:
@@ -121,9 +130,6 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None,
         if args.command == "copy":
             src = store_options(args.src, args, must_exist=True)
             dst = store_options(args.dst, args, must_exist=False)
-            if args.follow and src["store-url"] is None:
-                raise ValueError("--follow needs a nats:// source: a data directory is read "
-                                 "while no server runs on it (doc/scale-out.rst)")
             if os.path.abspath(args.src) == os.path.abspath(args.dst):
                 raise ValueError("SRC and DST are the same store")
         else:
@@ -140,7 +146,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None,
 def copy(reactor: Any, src_options: dict[str, Any], dst_options: dict[str, Any],
          args: argparse.Namespace, out: TextIO, err: TextIO) -> Any:
     from streamproto.core.stores import describe_store
-    src = yield open_store(src_options, reactor)
+    src = yield open_store(src_options, reactor, read_only=True)
     try:
         dst = yield open_store(dst_options, reactor)
     except BaseException:
@@ -159,7 +165,9 @@ def copy(reactor: Any, src_options: dict[str, Any], dst_options: dict[str, Any],
     copier = StoreCopy(src, dst, reactor, tuple(args.include), tuple(args.exclude),
                        follow=args.follow, progress=moved, describe=describe_store(src_options),
                        verify=args.verify,
-                       log=None if args.quiet else lambda line: err.write(f"{PROG}: {line}\n"))
+                       log=None if args.quiet else lambda line: err.write(f"{PROG}: {line}\n"),
+                       refresh=None if src_options["store-url"] is not None else
+                       reopening_store(src_options["data"], reactor))
     if args.follow:
         def stop(signum: int, frame: object) -> None:
             if not args.quiet:
@@ -195,7 +203,7 @@ def copy(reactor: Any, src_options: dict[str, Any], dst_options: dict[str, Any],
 @defer.inlineCallbacks
 def list_store(reactor: Any, options: dict[str, Any], args: argparse.Namespace,
                out: TextIO) -> Any:
-    store = yield open_store(options, reactor)
+    store = yield open_store(options, reactor, read_only=True)
     try:
         logs = {}
         for name in store.names():

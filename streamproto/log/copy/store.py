@@ -46,14 +46,20 @@ class StoreCopy:
 
     @param progress: called with (records, bytes) as each append lands.
     @param describe: what the journal says the source is (a path, a URL).
+    @param refresh: for a source this process does not see written (a data
+        directory served by another process: L{readonly.reopening_store}),
+        what opens it anew: each round of a follow, and the check that it
+        was not written, look at a fresh view.
     """
 
     def __init__(self, src: ILogStore, dst: ILogStore, clock: IReactorTime,
                  include: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
                  follow: bool = False, progress: Progress | None = None,
                  describe: str = "", verify: bool = True,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None,
+                 refresh: Callable[[], Deferred[ILogStore]] | None = None) -> None:
         self.src = src
+        self.refresh = refresh
         self.dst = dst
         self.clock = clock
         self.include = include
@@ -96,6 +102,8 @@ class StoreCopy:
         if self.follow:
             yield self._follow()
         else:
+            if self.refresh is not None:
+                yield self._reopen()
             yield self._each(list(self.copies), self._check_unchanged)
         result: dict[str, dict[str, int]] = {}
         if self.verify_logs:
@@ -152,7 +160,36 @@ class StoreCopy:
             d.cancel()
 
     @defer.inlineCallbacks
+    def _reopen(self) -> Any:
+        """A fresh view of the source (L{refresh}) for every log copied."""
+        assert self.refresh is not None
+        old = self.src
+        self.src = yield self.refresh()
+        try:
+            for name, copy in list(self.copies.items()):
+                try:
+                    copy.src = yield self.src.get(name)
+                except LogNotFound:
+                    pass    # deleted on the source: what was copied stays
+        finally:
+            yield old.close()
+
+    @defer.inlineCallbacks
+    def _follow_reopening(self) -> Any:
+        """Follow a source seen anew each round."""
+        while not self._stopping:
+            yield self._pause(FOLLOW_POLL)
+            yield self._reopen()
+            for name in self.names():
+                if name not in self.copies:
+                    yield self._first_pass(name)
+            yield self._each(list(self.copies), self._last_catch_up)
+
+    @defer.inlineCallbacks
     def _follow(self) -> Any:
+        if self.refresh is not None:
+            yield self._follow_reopening()
+            return
         following: dict[str, Deferred[Any]] = {}
         while not self._stopping:
             for name in self.names():
