@@ -16,7 +16,6 @@ from streamproto.log.copy import (
     JOURNAL_LOG, CopyFailed, CopyRefused, Digest, SourceWritten, StoreCopy, last_journal_entry,
     select,
 )
-from streamproto.log.copy.engine import LogCopy
 from streamproto.log.copy.plan import Bounds, resume_point
 from streamproto.log.errors import StoreUnavailable
 from streamproto.log.file import FileLogStore, synchronous

@@ -19,6 +19,7 @@ from typing import Any
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
 
 from streamproto.log.batch import RecordBatch
 from streamproto.log.errors import CorruptLog, LogError, LogNotFound
@@ -36,6 +37,13 @@ BATCH_RECORDS = 16384
 WINDOW = 8
 
 Progress = Callable[[int, int], None]
+
+
+def first_failure(failure: Failure) -> Failure:
+    """The failure of the first Deferred of a failed C{gatherResults}."""
+    value = failure.value
+    assert isinstance(value, defer.FirstError)
+    return value.subFailure
 
 
 class CopyFailed(Exception):
@@ -194,7 +202,7 @@ class LogCopy:
                              f"the copy at {end}")
         ours, theirs = yield defer.gatherResults(
             [digest(self.src, start, end), digest(dst, start, end)], consumeErrors=True
-        ).addErrback(lambda f: f.value.subFailure)
+        ).addErrback(first_failure)
         if ours != theirs:
             raise CopyFailed(f"log {self.name}: verification failed over [{start}, {end}): "
                              f"source {ours.as_dict()}, destination {theirs.as_dict()}")

@@ -16,6 +16,7 @@ import fnmatch
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from crc32c import crc32c
 
@@ -61,9 +62,9 @@ class Bounds:
     end_offset: int
 
     @classmethod
-    def of(cls, log: object) -> Bounds:
-        return cls(getattr(log, "start_position"), getattr(log, "end_position"),
-                   getattr(log, "start_offset"), getattr(log, "end_offset"))
+    def of(cls, log: Any) -> Bounds:
+        """The bounds of an L{ILog} now."""
+        return cls(log.start_position, log.end_position, log.start_offset, log.end_offset)
 
     @property
     def empty(self) -> bool:

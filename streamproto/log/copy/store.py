@@ -23,7 +23,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
-from streamproto.log.copy.engine import CopyFailed, LogCopy, Progress
+from streamproto.log.copy.engine import CopyFailed, LogCopy, Progress, first_failure
 from streamproto.log.copy.plan import JOURNAL_LOG, CopyRefused, Digest, select
 from streamproto.log.errors import LogClosed, LogError, LogNotFound
 from streamproto.log.interfaces import ILog, ILogStore
@@ -56,7 +56,7 @@ class StoreCopy:
                  include: tuple[str, ...] = (), exclude: tuple[str, ...] = (),
                  follow: bool = False, progress: Progress | None = None,
                  describe: str = "", verify: bool = True,
-                 log: Callable[[str], None] | None = None,
+                 log: Callable[[str], object] | None = None,
                  refresh: Callable[[], Deferred[ILogStore]] | None = None) -> None:
         self.src = src
         self.refresh = refresh
@@ -72,7 +72,7 @@ class StoreCopy:
         self.copies: dict[str, LogCopy] = {}
         self.ends: dict[str, int] = {}
         self._stopping = False
-        self._waits: set[Deferred[int]] = set()
+        self._waits: set[Deferred[Any]] = set()
 
     # -- the whole copy ----------------------------------------------------
     def names(self) -> list[str]:
@@ -118,8 +118,7 @@ class StoreCopy:
         """C{f(name)} for every name, L{PARALLEL} at a time; the first failure is the result."""
         semaphore = defer.DeferredSemaphore(PARALLEL)
         ds = [semaphore.run(f, name) for name in names]
-        return defer.gatherResults(ds, consumeErrors=True).addErrback(
-            lambda failure: failure.value.subFailure)
+        return defer.gatherResults(ds, consumeErrors=True).addErrback(first_failure)
 
     @defer.inlineCallbacks
     def _first_pass(self, name: str) -> Any:
@@ -203,7 +202,7 @@ class StoreCopy:
                     del following[name]
             yield self._pause(FOLLOW_POLL)
         yield defer.gatherResults(list(following.values()), consumeErrors=True).addErrback(
-            lambda failure: failure.value.subFailure)
+            first_failure)
         yield self._each(list(self.copies), self._last_catch_up)
 
     @defer.inlineCallbacks
@@ -230,10 +229,11 @@ class StoreCopy:
     def _pause(self, seconds: float) -> Deferred[None]:
         d: Deferred[None] = Deferred(lambda d: call.cancel())
         call = self.clock.callLater(seconds, d.callback, None)
-        self._waits.add(d)  # type: ignore[arg-type]  # cancelled by stop() alike
+        waits: set[Deferred[Any]] = self._waits
+        waits.add(d)    # cancelled by stop() alike
 
         def done(result: object) -> None:
-            self._waits.discard(d)  # type: ignore[arg-type]
+            waits.discard(d)
             return None
         return d.addBoth(done)
 
