@@ -105,6 +105,10 @@ class StoreCopy:
             if self.refresh is not None:
                 yield self._reopen()
             yield self._each(list(self.copies), self._check_unchanged)
+        # nothing more is copied: front-ends may start on the destination
+        # now (what they append is after the ends verified below)
+        self.say(f"caught up: {len(self.copies)} logs copied to their ends"
+                 + (", verifying" if self.verify_logs else ""))
         result: dict[str, dict[str, int]] = {}
         if self.verify_logs:
             digests = yield self._each(list(self.copies), self._verify)
