@@ -2,7 +2,7 @@
 C{streamproto store copy}: how fast a store moves, and what a cut-over costs.
 
     python bench/store_copy_bench.py                       # 100 B and 1000 B records
-    python bench/store_copy_bench.py --runs 100x1000000 --nodes 1
+    python bench/store_copy_bench.py --runs 100x300000 --nodes 1
 
 One run starts a real nats-server cluster on 127.0.0.1 (C{--nodes}, sync
 always, as the tests' C{test/natsutil.py}) and, for each SIZExCOUNT:
@@ -13,7 +13,8 @@ always, as the tests' C{test/natsutil.py}) and, for each SIZExCOUNT:
     their own, on the file store and on JetStream;
   - copy file->nats and nats->file: the command as users run it (a new
     process, connecting, verifying every log at the end), wall time;
-    C{--no-verify} figures beside them.
+    C{--no-verify} figures beside them, and what a copy of nothing
+    costs (the process starting, connecting, writing its journal).
 
 Then the cut-over, with a writer running: a writer appends 100-byte
 records (100 an append, each awaited) to a data directory; the copy
@@ -39,7 +40,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-DEFAULT_RUNS = "100x300000,1000x100000"
+DEFAULT_RUNS = "100x2000000,1000x300000"
 
 STORE = r"""
 import sys, time
@@ -163,6 +164,8 @@ def speeds(directory, cluster_url, size, count, tag):
     row("consume file (baseline)", size, count, consume_file)
     row("produce nats (baseline)", size, count, produce_nats)
     row("consume nats (baseline)", size, count, consume_nats)
+    fixed = copy(data, f"{cluster_url}?prefix=e{tag}", "--log", "none-such")
+    print(f"  {'copy of nothing (start-up)':<28} {fixed:>37.2f} s", flush=True)
     slowest = max(consume_file, produce_nats)
     row("copy file->nats", size, count, copy(data, f"{cluster_url}?prefix=c{tag}"), slowest)
     row("copy file->nats --no-verify", size, count,

@@ -232,6 +232,20 @@ class MemoryCopyTests(CopyTestsMixin, unittest.SynchronousTestCase):
         self.assertEqual(self.get(self.dst, "events").end_position, 40)
 
 
+    def test_verification_catches_a_bad_destination(self):
+        """
+        A destination that stores other bytes than it was given (one per
+        append flipped here) fails the verification, naming the log.
+        """
+        log = self.successResultOf(self.src.create("events"))
+        self.successResultOf(log.append(records(100)))
+        self.dst = Flipping(self.dst)
+        failure = self.failureResultOf(self.copy()[1], CopyFailed)
+        self.assertIn("log events: verification failed over [0, 100)", failure.getErrorMessage())
+        entry = self.successResultOf(last_journal_entry(self.dst.store))
+        self.assertEqual(entry["event"], "start")
+
+
 class FileToMemoryCopyTests(CopyTestsMixin, unittest.SynchronousTestCase):
     def make_store(self, name):
         if name == "dst":
@@ -333,6 +347,39 @@ class LiveFileSourceTests(unittest.SynchronousTestCase):
         self.assertIn("1 records after the 10 copied", failure.getErrorMessage())
         again = StoreCopy(self.refresh().result, self.dst, self.clock, refresh=self.refresh)
         self.assertEqual(self.successResultOf(again.run())["events"]["records"], 11)
+
+
+class Flipping:
+    """A store whose logs store each append with its first byte flipped."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def create(self, name, config=None):
+        return self.store.create(name, config).addCallback(self._wrap)
+
+    def get(self, name):
+        return self.store.get(name).addCallback(self._wrap)
+
+    def _wrap(self, log):
+        if log.name == JOURNAL_LOG:
+            return log
+
+        class Log:
+            def __getattr__(self, name):
+                return getattr(log, name)
+
+            def append(self, records, *args, **kwargs):
+                from streamproto.log.batch import RecordBatch
+                if len(records):
+                    data = bytearray(bytes(records.data))
+                    data[0] ^= 1
+                    records = RecordBatch(records.position, records.lengths, bytes(data))
+                return log.append(records, *args, **kwargs)
+        return Log()
 
 
 class FailingAfter:

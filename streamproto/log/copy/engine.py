@@ -83,6 +83,10 @@ class LogCopy:
         self.window = window
         self.copied_records = 0
         self.copied_bytes = 0
+        #: the source's records from C{digest_start} to C{position}, as
+        #: read to be copied: the verification reads only the destination
+        self.src_digest = Digest()
+        self.digest_start = 0
 
     @defer.inlineCallbacks
     def prepare(self) -> Any:
@@ -108,6 +112,10 @@ class LogCopy:
         if start.check is not None:
             yield self._check_same(start)
         self.position = start.position
+        self.digest_start = bounds.start_position
+        if start.position > bounds.start_position:
+            # resumed: what earlier runs copied is read once more, here
+            self.src_digest = yield digest(src, bounds.start_position, start.position)
 
     @defer.inlineCallbacks
     def _check_same(self, start: Start) -> Any:
@@ -152,6 +160,7 @@ class LogCopy:
                 last = batch.next_position >= target
                 extra = attributes_to_copy(attributes, dst.attributes) if last else None
                 self.position = batch.next_position
+                self.src_digest.feed(batch)
                 d = dst.append(batch, attributes=extra, expected_position=at)
                 d.addErrback(_named(self.name, at, "appending to the destination"))
                 d.addCallback(self._appended, len(batch), batch.nbytes)
@@ -165,6 +174,7 @@ class LogCopy:
             for d in inflight:
                 d.addErrback(lambda _: None)
             self.position = dst.end_position
+            self.digest_start = -1  # no longer what was copied: verify reads both
             raise
         extra = attributes_to_copy(attributes, dst.attributes)
         if extra:
@@ -200,9 +210,13 @@ class LogCopy:
         if dst.end_position < end:
             raise CopyFailed(f"log {self.name}: the destination ends at {dst.end_position}, "
                              f"the copy at {end}")
-        ours, theirs = yield defer.gatherResults(
-            [digest(self.src, start, end), digest(dst, start, end)], consumeErrors=True
-        ).addErrback(first_failure)
+        if start == self.digest_start and end == self.position:
+            ours = self.src_digest
+            theirs = yield digest(dst, start, end)
+        else:   # the source's start moved: both read again where they overlap
+            ours, theirs = yield defer.gatherResults(
+                [digest(self.src, start, end), digest(dst, start, end)], consumeErrors=True
+            ).addErrback(first_failure)
         if ours != theirs:
             raise CopyFailed(f"log {self.name}: verification failed over [{start}, {end}): "
                              f"source {ours.as_dict()}, destination {theirs.as_dict()}")
