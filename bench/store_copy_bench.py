@@ -8,7 +8,7 @@ One run starts a real nats-server cluster on 127.0.0.1 (C{--nodes}, sync
 always, as the tests' C{test/natsutil.py}) and, for each SIZExCOUNT:
 
   - produce / consume: the baseline, the store's own rates: COUNT records
-    appended to one log through L{ILog.append} (256 KiB appends, 8 in
+    appended to one log through L{ILog.append} (512 KiB appends, 32 in
     flight: what the copy does) and read back whole, in a process of
     their own, on the file store and on JetStream;
   - copy file->nats and nats->file: the command as users run it (a new
@@ -64,7 +64,7 @@ def go():
         yield store.start()
     log = yield store.get_or_create("events")
     size, count = {size!r}, {count!r}
-    per = max(1, (256 * 1024) // size)
+    per = max(1, (512 * 1024) // size)
     batch = RecordBatch(0, lengths_array([size] * per), bytes(size * per))
     started = time.perf_counter()
     if {mode!r} == "produce":
@@ -73,7 +73,7 @@ def go():
             n = min(per, count - done)
             inflight.append(log.append(batch if n == per else batch.slice(0, n)))
             done += n
-            if len(inflight) >= 8:
+            if len(inflight) >= 32:
                 yield inflight.pop(0)
         for d in inflight:
             yield d

@@ -30,11 +30,11 @@ from streamproto.log.copy.plan import (
 
 #: what one read from the source asks for: small enough that a batch fits
 #: one conditional append of every store (a JetStream message is 1 MiB)
-BATCH_BYTES = 256 * 1024
+BATCH_BYTES = 512 * 1024
 BATCH_RECORDS = 16384
 #: appends in flight per log: the destination's group commit (file) or
 #: publish window (JetStream) covers several at once
-WINDOW = 8
+WINDOW = 32
 
 Progress = Callable[[int, int], None]
 
