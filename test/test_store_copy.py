@@ -136,18 +136,18 @@ class CopyTestsMixin:
         finishes with every record once, where it was.
         """
         log = self.successResultOf(self.src.create("events"))
-        self.successResultOf(log.append(records(10000, 100)))
+        self.successResultOf(log.append(records(30000, 100)))
         original = self.dst
         self.dst = FailingAfter(original, appends=2)
         failure = self.failureResultOf(self.copy()[1], CopyFailed)
         self.assertIn("events", failure.getErrorMessage())
         partial = self.get(original, "events")
-        self.assertTrue(0 < partial.end_position < 10000, partial.end_position)
+        self.assertTrue(0 < partial.end_position < 30000, partial.end_position)
         entry = self.successResultOf(last_journal_entry(original))
         self.assertEqual(entry["event"], "start")   # not marked complete
         self.dst = original
         report = self.successResultOf(self.copy()[1])
-        self.assertEqual(report["events"]["records"], 10000)
+        self.assertEqual(report["events"]["records"], 30000)
         self.assertSameLog("events")
 
     def test_refuses_a_different_log_of_the_same_name(self):
