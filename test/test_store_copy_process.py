@@ -13,6 +13,7 @@ import sys
 import tempfile
 import time
 
+from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
@@ -248,3 +249,69 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
         self.assertEqual(code, 1)
         self.assertIn("cannot be reached", err)
         self.assertNotIn("Traceback", err)
+
+
+def counting(state):
+    n = state["n"] + 1
+    return {"value": n}, {"n": n}
+
+
+class SessionCopyTests(unittest.TestCase):
+    """
+    Reliable-stream sessions go along: SQLite under a data directory to a
+    JetStream store's bucket and back, each read by the real session store
+    of the other side (the client resumes where it was).
+    """
+
+    def tempdir(self):
+        path = tempfile.mkdtemp(prefix="streamproto-copy-")
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
+    def run_copy_async(self, *argv):
+        from twisted.internet import threads
+        return threads.deferToThread(run_copy, *argv)
+
+    @defer.inlineCallbacks
+    def test_sessions_file_to_nats_and_back(self):
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        from streamproto.reliable.session import Message, SQLiteSessionStore
+        from streamproto.reliable.tap import SQLITE_FILE
+        src = self.tempdir()
+        sessions = SQLiteSessionStore(os.path.join(src, SQLITE_FILE))
+        yield sessions.register("a", {"n": 0})
+        yield sessions.register("b/\u00e9", {"n": 10})
+        for _ in range(4):
+            yield sessions.put("a", counting)
+        yield sessions.put("b/\u00e9", counting)
+        yield sessions.ack("a", 2)
+        yield sessions.close()
+        cluster = shared_cluster()
+        prefix = unique_prefix(self)
+        hosts = ",".join(u.split("://", 1)[1] for u in cluster.urls)
+        url = f"nats://{hosts}?prefix={prefix}"
+        code, out, err = yield self.run_copy_async("copy", src, url)
+        self.assertEqual(code, 0, err)
+        self.assertIn("reliable-stream sessions: 2 found, 2 copied", out)
+        bucket = JetStreamSessionStore(cluster.urls, prefix=prefix)
+        try:
+            yield bucket.start()
+            self.assertEqual((yield bucket.after("a", 2)), Message(3, {"value": 3}))
+            self.assertEqual((yield bucket.put("a", counting)), Message(5, {"value": 5}))
+            self.assertEqual((yield bucket.after("b/\u00e9", 0)), Message(1, {"value": 11}))
+        finally:
+            yield bucket.close()
+        back = os.path.join(self.tempdir(), "back")
+        code, out, err = yield self.run_copy_async("copy", url, back)
+        self.assertEqual(code, 0, err)
+        self.assertIn("reliable-stream sessions: 2 found, 2 copied", out)
+        restored = SQLiteSessionStore(os.path.join(back, SQLITE_FILE))
+        try:
+            self.assertEqual((yield restored.after("a", 4)), Message(5, {"value": 5}))
+            self.assertEqual((yield restored.put("a", counting)), Message(6, {"value": 6}))
+        finally:
+            yield restored.close()
+        # run again: the same sessions are skipped; another one of a uuid is refused
+        code, out, err = yield self.run_copy_async("copy", src, url)
+        self.assertEqual(code, 1)
+        self.assertIn("refused: session a: the destination holds another session", err)

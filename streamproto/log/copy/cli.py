@@ -57,6 +57,9 @@ def parser() -> CommandParser:
                            "SIGINT/SIGTERM: then catch up once more, verify, exit 0")
     copy.add_argument("--no-verify", dest="verify", action="store_false",
                       help="skip the final count and CRC comparison of every log")
+    copy.add_argument("--no-sessions", dest="sessions", action="store_false",
+                      help="do not copy the reliable-stream sessions (SQLite under a data "
+                           "directory, the PREFIX_reliable bucket of a nats:// store)")
     listing = sub.add_parser("list", help="the logs of a store, with their bounds, and the "
                              "last copy into it")
     listing.add_argument("store", metavar="STORE", help="a data directory or a nats:// URL")
@@ -162,12 +165,14 @@ def copy(reactor: Any, src_options: dict[str, Any], dst_options: dict[str, Any],
         done[1] += nbytes
         progress.update(done[0], done[1])
 
+    sides = session_sides(src_options, dst_options, reactor) if args.sessions else None
     copier = StoreCopy(src, dst, reactor, tuple(args.include), tuple(args.exclude),
                        follow=args.follow, progress=moved, describe=describe_store(src_options),
                        verify=args.verify,
                        log=None if args.quiet else lambda line: err.write(f"{PROG}: {line}\n"),
                        refresh=None if src_options["store-url"] is not None else
-                       reopening_store(src_options["data"], reactor))
+                       reopening_store(src_options["data"], reactor),
+                       sessions=sides)
     if args.follow:
         def stop(signum: int, frame: object) -> None:
             if not args.quiet:
@@ -189,15 +194,42 @@ def copy(reactor: Any, src_options: dict[str, Any], dst_options: dict[str, Any],
                 for name, digest in report.items()} if report else {
             name: {"end_position": end} for name, end in copier.ends.items()}
         word = "verified" if args.verify else "copied (not verified)"
+        sessions = copier.sessions_copied or (0, 0)
         lines = [f"{name}: {v['end_position']} end position, {v.get('records', '?')} records, "
                  f"{v.get('copied', 0)} copied now" if args.verify else
                  f"{name}: {v['end_position']} end position" for name, v in sorted(logs.items())]
-        emit(args, out, "\n".join(lines + [f"{len(logs)} logs {word}, {done[0]} records "
-                                           f"({done[1]} bytes) copied by this run"]),
-             {"logs": logs, "verified": args.verify, "records": done[0], "bytes": done[1]})
+        emit(args, out, "\n".join(lines + [
+            f"reliable-stream sessions: {sessions[0]} found, {sessions[1]} copied"] * bool(
+                sessions[0]) + [f"{len(logs)} logs {word}, {done[0]} records "
+                                f"({done[1]} bytes) copied by this run"]),
+             {"logs": logs, "verified": args.verify, "records": done[0], "bytes": done[1],
+              "sessions": {"found": sessions[0], "copied": sessions[1]}})
     finally:
-        yield defer.gatherResults([src.close(), dst.close()], consumeErrors=True)
+        closing = [src.close(), dst.close()]
+        if sides is not None:
+            closing += [side.close() for side in sides]
+        yield defer.gatherResults(closing, consumeErrors=True)
     return EXIT_OK
+
+
+def session_sides(src: dict[str, Any], dst: dict[str, Any], reactor: Any) -> tuple[Any, Any]:
+    """The reliable-stream session stores beside the two log stores."""
+    return session_side(src, reactor), session_side(dst, reactor)
+
+
+def session_side(options: dict[str, Any], reactor: Any) -> Any:
+    from streamproto.reliable.sessioncopy import BucketSessions, SQLiteSessions
+    url = options["store-url"]
+    if url is None:
+        return SQLiteSessions(options["data"])
+    from streamproto.core.stores import store_tls_context
+    from streamproto.log.bridge import AsyncioThreadBridge
+    from streamproto.log.natsio import NatsIO
+    bridge = AsyncioThreadBridge(reactor)
+    io = NatsIO(list(url.servers), bridge, tls=store_tls_context(options),
+                name="streamproto-store-copy")
+    return BucketSessions(io, bridge.call, url.prefix,
+                          url.replicas or (3 if len(url.servers) >= 3 else 1), bridge)
 
 
 @defer.inlineCallbacks

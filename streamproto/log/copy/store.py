@@ -46,6 +46,9 @@ class StoreCopy:
 
     @param progress: called with (records, bytes) as each append lands.
     @param describe: what the journal says the source is (a path, a URL).
+    @param sessions: (source, destination) reliable-stream session sides
+        (L{streamproto.reliable.sessioncopy}), copied once the logs caught
+        up: they are only still when the servers stopped.
     @param refresh: for a source this process does not see written (a data
         directory served by another process: L{readonly.reopening_store}),
         what opens it anew: each round of a follow, and the check that it
@@ -57,9 +60,13 @@ class StoreCopy:
                  follow: bool = False, progress: Progress | None = None,
                  describe: str = "", verify: bool = True,
                  log: Callable[[str], object] | None = None,
-                 refresh: Callable[[], Deferred[ILogStore]] | None = None) -> None:
+                 refresh: Callable[[], Deferred[ILogStore]] | None = None,
+                 sessions: tuple[Any, Any] | None = None) -> None:
         self.src = src
         self.refresh = refresh
+        self.sessions = sessions
+        #: (found, written) reliable-stream sessions, once copied
+        self.sessions_copied: tuple[int, int] | None = None
         self.dst = dst
         self.clock = clock
         self.include = include
@@ -105,6 +112,8 @@ class StoreCopy:
             if self.refresh is not None:
                 yield self._reopen()
             yield self._each(list(self.copies), self._check_unchanged)
+        if self.sessions is not None:
+            yield self._copy_sessions()
         # nothing more is copied: front-ends may start on the destination
         # now (what they append is after the ends verified below)
         self.say(f"caught up: {len(self.copies)} logs copied to their ends"
@@ -240,6 +249,17 @@ class StoreCopy:
             waits.discard(d)
             return None
         return d.addBoth(done)
+
+    @defer.inlineCallbacks
+    def _copy_sessions(self) -> Any:
+        from streamproto.reliable.sessioncopy import SessionConflict, copy_sessions
+        assert self.sessions is not None
+        try:
+            self.sessions_copied = yield copy_sessions(*self.sessions)
+        except SessionConflict as e:
+            raise CopyRefused(str(e))
+        except Exception as e:
+            raise CopyFailed(f"reliable-stream sessions: {e}")
 
     # -- the journal ---------------------------------------------------------
     @defer.inlineCallbacks
