@@ -74,6 +74,25 @@ class FileStoreFormatTests(FormatsTestsMixin, unittest.SynchronousTestCase):
             f.write(bytes(head) + struct.pack("<I", crc32c(bytes(head))))
         return path
 
+    def test_controller_and_sessions_of_the_fixture(self):
+        """The controller's document and the reliable sessions open as they were."""
+        from streamproto.pravega.controller.state import ControllerState
+        from streamproto.pravega.segments import SegmentStore
+        from streamproto.reliable.session import Message, SQLiteSessionStore
+        store = self.open()
+        state = ControllerState(store, SegmentStore(store))
+        self.successResultOf(state.open())
+        self.assertEqual(list(state.scopes["s"]), ["t"])
+        sessions = SQLiteSessionStore(os.path.join(self.path, "reliable-sessions.sqlite"),
+                                      clock=Clock())
+        try:
+            self.assertEqual(self.successResultOf(sessions.after("a", 2)),
+                             Message(3, {"value": 3}))
+            self.assertEqual(self.successResultOf(sessions.after("b/\u00e9", 0)),
+                             Message(1, {"value": 11}))
+        finally:
+            sessions._stop_pool()
+
     def test_newer_segment_refused_and_kept(self):
         """
         A segment of a newer format is refused with one line naming it,
@@ -155,6 +174,18 @@ class JetStreamFormatTests(FormatsTestsMixin, unittest.SynchronousTestCase):
     def test_opens_the_fixture(self):
         fixture = manifest()["jetstream"]
         self.assertHolds(self.store(fixture["prefix"]), fixture["logs"])
+
+    def test_sessions_of_the_fixture(self):
+        from streamproto.log.bridge import SynchronousBridge
+        from streamproto.log.natsio import NatsIO
+        from streamproto.reliable.sessioncopy import BucketSessions
+        bridge = SynchronousBridge()
+        sessions = BucketSessions(NatsIO(self.cluster.urls, bridge), bridge.call,
+                                  manifest()["jetstream"]["prefix"], 1, bridge)
+        try:
+            self.assertEqual(self.successResultOf(sessions.read()), manifest()["sessions"])
+        finally:
+            self.successResultOf(sessions.close())
 
     def test_newer_stream_refused(self):
         from streamproto.log.jetstream import store as js
