@@ -394,6 +394,29 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         self.successResultOf(store.close())
         return self.make_store()
 
+    def test_skip_to_cut_short(self):
+        """
+        A skip_to that stopped after its state file, before its segment:
+        the reopened log goes on from the state's start, whole.
+        """
+        import json as json_
+        log = self.log()
+        self.successResultOf(log.append([b"abc", b"de"]))
+        self.successResultOf(log.truncate())
+        self.successResultOf(self.store.close())
+        state_path = os.path.join(self.path, "events", "state.json")
+        with open(state_path) as f:
+            state = json_.load(f)
+        state.update(start_position=500, start_offset=9000)
+        with open(state_path, "w") as f:
+            json_.dump(state, f)
+        store = self.make_store()
+        log = self.successResultOf(store.get("events"))
+        self.assertEqual((log.start_position, log.end_position, log.start_offset,
+                          log.end_offset), (500, 500, 9000, 9000))
+        self.assertEqual(self.successResultOf(log.append([b"x"])).first_position, 500)
+        self.assertEqual(self.successResultOf(log.read_bytes(9000)), b"x")
+
     def test_sequential_reads_touch_each_batch_once(self):
         """
         A reader going through the log in byte-bounded reads (a styx/0
