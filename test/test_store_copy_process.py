@@ -135,7 +135,7 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
         src_path, dst_path = self.tempdir(), os.path.join(self.tempdir(), "dst")
         src = self.file_store(src_path)
         log = self.successResultOf(src.create("events"))
-        for i in range(40):
+        for i in range(120):
             self.successResultOf(log.append(records(5000, 100, tag=b"%d-" % i)))
         self.successResultOf(src.close())
         p = run_copy("copy", src_path, dst_path, wait=False)
@@ -144,19 +144,19 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
         while time.monotonic() < deadline:
             if os.path.isdir(seg_dir) and sum(
                     os.path.getsize(os.path.join(seg_dir, f)) for f in os.listdir(seg_dir)
-                    if f.endswith(".seg")) > 3_000_000:
+                    if f.endswith(".seg")) > 1_000_000:
                 break
             time.sleep(0.01)
         p.send_signal(signal.SIGKILL)
         p.communicate()
         reader = LogDirectoryReader(dst_path)
         start, end = reader.bounds("events")
-        self.assertTrue(0 < end < 200000, end)
+        self.assertTrue(0 < end < 600000, end)
         code, out, err = run_copy("copy", src_path, dst_path)
         self.assertEqual(code, 0, err)
-        self.assertIn("events: 200000 end position, 200000 records", out)
-        expected = [r for i in range(40) for r in records(5000, 100, tag=b"%d-" % i)]
-        got = [r for batch in LogDirectoryReader(dst_path).read("events", 0, 200000)
+        self.assertIn("events: 600000 end position, 600000 records", out)
+        expected = [r for i in range(120) for r in records(5000, 100, tag=b"%d-" % i)]
+        got = [r for batch in LogDirectoryReader(dst_path).read("events", 0, 600000)
                for r in batch.records()]
         self.assertEqual(got, expected)
 
