@@ -274,6 +274,62 @@ class StoreBehaviour:
         self.failureResultOf(log.truncate_offset(11), PositionOutOfRange)
 
 
+    def test_offset_of_position(self):
+        """
+        L{ILog.offset_of_position} is where a record starts, its first
+        record's too after a truncation inside it.
+        """
+        log = self.log()
+        self.successResultOf(log.append([b"hello", b"", b"world"]))
+        self.assertEqual([self.successResultOf(log.offset_of_position(p)) for p in range(4)],
+                         [0, 5, 5, 10])
+        self.successResultOf(log.truncate_offset(7))
+        self.assertEqual(log.start_position, 2)
+        self.assertEqual(self.successResultOf(log.offset_of_position(2)), 5)
+        self.failureResultOf(log.offset_of_position(1), PositionOutOfRange)
+        self.failureResultOf(log.offset_of_position(4), PositionOutOfRange)
+
+    def test_skip_to(self):
+        """
+        An empty log skipped to a position and offset goes on from there,
+        also once reopened: what a copy of a log with a truncated head needs.
+        """
+        log = self.log()
+        self.assertEqual(self.successResultOf(log.skip_to(1000, 50000)), 1000)
+        self.assertEqual((log.start_position, log.end_position), (1000, 1000))
+        self.assertEqual((log.start_offset, log.end_offset), (50000, 50000))
+        r = self.successResultOf(log.append([b"abc", b"de"], attributes={"w": 7}))
+        self.assertEqual((r.first_position, r.end_position, r.end_offset), (1000, 1002, 50005))
+        store = self.reopen(self.store)
+        log2 = self.successResultOf(store.get("events"))
+        self.assertEqual((log2.start_position, log2.end_position), (1000, 1002))
+        self.assertEqual((log2.start_offset, log2.end_offset), (50000, 50005))
+        self.assertEqual(self.successResultOf(log2.read(1000)).records(), [b"abc", b"de"])
+        self.assertEqual(self.successResultOf(log2.read_bytes(50003)), b"de")
+        self.assertEqual(self.successResultOf(log2.offset_of_position(1001)), 50003)
+        self.assertEqual(log2.attributes, {"w": 7})
+        self.failureResultOf(log2.read(999), PositionOutOfRange)
+
+    def test_skip_to_refused(self):
+        """
+        A skip of a log with records, or backwards, or of one coordinate
+        only, fails with L{AppendConflict} and changes nothing; a log whose
+        records were all truncated may skip on from its end.
+        """
+        from streamproto.log.errors import AppendConflict
+        log = self.log()
+        self.assertEqual(self.successResultOf(log.skip_to(0, 0)), 0)  # where it is: nothing
+        self.successResultOf(log.append([b"abc"]))
+        self.failureResultOf(log.skip_to(10, 10), AppendConflict)
+        self.successResultOf(log.truncate())
+        self.failureResultOf(log.skip_to(0, 0), AppendConflict)
+        self.failureResultOf(log.skip_to(1, 10), AppendConflict)   # position stays
+        self.failureResultOf(log.skip_to(5, 2), AppendConflict)    # offset back
+        self.assertEqual((log.end_position, log.end_offset), (1, 3))
+        self.assertEqual(self.successResultOf(log.skip_to(5, 3)), 5)
+        self.assertEqual(self.successResultOf(log.append([b"x"])).first_position, 5)
+
+
 class MemoryStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
     def make_store(self):
         return MemoryLogStore(self.clock)
@@ -337,6 +393,29 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
     def reopen(self, store):
         self.successResultOf(store.close())
         return self.make_store()
+
+    def test_skip_to_cut_short(self):
+        """
+        A skip_to that stopped after its state file, before its segment:
+        the reopened log goes on from the state's start, whole.
+        """
+        import json as json_
+        log = self.log()
+        self.successResultOf(log.append([b"abc", b"de"]))
+        self.successResultOf(log.truncate())
+        self.successResultOf(self.store.close())
+        state_path = os.path.join(self.path, "events", "state.json")
+        with open(state_path) as f:
+            state = json_.load(f)
+        state.update(start_position=500, start_offset=9000)
+        with open(state_path, "w") as f:
+            json_.dump(state, f)
+        store = self.make_store()
+        log = self.successResultOf(store.get("events"))
+        self.assertEqual((log.start_position, log.end_position, log.start_offset,
+                          log.end_offset), (500, 500, 9000, 9000))
+        self.assertEqual(self.successResultOf(log.append([b"x"])).first_position, 500)
+        self.assertEqual(self.successResultOf(log.read_bytes(9000)), b"x")
 
     def test_sequential_reads_touch_each_batch_once(self):
         """

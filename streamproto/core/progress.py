@@ -45,7 +45,9 @@ class Progress:
             bar = "[" + "#" * filled + "." * (width - filled) + f"] {pct:5.1f}% "
         else:
             bar = ""
-        return f"{self.label}: {bar}{self.count} records, {rate:,.0f}/s, {mb:,.1f} MB/s"
+        size = f" ({self.nbytes / 1e6:,.1f} MB)" if self.nbytes else ""
+        return (f"{self.label}: {bar}{self.count} records{size}, {rate:,.0f}/s, "
+                f"{mb:,.1f} MB/s")
 
     def finish(self) -> None:
         if self.enabled:

@@ -144,6 +144,14 @@ class StoreService(service.Service):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
+        directory = getattr(self.store, "path", None)
+        if isinstance(directory, str):
+            from streamproto.log.versions import NewerFormat, check_file_store
+            try:
+                check_file_store(directory)
+            except NewerFormat as e:
+                cannot_start(self, f"log store {self.path}: {e}")
+                return
         start = getattr(self.store, "start", None)
         if start is None:
             return

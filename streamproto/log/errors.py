@@ -77,6 +77,22 @@ class AppendConflict(LogError):
     code = "conflict"
 
 
+def skip_conflict(name: str, start: int, end: int, end_offset: int,
+                  position: int, offset: int) -> "AppendConflict | None":
+    """
+    The L{AppendConflict} of L{ILog.skip_to}C{(position, offset)} on a log
+    from C{start} to C{end}/C{end_offset}, or None when the skip may go.
+    """
+    if start != end:
+        return AppendConflict(f"log {name} holds records [{start}, {end}): cannot skip")
+    if (position, offset) == (end, end_offset):
+        return None
+    if position <= end or offset < end_offset:
+        return AppendConflict(f"log {name} ends at {end}/{end_offset}: cannot skip to "
+                              f"{position}/{offset}")
+    return None
+
+
 def append_conflict(
     name: str,
     end_position: int,

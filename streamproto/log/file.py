@@ -46,7 +46,7 @@ from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_a
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
-    PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict,
+    PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict, skip_conflict,
 )
 from streamproto.log.format import (
     MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
@@ -236,6 +236,12 @@ class FileLog:
             seg.attrs_at_end = dict(attributes)
             self._segments.append(seg)
             position, offset = seg.end_position, seg.end_offset
+        if self._segments and self._segments[-1].end_position < self._state["start_position"]:
+            # a skip_to stopped between its state file and its segment:
+            # every segment is truncated; the log goes on from the state's start
+            self._drop_recovered(self._segments)
+            self._segments = []
+            attributes = dict(self._state.get("attributes") or {})
         if not self._segments:
             start = max(self._state["start_position"], 0)
             self._new_segment(start, self._state["start_offset"])
@@ -767,6 +773,46 @@ class FileLog:
             return succeed(self.end_offset)
         seg = self._segments[self._segment_index(0, position)]
         return self._run_on_segment(seg, offset_in_segment, position)
+
+    def offset_of_position(self, position: int) -> Deferred[int]:
+        try:
+            self._check_open()
+            if not self._start_position <= position <= self.end_position:
+                raise PositionOutOfRange(
+                    f"position {position} outside [{self._start_position}, "
+                    f"{self.end_position}]")
+        except Exception as e:
+            return fail(e)
+        return self.position_offset(position)
+
+    def skip_to(self, position: int, offset: int) -> Deferred[int]:
+        if self._closed:
+            return fail(LogClosed(f"log {self.name} is closed"))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        conflict = skip_conflict(self.name, self._start_position, self._w_pos, self._w_off,
+                                 position, offset)
+        if conflict is None and self._w_pos != self.end_position:
+            conflict = skip_conflict(self.name, 0, 1, 0, position, offset)  # unsynced appends
+        if conflict is not None:
+            return fail(conflict)
+        if (position, offset) == (self._w_pos, self._w_off):
+            return succeed(self.end_position)
+        # the state first: a crash before the new segment leaves a log that
+        # recovery starts afresh at the state's start (see _recover)
+        self._state["start_position"] = position
+        self._state["start_offset"] = offset
+
+        def saved(_: None) -> int:
+            self._w_pos = self.end_position = self._start_position = position
+            self._w_off = self.end_offset = self._start_offset = offset
+            self._new_segment(position, offset)
+            self._sync_now()
+            self._waiters.advance(position)
+            self._offset_waiters.advance(offset)
+            self._apply_retention()
+            return position
+        return self._save_state().addCallback(saved)
 
     def _truncate_to(self, offset: int, position: int) -> Deferred[int]:
         self._state["start_position"] = position

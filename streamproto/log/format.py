@@ -47,6 +47,7 @@ from crc32c import crc32c
 
 from streamproto.log.batch import BytesLike, lengths_array
 
+#: its last byte is the segment format's version (L{streamproto.log.versions})
 SEGMENT_MAGIC = b"SPSEG\x00\x00\x01"
 SEGMENT_HEADER = struct.Struct("<8sQQQI")  # + crc u32
 SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size + 4  # 40
@@ -89,6 +90,11 @@ def decode_segment_header(buf: BytesLike) -> tuple[int, int, int]:
         raise FormatError("short segment header")
     magic, position, offset, created, _ = SEGMENT_HEADER.unpack_from(buf, 0)
     (crc,) = struct.unpack_from("<I", buf, SEGMENT_HEADER.size)
+    if magic[:7] == SEGMENT_MAGIC[:7] and magic[7] > SEGMENT_MAGIC[7] \
+            and crc == crc32c(bytes(buf[:SEGMENT_HEADER.size])):
+        # a whole header of a newer release: refused, never taken for a torn one
+        from streamproto.log.versions import SEGMENT_VERSION, check
+        check("a segment", magic[7], SEGMENT_VERSION)
     if magic != SEGMENT_MAGIC or crc != crc32c(bytes(buf[:SEGMENT_HEADER.size])):
         raise FormatError("bad segment header")
     return position, offset, created

@@ -195,6 +195,36 @@ class ILog(Interface):
             payload byte C{offset} (C{end_position} for C{end_offset}).
         """
 
+    def offset_of_position(position: int) -> Deferred[int]:
+        """
+        The inverse of L{position_of_offset}: where record C{position}
+        starts in payload bytes.  A log whose start was cut inside a record
+        (L{truncate_offset}) still answers for that first record, whose
+        start is below C{start_offset}: what a copy needs to give the same
+        record the same offset.
+
+        @return: Deferred firing with the offset (C{end_offset} for
+            C{end_position}); fails with L{PositionOutOfRange} outside
+            C{[start_position, end_position]}.
+        """
+
+    def skip_to(position: int, offset: int) -> Deferred[int]:
+        """
+        Make an empty log (no readable record: C{start_position ==
+        end_position}) go on from C{position} and C{offset}, as if records
+        up to there had been appended and truncated: the next record
+        appended gets C{position}, its payload C{offset}.
+
+        Why: a copy of a log whose head retention or a truncation removed
+        keeps every record's position and offset, which consumers'
+        checkpoints (Spark offsets, Pravega stream cuts) hold.
+
+        @return: Deferred firing with the new C{end_position}; fails with
+            L{AppendConflict} (nothing changed) when the log holds readable
+            records, or when C{position}/C{offset} is below its end, or when
+            only one of them moves forward.
+        """
+
     def wait(position: int, timeout: float | None = None) -> Deferred[int]:
         """
         Wait until a record at C{position} is readable (synced).

@@ -19,7 +19,7 @@ from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_a
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
     LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge, append_conflict,
+    RecordTooLarge, append_conflict, skip_conflict,
 )
 from streamproto.log.interfaces import ILog, ILogStore, log_problems
 from streamproto.log.result import AppendResult
@@ -166,6 +166,28 @@ class MemoryLog:
             return succeed(self.end_position)
         i = bisect.bisect_right(self._offsets, offset) - 1
         return succeed(self.start_position + i)
+
+    def offset_of_position(self, position: int) -> Deferred[int]:
+        try:
+            self._check_position(position)
+        except Exception as e:
+            return fail(e)
+        return succeed(self._offsets[position - self.start_position])
+
+    def skip_to(self, position: int, offset: int) -> Deferred[int]:
+        if self._closed:
+            return fail(LogClosed(self.name))
+        conflict = skip_conflict(self.name, self.start_position, self.end_position,
+                                 self.end_offset, position, offset)
+        if conflict is not None:
+            return fail(conflict)
+        self.start_position = position
+        self._offsets = [offset]
+        if hasattr(self, "_start_offset"):
+            del self._start_offset
+        self._waiters.advance(self.end_position)
+        self._offset_waiters.advance(self.end_offset)
+        return succeed(self.end_position)
 
     def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
         if self._closed:

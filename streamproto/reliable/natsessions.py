@@ -40,6 +40,7 @@ from zope.interface import implementer
 from streamproto.core.clock import default_reactor
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
+from streamproto.log.versions import SESSION_VERSION, check_mapping
 from streamproto.reliable.errors import StoreFailed, StoreUnavailable, UnknownSession
 from streamproto.reliable.session import (
     DEFAULT_EXPIRY, ISessionStore, Message, _Session, _SessionTable, log_expiry,
@@ -457,6 +458,7 @@ def _encode(session):
 
 def _decode(value):
     doc = json.loads(value)
+    check_mapping("a reliable-stream session entry", doc, SESSION_VERSION)
     session = _Session(doc["state"], doc["last_id"], doc["acked"],
                        [Message(i, data) for i, data in doc["messages"]], doc.get("since"))
     session.left = doc.get("left")

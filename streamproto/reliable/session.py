@@ -32,6 +32,7 @@ from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
 from streamproto.core.clock import default_reactor
+from streamproto.log.versions import SESSION_VERSION, NewerFormat, check
 from streamproto.reliable.errors import (
     OutOfOrderAck,
     SessionFull,
@@ -365,6 +366,13 @@ class SQLiteSessionStore:
         os.makedirs(directory, exist_ok=True)
         # opened and recovered synchronously: this happens once, at startup
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        # today's schema is version 1 (0: written before versions were kept)
+        (version,), = self._db.execute("PRAGMA user_version").fetchall()
+        try:
+            check(f"session store {path}", version, SESSION_VERSION)
+        except NewerFormat as e:
+            self._db.close()
+            raise StoreFailed(str(e))
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)

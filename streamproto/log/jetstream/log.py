@@ -30,7 +30,7 @@ from streamproto.core.observer import SharedCall
 from streamproto.log.batch import BytesLike, RecordBatch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogFailed, LogNotFound, RecordTooLarge, StoreUnavailable,
+    AppendConflict, CorruptLog, LogClosed, LogFailed, LogNotFound, RecordTooLarge, StoreUnavailable, skip_conflict,
 )
 from streamproto.log.interfaces import ILog
 from streamproto.log.jetstream.chain import AppendChain, _Append
@@ -236,7 +236,8 @@ class JetStreamLog:
             self._chain.resolve(info)
             return
         if info.seq == self._end_seq + 1 and (info.position != self.end_position
-                                              or info.offset != self.end_offset):
+                                              or info.offset != self.end_offset) \
+                and not self._is_skip(info):
             self._fail_stop(CorruptLog(
                 f"log {self.name}: message {info.seq} says position {info.position} offset "
                 f"{info.offset}, the log ends at {self.end_position}/{self.end_offset}"))
@@ -252,6 +253,16 @@ class JetStreamLog:
         self._index.add(info)
         self._chain.resolve(info)
         self._wake()
+
+    def _is_skip(self, info: BatchInfo) -> bool:
+        """
+        Whether C{info} is the marker of an L{ILog.skip_to}: it starts the
+        log where it stands itself, ahead of an empty log's end.
+        """
+        return (info.kind == MARKER and info.start == (info.position, info.offset)
+                and self.start_position == self.end_position
+                and skip_conflict(self.name, self.start_position, self.end_position,
+                                  self.end_offset, info.position, info.offset) is None)
 
     def _apply_start(self, start: tuple[int, int]) -> None:
         position, offset = start
@@ -360,6 +371,45 @@ class JetStreamLog:
     @_store_errors
     def position_of_offset(self, offset: int) -> Deferred[int]:
         return self._reader.position_of_offset(offset)
+
+    @_store_errors
+    def offset_of_position(self, position: int) -> Deferred[int]:
+        return self._reader.offset_of_position(position)
+
+    @_store_errors
+    def skip_to(self, position: int, offset: int) -> Deferred[int]:
+        if self._closed:
+            return fail(LogClosed(self.name))
+        if self.failed is not None:
+            return fail(LogFailed(str(self.failed)))
+        conflict = skip_conflict(self.name, self.start_position, self.end_position,
+                                 self.end_offset, position, offset)
+        if conflict is None and self._chain.pending:
+            conflict = skip_conflict(self.name, 0, 1, 0, position, offset)  # appends on their way
+        if conflict is not None:
+            return fail(conflict)
+        if (position, offset) == (self.end_position, self.end_offset):
+            return succeed(self.end_position)
+        return self._skip(position, offset)
+
+    @defer.inlineCallbacks
+    def _skip(self, position: int, offset: int) -> _Inline[int]:
+        """
+        The skip marker, published after the last message this log knows
+        (not through the chain, which numbers what it sends from the tail):
+        another writer's message in between makes it fail, writing nothing.
+        """
+        headers = encode_headers(position, offset, 0, 0, 0, self._attributes, (position, offset))
+        headers[MSG_ID] = f"{self.store.writer_id}.{self._id}.skip.{self._end_seq}"
+        headers[EXPECTED_LAST_SEQUENCE] = str(self._end_seq)
+        outcome: PublishOutcome = yield self._publish_direct(self._subject(MARKER), headers, b"")
+        if outcome.error is not None:
+            if getattr(outcome.error, "err_code", None) == WRONG_LAST_SEQUENCE:
+                raise AppendConflict(f"log {self.name}: another writer appended; not skipped")
+            raise outcome.error
+        self._learn(BatchInfo(outcome.seq, MARKER, position, offset, 0, 0, 0,
+                              dict(self._attributes), (position, offset), headers[MSG_ID]))
+        return self.end_position
 
     # -- waiting -----------------------------------------------------------
     def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:

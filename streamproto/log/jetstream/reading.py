@@ -219,6 +219,24 @@ class MessageReader(LogPart):
         return self.load("offset", offset).addCallback(find)
 
 
+    def offset_of_position(self, position: int) -> Deferred[int]:
+        """Where record C{position} starts (L{ILog.offset_of_position})."""
+        try:
+            self._check(position)
+        except Exception as e:
+            return fail(e)
+        if position == self._log.end_position:
+            return succeed(self._log.end_offset)
+
+        def at(found: _Found) -> int:
+            info, entry = found
+            return info.offset + _offsets(entry)[position - info.position]
+        found = self._cached("position", position)
+        if found is not None:
+            return succeed(at(found))
+        return self.load("position", position).addCallback(at)
+
+
 def _slice_one(info: BatchInfo, entry: BodyEntry, position: int, max_records: int,
                max_bytes: int) -> RecordBatch:
     """Records from C{position} within one message: at least one, whole ones within C{max_bytes}."""

@@ -37,6 +37,8 @@ from streamproto.log.natsformat import (
     subjects_filter,
 )
 from streamproto.log.natsio import STREAM_NAME_IN_USE, JetStreamError, NatsIO, NotAvailable
+from streamproto.log.versions import JETSTREAM_VERSION
+from streamproto.log.versions import check as check_version
 
 if TYPE_CHECKING:
     from streamproto.log.bridge import AsyncioThreadBridge
@@ -47,7 +49,7 @@ _P = ParamSpec("_P")
 #: stream metadata keys
 CONFIG_KEY = "streamproto_config"
 FORMAT_KEY = "streamproto_format"
-FORMAT_VERSION = "1"
+FORMAT_VERSION = str(JETSTREAM_VERSION)
 
 
 async def _pause(seconds: float) -> None:
@@ -304,6 +306,8 @@ class JetStreamLogStore:
             self._names.discard(name)
             raise LogNotFound(f"log {name!r} not found")
         metadata = (info.get("config") or {}).get("metadata") or {}
+        check_version(f"JetStream stream {stream}", metadata.get(FORMAT_KEY, "1"),
+                      JETSTREAM_VERSION)
         try:
             config = LogConfig.from_mapping(json.loads(metadata[CONFIG_KEY]))
         except (KeyError, ValueError) as e:

@@ -20,6 +20,7 @@ from twisted.logger import Logger
 from streamproto.core.clock import default_reactor
 from streamproto.log.errors import AppendConflict
 from streamproto.log.interfaces import ILog, ILogStore
+from streamproto.log.versions import CONTROLLER_VERSION, check_mapping
 from streamproto.pravega.controller.layout import (
     MAX_SEGMENTS, Layout, choose_retention_cut, name_of, retention_policy, segment_name,
     txn_name_of, valid_name,
@@ -113,6 +114,9 @@ class ControllerState:
             batch = yield log.read(position, 1)
             try:
                 state = json.loads(bytes(batch.records()[0]))
+                if isinstance(state, dict):
+                    check_mapping(f"controller state log {STATE_LOG!r}, record {position}",
+                                  state, CONTROLLER_VERSION)
                 scopes = state["scopes"]
                 if not isinstance(scopes, dict):
                     raise TypeError("scopes is not an object")
