@@ -25,7 +25,6 @@ import bisect
 import errno
 import json
 import os
-import shutil
 import time
 import uuid
 from array import array
@@ -40,7 +39,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from streamproto.core import durable
 from streamproto.core.clock import default_reactor
+from streamproto.core.durable import write_all
 from streamproto.core import metrics
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
@@ -49,13 +50,14 @@ from streamproto.log.errors import (
     PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict,
 )
 from streamproto.log.format import (
-    MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
-    encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
+    MAX_BATCH_DATA, encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
 )
 from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, log_problems
+from streamproto.log.recovery import LogRecovery
 from streamproto.log.result import AppendResult
 from streamproto.log.segments import (
-    Cursor, FileIO, PageCacheIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
+    Cursor, FileIO, PageCacheIO, Segment, offset_in_segment, position_in_segment, read_payload,
+    read_records,
 )
 from streamproto.log.waiters import Waiters
 
@@ -98,15 +100,7 @@ def thread_runner(reactor: IReactorThreads) -> RunBlocking:
 def write_file_atomically(io: FileIO, path: str, data: bytes) -> None:
     """Write C{path} so that a crash leaves either the old or the new content."""
     # a name of its own, so that two writers can never swap each other's file
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        write_all(io, fd, [data])
-        io.fsync(fd)
-    finally:
-        io.close(fd)
-    os.replace(tmp, path)
-    io.fsync_dir(os.path.dirname(path))
+    durable.write_file_atomically(io, path, data, uuid.uuid4().hex)
 
 
 def _errno_name(code: int | None) -> str | int | None:
@@ -163,79 +157,14 @@ class FileLog:
 
     # -- recovery --------------------------------------------------------
     def _recover(self) -> None:
-        io = self._io
         state_path = os.path.join(self.path, STATE_FILE)
         if os.path.exists(state_path):
             with open(state_path, "rb") as f:
                 self._state.update(json.loads(f.read()))
-        for leftover in os.listdir(self.path):
-            if leftover.endswith(".tmp"):  # an atomic write cut short
-                io.unlink(os.path.join(self.path, leftover))
-        names = sorted(n for n in os.listdir(self.path) if n.endswith(".seg"))
-        # attributes of deleted segments were folded into the state first
-        attributes: dict[str, int] = dict(self._state.get("attributes") or {})
+        recovered = LogRecovery(self.name, self.path, self.config, self._io, self._state).run()
+        self._segments = recovered.segments
+        attributes = recovered.attributes
         self._attrs_written = attributes
-        position: int | None = None
-        offset: int | None = None
-        for i, fname in enumerate(names):
-            last = i == len(names) - 1
-            seg_path = os.path.join(self.path, fname)
-            fd = io.open(seg_path, os.O_RDWR | os.O_APPEND)
-            head = io.pread(fd, SEGMENT_HEADER_SIZE, 0)
-            try:
-                seg_pos, seg_off, created = decode_segment_header(head)
-            except FormatError:
-                if last and position is not None:
-                    # torn creation of a new segment: it cannot hold acked data
-                    self.log.warn("log {log}: dropping segment {f} with a torn header",
-                                  log=self.name, f=fname)
-                    io.close(fd)
-                    io.unlink(seg_path)
-                    continue
-                io.close(fd)
-                raise CorruptLog(f"log {self.name}: bad segment header in {fname}")
-            if position is not None and (seg_pos, seg_off) != (position, offset):
-                if position < seg_pos <= self._state["start_position"]:
-                    # the segments before this one were being deleted (the
-                    # state file says so) when the process stopped: finish
-                    self._drop_recovered(self._segments)
-                    self._segments = []
-                    attributes = dict(self._state.get("attributes") or {})
-                else:
-                    io.close(fd)
-                    raise CorruptLog(f"log {self.name}: segment {fname} starts at {seg_pos}, "
-                                     f"expected {position}")
-            seg = Segment(seg_path, fd, seg_pos, seg_off, created, self.config.index_after_size)
-            if not last and self._load_index(seg, attributes):
-                pass
-            else:
-                problem = recover_segment(io, seg, verify=last, attributes=attributes)
-                if problem is not None:
-                    good, reason = problem
-                    if not last:
-                        self.corrupt = reason
-                        self.log.error("log {log}: segment {f} is corrupt at byte {at}: "
-                                       "{reason}", log=self.name, f=fname, at=good, reason=reason)
-                        io.close(fd)
-                        raise CorruptLog(f"log {self.name}: {reason}")
-                    if damaged_durable_batch(io, seg, good):
-                        # a later whole batch says this one had been fsynced
-                        # when it was written: not a torn unsynced write but
-                        # damage to acknowledged data; refuse, never cut it
-                        self.corrupt = reason
-                        self.log.error("log {log}: segment {f} is corrupt at byte {at} "
-                                       "with valid data after it: {reason}", log=self.name,
-                                       f=fname, at=good, reason=reason)
-                        io.close(fd)
-                        raise CorruptLog(f"log {self.name}: {reason} (valid data follows)")
-                    cut = io.fstat_size(fd) - good
-                    self.log.warn("log {log}: cut {cut} bytes of torn or corrupt tail from {f} "
-                                  "({reason})", log=self.name, cut=cut, f=fname, reason=reason)
-                    io.ftruncate(fd, good)
-                    io.fsync(fd)
-            seg.attrs_at_end = dict(attributes)
-            self._segments.append(seg)
-            position, offset = seg.end_position, seg.end_offset
         if not self._segments:
             start = max(self._state["start_position"], 0)
             self._new_segment(start, self._state["start_offset"])
@@ -248,29 +177,6 @@ class FileLog:
         self._start_position: int = max(first.position, self._state["start_position"])
         self._start_offset: int = max(first.offset, self._state["start_offset"])
         self._apply_retention()
-
-    def _drop_recovered(self, segments: Iterable[Segment]) -> None:
-        for seg in segments:
-            self.log.warn("log {log}: removing {seg}, left by an interrupted deletion",
-                          log=self.name, seg=seg.path)
-            self._io.close(seg.fd)
-            self._io.unlink(seg.path)
-            self._io.unlink(os.path.join(self.path, index_file_name(seg.position)))
-
-    def _load_index(self, seg: Segment, attributes: dict[str, int]) -> bool:
-        idx_path = os.path.join(self.path, index_file_name(seg.position))
-        try:
-            with open(idx_path, "rb") as f:
-                payload = decode_index(f.read())
-            if payload["size"] != self._io.fstat_size(seg.fd) or \
-                    payload["position"] != seg.position:
-                return False
-        except (OSError, ValueError, KeyError, FormatError):
-            return False
-        seg.load_index(payload)
-        attributes.clear()
-        attributes.update(payload.get("attributes") or {})
-        return True
 
     def _sync_now(self) -> None:
         """Fsync (blocking) what recovery or creation wrote."""
@@ -874,10 +780,12 @@ class FileLogStore:
         self._io = io or FileIO()
         self._logs: dict[str, FileLog] = {}
         self.closed = False
-        os.makedirs(self.path, exist_ok=True)
+        # the data directory and the parents made for it must survive a
+        # power loss, or every log in it is lost with them
+        durable.make_dirs(self.path, self._io)
         for leftover in os.listdir(self.path):
             if leftover.startswith(".deleted-"):  # a delete interrupted by a crash
-                shutil.rmtree(os.path.join(self.path, leftover), True)
+                durable.remove_tree(self._io, os.path.join(self.path, leftover))
         self._retention_call: IDelayedCall | None = None
         self._retention_interval = retention_interval
 
@@ -926,10 +834,11 @@ class FileLogStore:
         if os.path.exists(os.path.join(path, CONFIG_FILE)):
             return fail(LogExists(f"log {name!r} exists"))
         try:
-            os.makedirs(path, exist_ok=True)
+            # the log's directory durable in the store's before its config
+            durable.make_dirs(path, self._io)
             write_file_atomically(self._io, os.path.join(path, CONFIG_FILE),
                                   config.to_json().encode())
-            self._io.fsync_dir(self.path)
+            self._io.fsync_dir(self.path)   # even if the directory was there
             return succeed(self._open(name))
         except Exception as e:
             return fail(e)
@@ -960,9 +869,8 @@ class FileLogStore:
             log._close(LogClosed(f"log {name!r} was deleted"))
         # rename first so that a crash never leaves a half-deleted log behind
         doomed = os.path.join(self.path, f".deleted-{name}-{time.time_ns()}")
-        os.replace(path, doomed)
-        self._io.fsync_dir(self.path)
-        return self._run_blocking(shutil.rmtree, doomed, True)
+        durable.replace_durably(self._io, path, doomed)
+        return self._run_blocking(durable.remove_tree, self._io, doomed)
 
     def open_logs(self) -> list[ILog]:
         return list(self._logs.values())

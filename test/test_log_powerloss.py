@@ -1,0 +1,215 @@
+"""
+Power loss under the file store (the model of C{test/powerloss.py}): a
+store runs a load over a L{PowerLossIO}, with its blocking jobs (group
+commit fsyncs, index and state writes) run in a seeded order among the
+appends; then, for many moments, the disk a power loss then could have
+left is rebuilt and opened by a fresh store, which must open the log and
+hold every record acknowledged before that moment (and only records that
+were written, in order).
+"""
+
+import os
+import random
+import shutil
+import tempfile
+
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from streamproto.log import LogConfig, LogNotFound
+from streamproto.log.file import FileLogStore, synchronous
+from test.powerloss import HeldJobs, PowerLossIO
+from test.torture_harness import make_payload, parse_payload
+
+#: (names, data): how much of what was not fsynced the power loss kept
+VARIANTS = [("synced", "synced"), ("all", "synced"), ("all", "prefix"), ("all", "pages"),
+            ("cut", "prefix"), ("synced", "all")]
+
+
+class PowerLossCase(unittest.SynchronousTestCase):
+
+    def setUp(self):
+        self.top = tempfile.mkdtemp(prefix="streamproto-powerloss-")
+        self.addCleanup(shutil.rmtree, self.top, True)
+        self.images = 0
+
+    def machine(self, existing=("data",)):
+        """A root with C{existing} directories already durable, and its model."""
+        self.images += 1
+        root = os.path.join(self.top, f"root-{self.images}")
+        os.makedirs(root)
+        for d in existing:
+            os.makedirs(os.path.join(root, d))
+        return root, PowerLossIO(root)
+
+    def lose_power(self, io, at, variant, seed):
+        names, data = variant
+        if names == "cut":
+            names = random.Random(seed).randint(0, at)
+        self.images += 1
+        dest = os.path.join(self.top, f"image-{self.images}")
+        return io.image(dest, at=at, names=names, data=data, seed=seed)
+
+    def read_all(self, path, name, where):
+        """Every record of log C{name} in the store at C{path}, opened afresh, or None."""
+        store = FileLogStore(path, reactor=Clock(), run_blocking=synchronous,
+                             retention_interval=None)
+        try:
+            d = store.get(name)
+            failures = []
+            d.addErrback(failures.append)
+            if failures:
+                if failures[0].check(LogNotFound):
+                    return None, 0
+                self.fail(f"{where}: the log does not open: {failures[0].value!r}")
+            log = self.successResultOf(d)
+            got = []
+            start = position = log.start_position
+            while position < log.end_position:
+                batch = self.successResultOf(log.read(position))
+                got += batch.records()
+                position = batch.next_position
+            # and it takes appends again
+            self.successResultOf(log.append([b"after"]))
+            return got, start
+        finally:
+            self.successResultOf(store.close())
+
+    def check(self, image, name, tag, acked_end, written_end, where):
+        got, start = self.read_all(os.path.join(image, *self.data_dir), name, where)
+        if got is None:
+            self.assertEqual(acked_end, 0, f"{where}: the log is gone, {acked_end} acked")
+            return
+        seqs = [parse_payload(tag, r) for r in got]
+        self.assertEqual(seqs, list(range(start, start + len(seqs))),
+                         f"{where}: not the records written, in order")
+        self.assertLessEqual(start + len(seqs), written_end, f"{where}: more than written")
+        self.assertGreaterEqual(start + len(seqs), acked_end,
+                                f"{where}: acknowledged records lost "
+                                f"({start + len(seqs)} of {acked_end})")
+
+
+class RollTests(PowerLossCase):
+    """Defect: a power loss during a segment roll made the whole log unreadable."""
+
+    data_dir = ("data",)
+
+    def load(self, seed, config, steps=160):
+        root, io = self.machine()
+        jobs = HeldJobs()
+        store = FileLogStore(os.path.join(root, "data"), reactor=Clock(), run_blocking=jobs,
+                             io=io, retention_interval=None)
+        self.successResultOf(store.create("events", config))
+        log = self.successResultOf(store.get("events"))
+        jobs.run_all()
+        rnd = random.Random(seed)
+        acks = []           # (moment, acknowledged end position)
+        written = 0
+        for _ in range(steps):
+            if rnd.random() < 0.55 or not jobs.jobs:
+                n = rnd.randint(1, 4)
+                records = [make_payload(b"r", written + i, rnd.randint(0, 40)) for i in range(n)]
+                written += n
+                log.append(records).addCallback(
+                    lambda r: acks.append((io.moment, r.end_position)))
+            else:
+                jobs.run(rnd.randrange(len(jobs.jobs)))
+        jobs.run_all()
+        self.assertGreater(len(log._segments), 3)    # the load rolled
+        return io, acks, written
+
+    def power_losses(self, seed, config, every=1, variants=VARIANTS, steps=160):
+        io, acks, written = self.load(seed, config, steps)
+        start = acks[0][0] - 60
+        rnd = random.Random(seed)
+        tried = 0
+        for at in range(max(start, 0), io.moment + 1, every):
+            acked = max([end for moment, end in acks if moment <= at], default=0)
+            variant = variants[at % len(variants)] if len(variants) > 1 else variants[0]
+            image = self.lose_power(io, at, variant, rnd.randrange(1 << 30))
+            self.check(image, "events", b"r", acked, written,
+                       f"seed {seed}, power lost at moment {at} of {io.moment}, {variant}")
+            shutil.rmtree(image)
+            tried += 1
+        return tried
+
+    def test_every_moment_of_rolls_only_fsynced_survives(self):
+        """The strictest disk: only fsynced data and fsynced names survive."""
+        config = LogConfig(segment_max_size=400, index_after_size=64)
+        self.assertGreater(self.power_losses(1, config, variants=[("synced", "synced")]), 300)
+
+    def test_every_moment_of_rolls_names_before_data(self):
+        """Every name change survives (a journal commit), unsynced data does not."""
+        config = LogConfig(segment_max_size=400, index_after_size=64)
+        self.power_losses(2, config, variants=[("all", "synced")])
+
+    def test_rolls_with_partial_writeback(self):
+        for seed, size in [(3, 300), (4, 700), (5, 2000)]:
+            self.power_losses(seed, LogConfig(segment_max_size=size, index_after_size=100),
+                              every=2)
+
+    def test_rolls_with_retention(self):
+        config = LogConfig(segment_max_size=300, log_max_count=40)
+        self.power_losses(6, config, every=2)
+
+    def test_damage_to_fsynced_data_is_still_refused(self):
+        """A batch of a sealed, indexed segment rots: refused, never cut."""
+        from streamproto.log import CorruptLog
+        root, io = self.machine()
+        store = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
+                             run_blocking=synchronous, retention_interval=None)
+        log = self.successResultOf(store.create("events", LogConfig(segment_max_size=300)))
+        for i in range(40):
+            self.successResultOf(log.append([make_payload(b"r", i, 30)]))
+        self.successResultOf(store.close())
+        seg_dir = os.path.join(root, "data", "events")
+        segs = sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))
+        self.assertTrue(os.path.exists(os.path.join(seg_dir, segs[1][:-4] + ".idx")))
+        path = os.path.join(seg_dir, segs[1])
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) - 5)
+            f.write(b"X")
+        size = os.path.getsize(path)
+        # no index for it: a whole later batch still says it was durable
+        os.unlink(os.path.join(seg_dir, segs[1][:-4] + ".idx"))
+        store2 = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
+                              run_blocking=synchronous, retention_interval=None)
+        self.failureResultOf(store2.get("events"), CorruptLog)
+        self.assertEqual(os.path.getsize(path), size)
+        self.assertEqual(sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg")), segs)
+        self.flushLoggedErrors()
+
+
+class CreatedDirectoryTests(PowerLossCase):
+    """Defect: a data directory the server created was never made durable."""
+
+    data_dir = ("var", "lib", "styx")
+
+    def test_power_loss_right_after_the_first_acks(self):
+        root, io = self.machine(existing=())
+        clock = Clock()
+        store = FileLogStore(os.path.join(root, *self.data_dir), reactor=clock,
+                             run_blocking=synchronous, io=io, retention_interval=None)
+        log = self.successResultOf(store.create("events"))
+        acked = 0
+        for i in range(0, 100, 10):
+            result = self.successResultOf(
+                log.append([make_payload(b"r", i + k, 10) for k in range(10)]))
+            acked = result.end_position
+        for variant in [("synced", "synced"), ("synced", "all")]:
+            image = self.lose_power(io, io.moment, variant, 0)
+            self.check(image, "events", b"r", acked, 100, f"after {acked} acks, {variant}")
+
+    def test_every_moment_from_creation(self):
+        root, io = self.machine(existing=())
+        store = FileLogStore(os.path.join(root, *self.data_dir), reactor=Clock(),
+                             run_blocking=synchronous, io=io, retention_interval=None)
+        log = self.successResultOf(store.create("events", LogConfig(segment_max_size=200)))
+        acks = []
+        for i in range(12):
+            r = self.successResultOf(log.append([make_payload(b"r", i, 20)]))
+            acks.append((io.moment, r.end_position))
+        for at in range(io.moment + 1):
+            acked = max([end for moment, end in acks if moment <= at], default=0)
+            image = self.lose_power(io, at, ("synced", "synced"), at)
+            self.check(image, "events", b"r", acked, 12, f"power lost at moment {at}")
