@@ -296,9 +296,9 @@ class PowerLossIO(FileIO):
             size = rnd.choice([len(durable), len(current)])
             out = bytearray()
             for page in range(0, size, PAGE):
-                source = rnd.choice([durable, current])
-                piece = source[page:page + PAGE]
-                out += piece + bytes(min(PAGE, size - page) - len(piece))
+                end = min(page + PAGE, size)
+                piece = rnd.choice([durable, current])[page:end]
+                out += piece + bytes(end - page - len(piece))
             return bytes(out[:size])
         raise ValueError(f"data={data!r}")
 

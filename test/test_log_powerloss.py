@@ -26,10 +26,20 @@ VARIANTS = [("synced", "synced"), ("all", "synced"), ("all", "prefix"), ("all", 
             ("cut", "prefix"), ("synced", "all")]
 
 
+def scratch():
+    """
+    Where the runs and their images go: memory when the machine has it
+    (hundreds of images are opened and fsynced; the model, not the disk,
+    says what is durable).
+    """
+    shm = "/dev/shm"
+    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+
+
 class PowerLossCase(unittest.SynchronousTestCase):
 
     def setUp(self):
-        self.top = tempfile.mkdtemp(prefix="streamproto-powerloss-")
+        self.top = tempfile.mkdtemp(prefix="streamproto-powerloss-", dir=scratch())
         self.addCleanup(shutil.rmtree, self.top, True)
         self.images = 0
 
@@ -93,6 +103,7 @@ class RollTests(PowerLossCase):
     """Defect: a power loss during a segment roll made the whole log unreadable."""
 
     data_dir = ("data",)
+    must_roll = True
 
     def load(self, seed, config, steps=160):
         root, io = self.machine()
@@ -115,7 +126,7 @@ class RollTests(PowerLossCase):
             else:
                 jobs.run(rnd.randrange(len(jobs.jobs)))
         jobs.run_all()
-        self.assertGreater(len(log._segments), 3)    # the load rolled
+        self.assertGreater(len(log._segments), 3 if self.must_roll else 0)    # the load rolled
         return io, acks, written
 
     def power_losses(self, seed, config, every=1, variants=VARIANTS, steps=160):
@@ -213,3 +224,160 @@ class CreatedDirectoryTests(PowerLossCase):
             acked = max([end for moment, end in acks if moment <= at], default=0)
             image = self.lose_power(io, at, ("synced", "synced"), at)
             self.check(image, "events", b"r", acked, 12, f"power lost at moment {at}")
+
+
+class ControllerStateTests(PowerLossCase):
+    """
+    The Pravega controller's state (a log of documents, truncated to the
+    newest after each change: state file writes, segment deletions) in a
+    data directory the server created: every change acknowledged before
+    the power loss is there after it, and the state opens.
+    """
+
+    data_dir = ("srv", "pravega")
+
+    def state(self, path, io=None):
+        from streamproto.pravega.controller.state import ControllerState
+        from streamproto.pravega.segments import SegmentStore
+        clock = Clock()
+        store = FileLogStore(path, reactor=clock, run_blocking=synchronous,
+                             retention_interval=None, **({"io": io} if io else {}))
+        state = ControllerState(store, SegmentStore(store), clock)
+        self.successResultOf(state.open())
+        return store, state
+
+    def test_every_moment(self):
+        root, io = self.machine(existing=())
+        store, state = self.state(os.path.join(root, *self.data_dir), io)
+        acks = []       # (moment, scopes acknowledged so far)
+        for i in range(6):
+            self.assertEqual(self.successResultOf(state.create_scope(f"s{i}")), "SUCCESS")
+            acks.append((io.moment, i + 1))
+        self.assertEqual(
+            self.successResultOf(state.create_stream("s0", "st", 2)), "SUCCESS")
+        acks.append((io.moment, 7))
+        for at in range(io.moment + 1):
+            image = self.lose_power(io, at, ("synced", "synced"), at)
+            acked = max([n for moment, n in acks if moment <= at], default=0)
+            _, again = self.state(os.path.join(image, *self.data_dir))
+            scopes = sorted(again.scopes)
+            self.assertGreaterEqual(len(scopes), min(acked, 6),
+                                    f"power lost at moment {at}: scopes {scopes}, "
+                                    f"{acked} changes acknowledged")
+            self.assertEqual(scopes, [f"s{i}" for i in range(len(scopes))])
+            if acked == 7:
+                self.assertIn("st", again.scopes["s0"], f"power lost at moment {at}")
+            shutil.rmtree(image)
+
+
+class SessionStoreTests(PowerLossCase):
+    """The reliable-stream session store (SQLite) in a directory it created."""
+
+    data_dir = ("var", "lib", "reliable")
+
+    def test_power_loss_right_after_the_first_acks(self):
+        from twisted.internet import reactor
+        from streamproto.reliable.session import SQLiteSessionStore
+        root, io = self.machine(existing=())
+        path = os.path.join(root, *self.data_dir, "sessions.sqlite")
+        store = SQLiteSessionStore(path, clock=Clock(), reactor=reactor, io=io)
+        self.addCleanup(store.close)
+        done = []
+        store.register("a", {"n": 0}).addCallback(done.append)
+        # the commit runs in the store's own thread: wait for it here
+        import time
+        deadline = time.monotonic() + 10
+        while not done and time.monotonic() < deadline:
+            reactor.iterate(0.01)
+        self.assertEqual(done, [None])
+        image = self.lose_power(io, io.moment, ("synced", "synced"), 0)
+        again = SQLiteSessionStore(os.path.join(image, *self.data_dir, "sessions.sqlite"),
+                                   clock=Clock(), reactor=reactor)
+        self.addCleanup(again.close)
+        # an unknown session would fail (UnknownSession): it is there, empty
+        self.assertIsNone(self.successResultOf(again.after("a", 0)))
+
+
+WRITER = """
+import json, os, sys
+from twisted.internet.task import Clock
+from streamproto.log.file import FileLogStore, synchronous
+from test.powerloss import PowerLossIO
+from test.torture_harness import make_payload
+root, first, last = sys.argv[1:4]
+io = PowerLossIO(root)
+store = FileLogStore(os.path.join(root, "var", "styx"), reactor=Clock(),
+                     run_blocking=synchronous, io=io, retention_interval=None)
+store.create("events").addCallback(lambda log: setattr(store, "the_log", log))
+acked = []
+for i in range(40):
+    store.the_log.append([make_payload(b"r", i, 30)]).addCallback(
+        lambda r: acked.append(r.end_position))
+    if i == 0:
+        io.image(first)     # the power goes right after the first ack
+io.image(last)
+print(json.dumps({"first": acked[0], "last": acked[-1]}))
+"""
+
+READER = """
+import json, sys
+from twisted.internet.task import Clock
+from streamproto.log.file import FileLogStore, synchronous
+from test.torture_harness import parse_payload
+out = []
+store = FileLogStore(sys.argv[1], reactor=Clock(), run_blocking=synchronous)
+def read(log):
+    d = log.read(log.start_position, -1)
+    d.addCallback(lambda b: out.extend(parse_payload(b"r", r) for r in b.records()))
+store.get("events").addCallback(read).addErrback(lambda f: out.append(repr(f.value)))
+print(json.dumps(out))
+"""
+
+
+class FreshProcessTests(unittest.SynchronousTestCase):
+    """A writer process loses power (the model's image); another process reads."""
+
+    def run_python(self, code, *args):
+        import json
+        import subprocess
+        import sys
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))] +
+            [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        done = subprocess.run([sys.executable, "-c", code, *args], env=env,
+                              capture_output=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr.decode(errors="replace"))
+        return json.loads(done.stdout)
+
+    def test_acked_records_read_back_by_another_process(self):
+        top = tempfile.mkdtemp(prefix="streamproto-powerloss-", dir=scratch())
+        self.addCleanup(shutil.rmtree, top, True)
+        root = os.path.join(top, "root")
+        os.mkdir(root)
+        first, last = os.path.join(top, "first"), os.path.join(top, "last")
+        acked = self.run_python(WRITER, root, first, last)
+        self.assertEqual(acked, {"first": 1, "last": 40})
+        for image, n in [(first, 1), (last, 40)]:
+            got = self.run_python(READER, os.path.join(image, "var", "styx"))
+            self.assertEqual(got[:n], list(range(n)), f"after {n} acks")
+
+
+class MakeDirsTests(PowerLossCase):
+    """streamproto.core.durable.make_dirs: what every store creates its directories with."""
+
+    def test_created_directories_survive(self):
+        from streamproto.core.durable import make_dirs
+        root, io = self.machine(existing=("a",))
+        created = make_dirs(os.path.join(root, "a", "b", "c", "d"), io)
+        self.assertEqual(created, [os.path.join(root, "a", "b"), os.path.join(root, "a", "b", "c"),
+                                   os.path.join(root, "a", "b", "c", "d")])
+        image = self.lose_power(io, io.moment, ("synced", "synced"), 0)
+        self.assertTrue(os.path.isdir(os.path.join(image, "a", "b", "c", "d")))
+        self.assertEqual(make_dirs(os.path.join(root, "a", "b"), io), [])
+
+    def test_a_file_in_the_way_is_an_error(self):
+        from streamproto.core.durable import make_dirs
+        root, io = self.machine()
+        with open(os.path.join(root, "f"), "w"):
+            pass
+        self.assertRaises(OSError, make_dirs, os.path.join(root, "f", "g"), io)

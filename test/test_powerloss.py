@@ -131,6 +131,15 @@ class PowerLossModelTests(unittest.TestCase):
         self.assertIn(b"n" * 4096 + b"o" * 5904, seen)
         self.assertIn(b"o" * 4096 + b"n" * 4096 + b"o" * 1808, seen)
 
+    def test_pages_of_a_file_that_shrank(self):
+        self.write("a", b"o" * 9000, sync=True)
+        self.io.fsync_dir(self.root)
+        fd = self.io.open(os.path.join(self.root, "a"), os.O_RDWR)
+        self.io.ftruncate(fd, 100)
+        self.io.close(fd)
+        sizes = {len(self.image(data="pages", seed=s)["a"]) for s in range(20)}
+        self.assertEqual(sizes, {100, 9000})
+
     def test_names_cut_moment(self):
         self.write("a", b"1", sync=True)
         cut = self.io.moment

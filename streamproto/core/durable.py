@@ -23,6 +23,15 @@ from collections.abc import Sequence
 from streamproto.log.batch import BytesLike
 
 
+def fsync_dir(path: str) -> None:
+    """Make the names in directory C{path} durable (creations, renames, unlinks)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class DirectoryIO:
     """
     The system calls that create, write, name and sync files: one method
@@ -42,11 +51,7 @@ class DirectoryIO:
         os.close(fd)
 
     def fsync_dir(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(path)
 
     def mkdir(self, path: str, mode: int = 0o777) -> None:
         os.mkdir(path, mode)
