@@ -13,6 +13,7 @@ import random
 import shutil
 import tempfile
 
+from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
@@ -270,36 +271,34 @@ class ControllerStateTests(PowerLossCase):
             shutil.rmtree(image)
 
 
-class SessionStoreTests(PowerLossCase):
+class SessionStoreTests(unittest.TestCase):
     """The reliable-stream session store (SQLite) in a directory it created."""
 
-    data_dir = ("var", "lib", "reliable")
-
+    @defer.inlineCallbacks
     def test_power_loss_right_after_the_first_acks(self):
         from twisted.internet import reactor
         from streamproto.reliable.session import SQLiteSessionStore
-        root, io = self.machine(existing=())
-        path = os.path.join(root, *self.data_dir, "sessions.sqlite")
-        store = SQLiteSessionStore(path, clock=Clock(), reactor=reactor, io=io)
-        self.addCleanup(store.close)
-        done = []
-        store.register("a", {"n": 0}).addCallback(done.append)
-        # the commit runs in the store's own thread: wait for it here
-        import time
-        deadline = time.monotonic() + 10
-        while not done and time.monotonic() < deadline:
-            reactor.iterate(0.01)
-        self.assertEqual(done, [None])
-        image = self.lose_power(io, io.moment, ("synced", "synced"), 0)
-        again = SQLiteSessionStore(os.path.join(image, *self.data_dir, "sessions.sqlite"),
-                                   clock=Clock(), reactor=reactor)
-        self.addCleanup(again.close)
-        # an unknown session would fail (UnknownSession): it is there, empty
-        self.assertIsNone(self.successResultOf(again.after("a", 0)))
+        case = PowerLossCase()
+        case.setUp()
+        self.addCleanup(case.doCleanups)
+        root, io = case.machine(existing=())
+        parts = ("var", "lib", "reliable", "sessions.sqlite")
+        store = SQLiteSessionStore(os.path.join(root, *parts), clock=Clock(), reactor=reactor,
+                                   io=io)
+        yield store.register("a", {"n": 0})     # acknowledged: committed
+        image = case.lose_power(io, io.moment, ("synced", "synced"), 0)
+        yield store.close()
+        again = SQLiteSessionStore(os.path.join(image, *parts), clock=Clock(), reactor=reactor)
+        try:
+            # an unknown session would fail (UnknownSession): it is there, empty
+            self.assertIsNone((yield again.after("a", 0)))
+        finally:
+            yield again.close()
 
 
 WRITER = """
 import json, os, sys
+from twisted.internet import defer
 from twisted.internet.task import Clock
 from streamproto.log.file import FileLogStore, synchronous
 from test.powerloss import PowerLossIO
@@ -321,6 +320,7 @@ print(json.dumps({"first": acked[0], "last": acked[-1]}))
 
 READER = """
 import json, sys
+from twisted.internet import defer
 from twisted.internet.task import Clock
 from streamproto.log.file import FileLogStore, synchronous
 from test.torture_harness import parse_payload
