@@ -192,6 +192,75 @@ class RollTests(PowerLossCase):
         self.flushLoggedErrors()
 
 
+    def test_a_cut_is_durable_before_new_appends(self):
+        """
+        Recovery cuts segments a power loss left behind, then new records
+        are acknowledged: a second power loss must not bring the cut data
+        back behind them (or refuse the log).
+        """
+        io, acks, written = self.load(7, LogConfig(segment_max_size=300))
+        cuts = 0
+        for at in range(acks[0][0], io.moment, 3):
+            image = self.lose_power(io, at, ("all", "synced"), at)
+            data = os.path.join(image, "data")
+            before = sorted(os.listdir(os.path.join(data, "events")))
+            second = PowerLossIO(image)
+            store = FileLogStore(data, reactor=Clock(), run_blocking=synchronous, io=second,
+                                 retention_interval=None)
+            log = self.successResultOf(store.get("events"))
+            cuts += sorted(os.listdir(os.path.join(data, "events"))) != before
+            end = log.end_position
+            extra = [make_payload(b"r", end + i, 5) for i in range(3)]
+            self.assertEqual(self.successResultOf(log.append(extra)).end_position, end + 3)
+            again = second.image(image + "-again")
+            got, start = self.read_all(os.path.join(again, "data"), "events", f"moment {at}")
+            self.assertEqual([parse_payload(b"r", r) for r in got],
+                             list(range(start, end + 3)), f"moment {at}")
+        self.assertGreater(cuts, 5)
+
+    def test_a_shortened_indexed_segment_is_refused(self):
+        """The index says the segment was fsynced whole: losing its end is damage."""
+        from streamproto.log import CorruptLog
+        root, _ = self.machine()
+        store = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
+                             run_blocking=synchronous, retention_interval=None)
+        log = self.successResultOf(store.create("events", LogConfig(segment_max_size=300)))
+        for i in range(20):
+            self.successResultOf(log.append([make_payload(b"r", i, 30)]))
+        self.successResultOf(store.close())
+        seg_dir = os.path.join(root, "data", "events")
+        segs = sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))
+        path = os.path.join(seg_dir, segs[-2])
+        self.assertTrue(os.path.exists(path[:-4] + ".idx"))
+        os.truncate(path, os.path.getsize(path) - 10)
+        store2 = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
+                              run_blocking=synchronous, retention_interval=None)
+        self.failureResultOf(store2.get("events"), CorruptLog)
+        self.assertEqual(sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg")), segs)
+        self.flushLoggedErrors()
+
+    def test_a_truncation_point_past_the_damage_is_refused(self):
+        from streamproto.log import CorruptLog
+        root, _ = self.machine()
+        store = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
+                             run_blocking=synchronous, retention_interval=None)
+        log = self.successResultOf(store.create("events", LogConfig(segment_max_size=300)))
+        for i in range(20):
+            self.successResultOf(log.append([make_payload(b"r", i, 30)]))
+        seg_dir = os.path.join(root, "data", "events")
+        last = sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))[-1]
+        first_in_last = int(last[:-4])
+        self.assertLess(first_in_last + 1, 20)
+        self.successResultOf(log.truncate(first_in_last + 1))
+        self.successResultOf(store.close())
+        # the last segment loses its records, which the truncation says were durable
+        os.truncate(os.path.join(seg_dir, last), 40)
+        store2 = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
+                              run_blocking=synchronous, retention_interval=None)
+        self.failureResultOf(store2.get("events"), CorruptLog)
+        self.flushLoggedErrors()
+
+
 class CreatedDirectoryTests(PowerLossCase):
     """Defect: a data directory the server created was never made durable."""
 

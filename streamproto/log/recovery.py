@@ -94,6 +94,16 @@ class LogRecovery:
         damage = self._walk(names)
         if damage is not None:
             self._cut(names, damage)
+        elif self.segments and self.segments[-1].end_position < self.state["start_position"]:
+            # whole batches, but fewer than the truncation point says were
+            # durable: the end of the log is missing
+            end = self.segments[-1].end_position
+            for seg in self.segments:
+                self.io.close(seg.fd)
+            reason = (f"the log ends at {end}, before its truncation point "
+                      f"{self.state['start_position']}: acknowledged data is missing")
+            log.error("log {log}: {reason}", log=self.name, reason=reason)
+            raise CorruptLog(f"log {self.name}: {reason}")
         return self
 
     # -- the walk ---------------------------------------------------------
