@@ -33,6 +33,8 @@ import os
 import random
 from dataclasses import dataclass, field
 
+from twisted.internet.defer import Deferred
+
 from streamproto.log.segments import FileIO
 
 PAGE = 4096
@@ -314,7 +316,6 @@ class HeldJobs:
         self.jobs = []
 
     def __call__(self, f, *args, **kwargs):
-        from twisted.internet.defer import Deferred
         d = Deferred()
         self.jobs.append((f, args, kwargs, d))
         return d

@@ -90,6 +90,19 @@ class PowerLossModelTests(unittest.TestCase):
         self.io.fsync_dir(self.root)
         self.assertEqual(self.image(), {"f": b"new"})
 
+    def test_a_renamed_directory_keeps_its_files(self):
+        d = os.path.join(self.root, "d")
+        self.io.mkdir(d)
+        self.write("d/f", b"x", sync=True)
+        self.io.fsync_dir(d)
+        self.io.fsync_dir(self.root)
+        self.io.replace(d, os.path.join(self.root, "e"))
+        self.assertEqual(self.image(), {"d": None, "d/f": b"x"})
+        self.io.fsync_dir(self.root)
+        self.write("e/g", b"y", sync=True)      # the live path follows the rename
+        self.io.fsync_dir(os.path.join(self.root, "e"))
+        self.assertEqual(self.image(), {"e": None, "e/f": b"x", "e/g": b"y"})
+
     def test_unlink_and_truncate(self):
         self.write("a", b"abcdef", sync=True)
         self.io.fsync_dir(self.root)
