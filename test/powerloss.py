@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 from dataclasses import dataclass, field
 
 from twisted.internet.defer import Deferred
@@ -66,6 +67,7 @@ class PowerLossIO(FileIO):
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self.moment = 0
+        self._lock = threading.RLock()
         self._inodes: list[_Inode] = []
         self._paths: dict[str, int] = {}        # the live namespace: path -> inode
         self._fds: dict[int, list] = {}         # fd -> [inode, position, append]
@@ -121,90 +123,106 @@ class PowerLossIO(FileIO):
         return inode
 
     # -- the file layer ----------------------------------------------------
+    #
+    # Safe to call from several threads (a store's fsyncs run in a pool):
+    # a change is journaled after the call made it, an fsync at the moment
+    # it was called, so that concurrent calls are ordered the cautious way
+    # (an fsync covers only what was journaled before it began).
+
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         inside = self._inside(path)
         existed = os.path.exists(path)
         fd = super().open(path, flags, mode)
         if inside is None:
             return fd
-        at = self._tick()
-        inode = self._paths.get(inside)
-        if inode is None:
-            if existed:
-                inode = self._adopt(inside, True, at)
-            else:
-                inode = self._new("file", inside)
-                self._link(inside, inode, at)
-        if flags & os.O_TRUNC and self._inodes[inode].kind == "file":
-            self._inodes[inode].changes.append((at, "truncate", 0))
-        self._fds[fd] = [inode, 0, bool(flags & os.O_APPEND)]
+        with self._lock:
+            at = self._tick()
+            inode = self._paths.get(inside)
+            if inode is None:
+                if existed:
+                    inode = self._adopt(inside, True, at)
+                else:
+                    inode = self._new("file", inside)
+                    self._link(inside, inode, at)
+            if flags & os.O_TRUNC and self._inodes[inode].kind == "file":
+                self._inodes[inode].changes.append((at, "truncate", 0))
+            self._fds[fd] = [inode, 0, bool(flags & os.O_APPEND)]
         return fd
 
     def writev(self, fd, buffers):
         n = super().writev(fd, buffers)
-        entry = self._fds.get(fd)
-        if entry is not None:
-            data = b"".join(bytes(b) for b in buffers)[:n]
-            at = self._tick()
-            inode, position, append = entry
-            if append:
-                position = os.fstat(fd).st_size - n
-            self._inodes[inode].changes.append((at, "write", position, data))
-            entry[1] = position + n
+        with self._lock:
+            entry = self._fds.get(fd)
+            if entry is not None:
+                data = b"".join(bytes(b) for b in buffers)[:n]
+                inode, position, append = entry
+                if append:
+                    position = os.fstat(fd).st_size - n
+                self._inodes[inode].changes.append((self._tick(), "write", position, data))
+                entry[1] = position + n
         return n
 
     def ftruncate(self, fd, size):
         super().ftruncate(fd, size)
-        entry = self._fds.get(fd)
-        if entry is not None:
-            self._inodes[entry[0]].changes.append((self._tick(), "truncate", size))
+        with self._lock:
+            entry = self._fds.get(fd)
+            if entry is not None:
+                self._inodes[entry[0]].changes.append((self._tick(), "truncate", size))
 
     def fsync(self, fd):
+        with self._lock:
+            entry = self._fds.get(fd)
+            at = self._tick()
         super().fsync(fd)
-        entry = self._fds.get(fd)
         if entry is not None:
-            self._inodes[entry[0]].fsyncs.append(self._tick())
+            with self._lock:
+                self._inodes[entry[0]].fsyncs.append(at)
 
     def close(self, fd):
         super().close(fd)
-        self._fds.pop(fd, None)
+        with self._lock:
+            self._fds.pop(fd, None)
 
     def fsync_dir(self, path):
-        super().fsync_dir(path)
         inside = self._inside(path)
-        inode = self._paths.get(inside) if inside else None
-        if inode is None:
-            return
-        at = self._tick()
-        # names made or removed by code that did not go through this layer
-        real = set(os.listdir(inside))
-        known = {n for p, n in ((p, os.path.basename(p)) for p in self._paths)
-                 if os.path.dirname(p) == inside}
-        for name in sorted(real - known):
-            self._adopt(os.path.join(inside, name), True, at)
-        for name in sorted(known - real):
-            self._link(os.path.join(inside, name), None, at)
-        self._inodes[inode].fsyncs.append(at)
+        with self._lock:
+            at = self._tick()
+        super().fsync_dir(path)
+        with self._lock:
+            inode = self._paths.get(inside) if inside else None
+            if inode is None:
+                return
+            # names made or removed by code that did not go through this layer
+            real = set(os.listdir(inside))
+            known = {n for p, n in ((p, os.path.basename(p)) for p in self._paths)
+                     if os.path.dirname(p) == inside}
+            for name in sorted(real - known):
+                self._adopt(os.path.join(inside, name), True, at)
+            for name in sorted(known - real):
+                self._link(os.path.join(inside, name), None, at)
+            self._inodes[inode].fsyncs.append(at)
 
     def mkdir(self, path, mode=0o777):
         super().mkdir(path, mode)
         inside = self._inside(path)
         if inside is not None:
-            self._link(inside, self._new("dir", inside), self._tick())
+            with self._lock:
+                self._link(inside, self._new("dir", inside), self._tick())
 
     def replace(self, src, dst):
         super().replace(src, dst)
         src_in, dst_in = self._inside(src), self._inside(dst)
-        if src_in is None or dst_in is None or src_in not in self._paths:
-            return
-        at = self._tick()
-        inode = self._paths[src_in]
-        moved = {p: i for p, i in self._paths.items() if p.startswith(src_in + os.sep)}
-        self._link(src_in, None, at)
-        self._link(dst_in, inode, at)
-        for p, i in moved.items():
-            del self._paths[p]
-            self._paths[dst_in + p[len(src_in):]] = i
+        with self._lock:
+            if src_in is None or dst_in is None or src_in not in self._paths:
+                return
+            at = self._tick()
+            inode = self._paths[src_in]
+            moved = {p: i for p, i in self._paths.items() if p.startswith(src_in + os.sep)}
+            self._link(src_in, None, at)
+            self._link(dst_in, inode, at)
+            for p, i in moved.items():
+                del self._paths[p]
+                self._paths[dst_in + p[len(src_in):]] = i
 
     def unlink(self, path):
         super().unlink(path)
@@ -216,8 +234,9 @@ class PowerLossIO(FileIO):
 
     def _forget(self, path):
         inside = self._inside(path)
-        if inside is not None and inside in self._paths:
-            self._link(inside, None, self._tick())
+        with self._lock:
+            if inside is not None and inside in self._paths:
+                self._link(inside, None, self._tick())
 
     # -- after the power loss -----------------------------------------------
     def image(self, dest, at=None, names="synced", data="synced", seed=0):
@@ -230,7 +249,8 @@ class PowerLossIO(FileIO):
         @param data: C{"synced"}, C{"all"}, C{"prefix"} or C{"pages"}.
         @return: C{dest}.
         """
-        at = self.moment if at is None else at
+        with self._lock:
+            at = self.moment if at is None else at
         cut = {"synced": BEFORE, "all": at}.get(names, names)
         rnd = random.Random(seed)
         os.mkdir(dest)
@@ -240,7 +260,8 @@ class PowerLossIO(FileIO):
     def _entries(self, inode: _Inode, at: int, cut: int) -> dict[str, int]:
         until = max(inode.synced_at(at), cut)
         entries: dict[str, int] = {}
-        for moment, name, child in inode.changes:
+        # in the order of their moments (an fsync's moment is when it began)
+        for moment, name, child in sorted(inode.changes, key=lambda c: c[0]):
             if moment >= until:
                 break
             if child is None:
@@ -269,7 +290,7 @@ class PowerLossIO(FileIO):
 
     def content(self, node: _Inode, until: int) -> bytes:
         buf = bytearray()
-        for change in node.changes:
+        for change in sorted(node.changes, key=lambda c: c[0]):
             if change[0] >= until:
                 break
             if change[1] == "truncate":

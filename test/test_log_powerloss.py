@@ -450,3 +450,75 @@ class MakeDirsTests(PowerLossCase):
         with open(os.path.join(root, "f"), "w"):
             pass
         self.assertRaises(OSError, make_dirs, os.path.join(root, "f", "g"), io)
+
+
+class StyxServerTests(unittest.TestCase):
+    """
+    The issue as reported: a Styx server on the file store with small
+    segments, HTTP and styx/0 writers running, the power lost at a moment
+    during the rolls; the log must open with every acknowledged record.
+    """
+
+    timeout = 180
+
+    @defer.inlineCallbacks
+    def test_power_loss_under_http_and_styx0_writers(self):
+        from twisted.internet import reactor
+        from streamproto.styx.api_client import StyxClient
+        from streamproto.styx.stream_client import StyxProducer
+        from test.test_torture_faults import InProcessServer, styx_factory
+        top = tempfile.mkdtemp(prefix="streamproto-powerloss-", dir=scratch())
+        self.addCleanup(shutil.rmtree, top, True)
+        root = os.path.join(top, "root")
+        os.mkdir(root)
+        io = PowerLossIO(root)
+        # the data directory does not exist: the server creates it
+        server = InProcessServer(self, os.path.join(root, "var", "styx"), styx_factory, io=io)
+        yield server.start()
+        yield server.store.create("events", LogConfig(segment_max_size=65536))
+        client = StyxClient(f"http://127.0.0.1:{server.port}", reactor=reactor)
+        acks = {b"h": [], b"s": []}       # tag: [(moment, records acknowledged)]
+
+        @defer.inlineCallbacks
+        def http_writer():
+            for i in range(100):
+                yield client.write_records(
+                    "events", [make_payload(b"h", i * 20 + k, 200) for k in range(20)])
+                acks[b"h"].append((io.moment, (i + 1) * 20))
+
+        @defer.inlineCallbacks
+        def styx0_writer():
+            producer = yield StyxProducer.connect(reactor, "127.0.0.1", server.port, "events",
+                                                  timeout=10)
+            for i in range(100):
+                yield producer.writeMany([make_payload(b"s", i * 20 + k, 200)
+                                          for k in range(20)])
+                acks[b"s"].append((io.moment, (i + 1) * 20))
+            yield producer.close()
+
+        yield defer.gatherResults([http_writer(), styx0_writer()])
+        yield client.close()
+        yield server.stop()
+        rolls = len([n for n in os.listdir(os.path.join(root, "var", "styx", "events"))
+                     if n.endswith(".seg")])
+        self.assertGreater(rolls, 12)
+        case = PowerLossCase()
+        case.data_dir = ("var", "styx")
+        case.top = top
+        case.images = 0
+        checked = 0
+        for n, at in enumerate(range(io.moment + 1)):     # every one
+            image = case.lose_power(io, at, VARIANTS[n % len(VARIANTS)], n)
+            got, _ = case.read_all(os.path.join(image, *case.data_dir), "events",
+                                   f"power lost at moment {at}")
+            for tag, acked in acks.items():
+                seqs = [parse_payload(tag, r) for r in got or []
+                        if parse_payload(tag, r) is not None]
+                expected = max([c for moment, c in acked if moment <= at], default=0)
+                self.assertEqual(seqs, list(range(len(seqs))), f"moment {at}, {tag}")
+                self.assertGreaterEqual(len(seqs), expected,
+                                        f"power lost at moment {at}: {tag} records lost")
+                checked += expected
+            shutil.rmtree(image)
+        # most moments came after many acks
+        self.assertGreater(checked, io.moment * 1000)
