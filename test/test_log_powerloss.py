@@ -164,34 +164,6 @@ class RollTests(PowerLossCase):
         config = LogConfig(segment_max_size=300, log_max_count=40)
         self.power_losses(6, config, every=2)
 
-    def test_damage_to_fsynced_data_is_still_refused(self):
-        """A batch of a sealed, indexed segment rots: refused, never cut."""
-        from streamproto.log import CorruptLog
-        root, io = self.machine()
-        store = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
-                             run_blocking=synchronous, retention_interval=None)
-        log = self.successResultOf(store.create("events", LogConfig(segment_max_size=300)))
-        for i in range(40):
-            self.successResultOf(log.append([make_payload(b"r", i, 30)]))
-        self.successResultOf(store.close())
-        seg_dir = os.path.join(root, "data", "events")
-        segs = sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))
-        self.assertTrue(os.path.exists(os.path.join(seg_dir, segs[1][:-4] + ".idx")))
-        path = os.path.join(seg_dir, segs[1])
-        with open(path, "r+b") as f:
-            f.seek(os.path.getsize(path) - 5)
-            f.write(b"X")
-        size = os.path.getsize(path)
-        # no index for it: a whole later batch still says it was durable
-        os.unlink(os.path.join(seg_dir, segs[1][:-4] + ".idx"))
-        store2 = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
-                              run_blocking=synchronous, retention_interval=None)
-        self.failureResultOf(store2.get("events"), CorruptLog)
-        self.assertEqual(os.path.getsize(path), size)
-        self.assertEqual(sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg")), segs)
-        self.flushLoggedErrors()
-
-
     def test_a_cut_is_durable_before_new_appends(self):
         """
         Recovery cuts segments a power loss left behind, then new records
@@ -218,47 +190,66 @@ class RollTests(PowerLossCase):
                              list(range(start, end + 3)), f"moment {at}")
         self.assertGreater(cuts, 5)
 
-    def test_a_shortened_indexed_segment_is_refused(self):
-        """The index says the segment was fsynced whole: losing its end is damage."""
-        from streamproto.log import CorruptLog
+    def acked_log(self, count, truncate=None):
+        """
+        A log of C{count} acknowledged records in 300-byte segments (and
+        truncated to C{truncate}), closed.  @return: its directory.
+        """
         root, _ = self.machine()
         store = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
                              run_blocking=synchronous, retention_interval=None)
         log = self.successResultOf(store.create("events", LogConfig(segment_max_size=300)))
-        for i in range(20):
+        for i in range(count):
             self.successResultOf(log.append([make_payload(b"r", i, 30)]))
+        if truncate is not None:
+            self.successResultOf(log.truncate(truncate(log)))
         self.successResultOf(store.close())
-        seg_dir = os.path.join(root, "data", "events")
-        segs = sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))
-        path = os.path.join(seg_dir, segs[-2])
-        self.assertTrue(os.path.exists(path[:-4] + ".idx"))
-        os.truncate(path, os.path.getsize(path) - 10)
-        store2 = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
-                              run_blocking=synchronous, retention_interval=None)
-        self.failureResultOf(store2.get("events"), CorruptLog)
-        self.assertEqual(sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg")), segs)
+        return os.path.join(root, "data", "events")
+
+    def assert_refused(self, seg_dir):
+        """The log in C{seg_dir} does not open, and nothing of it was cut."""
+        from streamproto.log import CorruptLog
+        sizes = {n: os.path.getsize(os.path.join(seg_dir, n)) for n in os.listdir(seg_dir)}
+        store = FileLogStore(os.path.dirname(seg_dir), reactor=Clock(),
+                             run_blocking=synchronous, retention_interval=None)
+        self.failureResultOf(store.get("events"), CorruptLog)
+        self.assertEqual({n: os.path.getsize(os.path.join(seg_dir, n))
+                          for n in os.listdir(seg_dir)}, sizes)
         self.flushLoggedErrors()
 
+    @staticmethod
+    def segments(seg_dir):
+        return sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))
+
+    def test_damage_to_fsynced_data_is_still_refused(self):
+        """
+        A batch of a sealed segment rots, and its index is gone: a whole
+        later batch still says it was durable; refused, never cut.
+        """
+        seg_dir = self.acked_log(40)
+        path = os.path.join(seg_dir, self.segments(seg_dir)[1])
+        with open(path, "r+b") as f:
+            f.seek(os.path.getsize(path) - 5)
+            f.write(b"X")
+        os.unlink(path[:-4] + ".idx")
+        self.assert_refused(seg_dir)
+
+    def test_a_shortened_indexed_segment_is_refused(self):
+        """The index says the segment was fsynced whole: losing its end is damage."""
+        seg_dir = self.acked_log(20)
+        path = os.path.join(seg_dir, self.segments(seg_dir)[-2])
+        self.assertTrue(os.path.exists(path[:-4] + ".idx"))
+        os.truncate(path, os.path.getsize(path) - 10)
+        self.assert_refused(seg_dir)
+
     def test_a_truncation_point_past_the_damage_is_refused(self):
-        from streamproto.log import CorruptLog
-        root, _ = self.machine()
-        store = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
-                             run_blocking=synchronous, retention_interval=None)
-        log = self.successResultOf(store.create("events", LogConfig(segment_max_size=300)))
-        for i in range(20):
-            self.successResultOf(log.append([make_payload(b"r", i, 30)]))
-        seg_dir = os.path.join(root, "data", "events")
-        last = sorted(n for n in os.listdir(seg_dir) if n.endswith(".seg"))[-1]
-        first_in_last = int(last[:-4])
-        self.assertLess(first_in_last + 1, 20)
-        self.successResultOf(log.truncate(first_in_last + 1))
-        self.successResultOf(store.close())
+        # truncated to just after the first record of the last segment
+        seg_dir = self.acked_log(20, truncate=lambda log: log._segments[-1].position + 1)
+        last = self.segments(seg_dir)[-1]
+        self.assertLess(int(last[:-4]) + 1, 20)
         # the last segment loses its records, which the truncation says were durable
         os.truncate(os.path.join(seg_dir, last), 40)
-        store2 = FileLogStore(os.path.join(root, "data"), reactor=Clock(),
-                              run_blocking=synchronous, retention_interval=None)
-        self.failureResultOf(store2.get("events"), CorruptLog)
-        self.flushLoggedErrors()
+        self.assert_refused(seg_dir)
 
 
 class CreatedDirectoryTests(PowerLossCase):
