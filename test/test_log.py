@@ -23,34 +23,13 @@ from streamproto.log.file import FileLogStore, synchronous
 from streamproto.log.format import SEGMENT_HEADER_SIZE
 from streamproto.log.reader import LogDirectoryReader
 from streamproto.log.segments import FileIO
+from test.powerloss import HeldJobs
 
 
 def tempdir(case):
     path = tempfile.mkdtemp(prefix="streamproto-log-")
     case.addCleanup(shutil.rmtree, path, True)
     return path
-
-
-class HeldRunner:
-    """A run_blocking that holds every job until the test releases it."""
-
-    def __init__(self):
-        self.jobs = []
-
-    def __call__(self, f, *args, **kwargs):
-        d = defer.Deferred()
-        self.jobs.append((f, args, kwargs, d))
-        return d
-
-    def run_all(self):
-        while self.jobs:
-            f, args, kwargs, d = self.jobs.pop(0)
-            try:
-                result = f(*args, **kwargs)
-            except Exception as e:
-                d.errback(e)
-            else:
-                d.callback(result)
 
 
 class FaultyIO(FileIO):
@@ -407,7 +386,8 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         state_path = os.path.join(self.path, "events", "state.json")
         with open(state_path) as f:
             state = json_.load(f)
-        state.update(start_position=500, start_offset=9000)
+        # as skip_to writes it: the new start, and where the empty log ended
+        state.update(start_position=500, start_offset=9000, skipped_from=[2, 5])
         with open(state_path, "w") as f:
             json_.dump(state, f)
         store = self.make_store()
@@ -494,7 +474,7 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         self.assertEqual(log.start_position, 1)
 
     def test_no_ack_before_fsync(self):
-        runner = HeldRunner()
+        runner = HeldJobs()
         io = FaultyIO()
         store = FileLogStore(tempdir(self), reactor=self.clock, run_blocking=runner, io=io,
                              retention_interval=None)
@@ -518,7 +498,7 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         self.assertEqual(self.successResultOf(d2).end_position, 2)
 
     def test_group_commit_second_fsync_for_late_appends(self):
-        runner = HeldRunner()
+        runner = HeldJobs()
         store = FileLogStore(tempdir(self), reactor=self.clock, run_blocking=runner,
                              retention_interval=None)
         log = self.successResultOf(store.create("events"))
@@ -640,7 +620,7 @@ class CrashRecoveryTests(unittest.SynchronousTestCase):
     def run_trial(self, seed):
         rnd = random.Random(seed)
         clock = Clock()
-        runner = HeldRunner()
+        runner = HeldJobs()
         path = tempdir(self)
         store = FileLogStore(path, reactor=clock, run_blocking=runner, retention_interval=None)
         config = LogConfig(segment_max_size=rnd.choice([300, 2000, 1 << 20]))

@@ -33,6 +33,7 @@ from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.clock import default_reactor
 from streamproto.core.compat import endpoint_tls_options, fail_at_start
 from streamproto.core.config import ConfigurableOptions
+from streamproto.core.durable import make_dirs
 from streamproto.core.stores import STORE_PARAMETERS, Options, StoreService, check_store_options
 from streamproto.log.interfaces import ILogStore
 
@@ -229,7 +230,8 @@ def check_data_directory(path: str, option: str = "data") -> str:
     """
     path = os.path.abspath(path)
     try:
-        os.makedirs(path, exist_ok=True)
+        # durable: a power loss must not take back a directory acks depend on
+        make_dirs(path)
     except OSError as e:
         raise usage.UsageError(f"--{option} {path!r}: cannot create it: "
                                f"{e.strerror or _describe(e)}")

@@ -19,7 +19,7 @@ from streamproto.log.memory import MemoryLog, MemoryLogStore
 from streamproto.log.result import AppendResult
 
 if TYPE_CHECKING:
-    from streamproto.log.file import FileLogStore
+    from streamproto.log.filestore import FileLogStore
 
 __all__ = [
     "AppendResult", "CorruptLog", "ILog", "ILogStore", "InvalidLogName", "LogClosed",
@@ -31,5 +31,5 @@ __all__ = [
 
 def open_store(path: str, **kwargs: Any) -> FileLogStore:
     """Open (creating if needed) the file-backed store at C{path}."""
-    from streamproto.log.file import FileLogStore
+    from streamproto.log.filestore import FileLogStore
     return FileLogStore(path, **kwargs)

@@ -1,5 +1,8 @@
 """
-The file-backed log store: the embedded default storage of every server.
+One log of the file-backed store (L{FileLog}): appending, group commit,
+reads, retention.  The store, a directory of logs, is
+L{streamproto.log.filestore.FileLogStore} (still importable from here);
+opening a log after a crash or power loss is L{streamproto.log.recovery}.
 
 Writes go to the OS at once, from the reactor thread (page-cache writes do
 not wait on the disk).  Durability comes from group commit: one fsync, run
@@ -10,11 +13,10 @@ nothing is acknowledged after it and appends are refused until the store is
 reopened and recovery has run (retrying fsync is unsafe: the kernel may have
 dropped the dirty pages and report success the second time).
 
-Recovery (on open): sealed segments are trusted up to their index (their
-batches are still checksummed on every read); the last segment is scanned
-and verified batch by batch, and a torn or corrupt tail is cut off and
-logged.  Nothing that was fsynced is ever cut: an fsynced batch is whole on
-disk, so the first bad batch is always after the last fsync.
+A new segment's name may reach the disk before its data, or before the end
+of the segment it follows (any directory fsync, or the file system's own
+journal commit, makes it durable): nothing written after the last fsync is
+acknowledged, so recovery cuts such a log where it stops being whole.
 
 See doc/logstore.rst for the format, guarantees and tuning.
 """
@@ -25,7 +27,6 @@ import bisect
 import errno
 import json
 import os
-import shutil
 import time
 import uuid
 from array import array
@@ -35,27 +36,28 @@ from itertools import accumulate
 from typing import Any, Protocol, TypeVar, cast
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorThreads, IReactorTime
+from twisted.internet.interfaces import IReactorThreads, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core.clock import default_reactor
+from streamproto.core import durable
+from streamproto.core.durable import write_all
 from streamproto.core import metrics
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
-from streamproto.log.config import LogConfig, validate_name
+from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogExists, LogFailed, LogNotFound,
-    PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict, skip_conflict,
+    CorruptLog, LogClosed, LogFailed, PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict, skip_conflict,
 )
 from streamproto.log.format import (
-    MAX_BATCH_DATA, SEGMENT_HEADER_SIZE, FormatError, decode_index, decode_segment_header,
-    encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
+    MAX_BATCH_DATA, encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
 )
-from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, log_problems
+from streamproto.log.interfaces import ILog
+from streamproto.log.recovery import LogRecovery
 from streamproto.log.result import AppendResult
 from streamproto.log.segments import (
-    Cursor, FileIO, PageCacheIO, Segment, offset_in_segment, position_in_segment, damaged_durable_batch, read_payload, read_records, recover_segment, write_all,
+    Cursor, FileIO, PageCacheIO, Segment, offset_in_segment, position_in_segment, read_payload,
+    read_records,
 )
 from streamproto.log.waiters import Waiters
 
@@ -98,20 +100,7 @@ def thread_runner(reactor: IReactorThreads) -> RunBlocking:
 def write_file_atomically(io: FileIO, path: str, data: bytes) -> None:
     """Write C{path} so that a crash leaves either the old or the new content."""
     # a name of its own, so that two writers can never swap each other's file
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    fd = io.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        write_all(io, fd, [data])
-        io.fsync(fd)
-    finally:
-        io.close(fd)
-    os.replace(tmp, path)
-    io.fsync_dir(os.path.dirname(path))
-
-
-def _errno_name(code: int | None) -> str | int | None:
-    """C{ENOSPC} for an OSError's C{errno}, or the number when it has no name."""
-    return errno.errorcode.get(code, code) if code is not None else None
+    durable.write_file_atomically(io, path, data, uuid.uuid4().hex)
 
 
 def _now_ms(clock: IReactorTime) -> int:
@@ -163,85 +152,14 @@ class FileLog:
 
     # -- recovery --------------------------------------------------------
     def _recover(self) -> None:
-        io = self._io
         state_path = os.path.join(self.path, STATE_FILE)
         if os.path.exists(state_path):
             with open(state_path, "rb") as f:
                 self._state.update(json.loads(f.read()))
-        for leftover in os.listdir(self.path):
-            if leftover.endswith(".tmp"):  # an atomic write cut short
-                io.unlink(os.path.join(self.path, leftover))
-        names = sorted(n for n in os.listdir(self.path) if n.endswith(".seg"))
-        # attributes of deleted segments were folded into the state first
-        attributes: dict[str, int] = dict(self._state.get("attributes") or {})
+        recovered = LogRecovery(self.name, self.path, self.config, self._io, self._state).run()
+        self._segments = recovered.segments
+        attributes = recovered.attributes
         self._attrs_written = attributes
-        position: int | None = None
-        offset: int | None = None
-        for i, fname in enumerate(names):
-            last = i == len(names) - 1
-            seg_path = os.path.join(self.path, fname)
-            fd = io.open(seg_path, os.O_RDWR | os.O_APPEND)
-            head = io.pread(fd, SEGMENT_HEADER_SIZE, 0)
-            try:
-                seg_pos, seg_off, created = decode_segment_header(head)
-            except FormatError:
-                if last and position is not None:
-                    # torn creation of a new segment: it cannot hold acked data
-                    self.log.warn("log {log}: dropping segment {f} with a torn header",
-                                  log=self.name, f=fname)
-                    io.close(fd)
-                    io.unlink(seg_path)
-                    continue
-                io.close(fd)
-                raise CorruptLog(f"log {self.name}: bad segment header in {fname}")
-            if position is not None and (seg_pos, seg_off) != (position, offset):
-                if position < seg_pos <= self._state["start_position"]:
-                    # the segments before this one were being deleted (the
-                    # state file says so) when the process stopped: finish
-                    self._drop_recovered(self._segments)
-                    self._segments = []
-                    attributes = dict(self._state.get("attributes") or {})
-                else:
-                    io.close(fd)
-                    raise CorruptLog(f"log {self.name}: segment {fname} starts at {seg_pos}, "
-                                     f"expected {position}")
-            seg = Segment(seg_path, fd, seg_pos, seg_off, created, self.config.index_after_size)
-            if not last and self._load_index(seg, attributes):
-                pass
-            else:
-                problem = recover_segment(io, seg, verify=last, attributes=attributes)
-                if problem is not None:
-                    good, reason = problem
-                    if not last:
-                        self.corrupt = reason
-                        self.log.error("log {log}: segment {f} is corrupt at byte {at}: "
-                                       "{reason}", log=self.name, f=fname, at=good, reason=reason)
-                        io.close(fd)
-                        raise CorruptLog(f"log {self.name}: {reason}")
-                    if damaged_durable_batch(io, seg, good):
-                        # a later whole batch says this one had been fsynced
-                        # when it was written: not a torn unsynced write but
-                        # damage to acknowledged data; refuse, never cut it
-                        self.corrupt = reason
-                        self.log.error("log {log}: segment {f} is corrupt at byte {at} "
-                                       "with valid data after it: {reason}", log=self.name,
-                                       f=fname, at=good, reason=reason)
-                        io.close(fd)
-                        raise CorruptLog(f"log {self.name}: {reason} (valid data follows)")
-                    cut = io.fstat_size(fd) - good
-                    self.log.warn("log {log}: cut {cut} bytes of torn or corrupt tail from {f} "
-                                  "({reason})", log=self.name, cut=cut, f=fname, reason=reason)
-                    io.ftruncate(fd, good)
-                    io.fsync(fd)
-            seg.attrs_at_end = dict(attributes)
-            self._segments.append(seg)
-            position, offset = seg.end_position, seg.end_offset
-        if self._segments and self._segments[-1].end_position < self._state["start_position"]:
-            # a skip_to stopped between its state file and its segment:
-            # every segment is truncated; the log goes on from the state's start
-            self._drop_recovered(self._segments)
-            self._segments = []
-            attributes = dict(self._state.get("attributes") or {})
         if not self._segments:
             start = max(self._state["start_position"], 0)
             self._new_segment(start, self._state["start_offset"])
@@ -254,29 +172,6 @@ class FileLog:
         self._start_position: int = max(first.position, self._state["start_position"])
         self._start_offset: int = max(first.offset, self._state["start_offset"])
         self._apply_retention()
-
-    def _drop_recovered(self, segments: Iterable[Segment]) -> None:
-        for seg in segments:
-            self.log.warn("log {log}: removing {seg}, left by an interrupted deletion",
-                          log=self.name, seg=seg.path)
-            self._io.close(seg.fd)
-            self._io.unlink(seg.path)
-            self._io.unlink(os.path.join(self.path, index_file_name(seg.position)))
-
-    def _load_index(self, seg: Segment, attributes: dict[str, int]) -> bool:
-        idx_path = os.path.join(self.path, index_file_name(seg.position))
-        try:
-            with open(idx_path, "rb") as f:
-                payload = decode_index(f.read())
-            if payload["size"] != self._io.fstat_size(seg.fd) or \
-                    payload["position"] != seg.position:
-                return False
-        except (OSError, ValueError, KeyError, FormatError):
-            return False
-        seg.load_index(payload)
-        attributes.clear()
-        attributes.update(payload.get("attributes") or {})
-        return True
 
     def _sync_now(self) -> None:
         """Fsync (blocking) what recovery or creation wrote."""
@@ -461,7 +356,8 @@ class FileLog:
         if self._syncing or self.failed is not None or not self._pending:
             return
         target = (self._wseq, self._w_pos, self._w_off, dict(self._attrs_written))
-        segs = list(self._dirty)
+        # oldest first: a segment's tail is on the disk before the next one's data
+        segs = sorted(self._dirty, key=lambda s: s.position)
         self._dirty.clear()
         dir_dirty, self._dir_dirty = self._dir_dirty, False
         for s in segs:
@@ -799,9 +695,12 @@ class FileLog:
         if (position, offset) == (self._w_pos, self._w_off):
             return succeed(self.end_position)
         # the state first: a crash before the new segment leaves a log that
-        # recovery starts afresh at the state's start (see _recover)
+        # recovery starts afresh at the state's start (LogRecovery.run)
         self._state["start_position"] = position
         self._state["start_offset"] = offset
+        # where the (empty) log ended: recovery tells a skip cut short from
+        # acknowledged data gone missing by it
+        self._state["skipped_from"] = [self._w_pos, self._w_off]
 
         def saved(_: None) -> int:
             self._w_pos = self.end_position = self._start_position = position
@@ -889,156 +788,9 @@ class FileLog:
                 self._io.close(seg.fd)
 
 
-@implementer(ILogStore, ILogDirectories)
-class FileLogStore:
-    """
-    A directory of logs, one subdirectory each.  Logs are opened (and
-    recovered) on first use.
-
-    @param run_blocking: C{f(*args) -> Deferred} running blocking calls
-        (fsync, reads) off the reactor thread; default: the reactor's thread
-        pool.  L{synchronous} runs them inline (tests, tools).
-    @param io: the file layer (L{FileIO}); fault injection wraps it.
-    @param inline_reads: read on the reactor thread whatever the page cache
-        holds (only the rest through C{run_blocking}); default: when
-        C{run_blocking} is the default thread pool.
-    """
-
-    log = Logger()
-
-    def __init__(self, path: str, reactor: IReactorTime | None = None,
-                 run_blocking: RunBlocking | None = None, io: FileIO | None = None,
-                 retention_interval: float = 60.0, inline_reads: bool | None = None) -> None:
-        reactor = cast(IReactorTime, default_reactor(reactor))
-        # reads served by the page cache run on the reactor thread (they
-        # cannot block): by default only where the rest go to a thread
-        self._inline_reads = run_blocking is None if inline_reads is None else inline_reads
-        self.path = os.path.abspath(path)
-        self._reactor = reactor
-        # without run_blocking, reactor is a real one, with a thread pool
-        self._run_blocking = run_blocking or thread_runner(cast(IReactorThreads, reactor))
-        self._io = io or FileIO()
-        self._logs: dict[str, FileLog] = {}
-        self.closed = False
-        os.makedirs(self.path, exist_ok=True)
-        for leftover in os.listdir(self.path):
-            if leftover.startswith(".deleted-"):  # a delete interrupted by a crash
-                shutil.rmtree(os.path.join(self.path, leftover), True)
-        self._retention_call: IDelayedCall | None = None
-        self._retention_interval = retention_interval
-
-    def _retention_tick(self, interval: float) -> None:
-        for log in self._logs.values():
-            if not log._closed and log.failed is None:
-                log._apply_retention()
-        self._retention_call = self._reactor.callLater(interval, self._retention_tick, interval)
-
-    def _log_path(self, name: str) -> str:
-        return os.path.join(self.path, validate_name(name))
-
-    def log_path(self, name: str) -> str:
-        """The directory of log C{name} (for backups)."""
-        return self._log_path(name)
-
-    def names(self) -> list[str]:
-        return sorted(n for n in os.listdir(self.path) if not n.startswith(".")
-                      and os.path.isfile(os.path.join(self.path, n, CONFIG_FILE)))
-
-    def _open(self, name: str) -> FileLog:
-        log = self._logs.get(name)
-        if log is not None:
-            return log
-        path = self._log_path(name)
-        cfg_path = os.path.join(path, CONFIG_FILE)
-        if not os.path.isfile(cfg_path):
-            raise LogNotFound(f"log {name!r} not found")
-        with open(cfg_path, "rb") as f:
-            config = LogConfig.from_mapping(json.loads(f.read()))
-        log = FileLog(name, path, config, self._io, self._run_blocking, self._reactor,
-                      self._inline_reads)
-        self._logs[name] = log
-        if self._retention_interval and self._retention_call is None:
-            # age-based retention also runs while no append comes in
-            self._retention_call = self._reactor.callLater(
-                self._retention_interval, self._retention_tick, self._retention_interval)
-        return log
-
-    def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
-        try:
-            path = self._log_path(name)
-        except Exception as e:
-            return fail(e)
-        config = config or LogConfig()
-        if os.path.exists(os.path.join(path, CONFIG_FILE)):
-            return fail(LogExists(f"log {name!r} exists"))
-        try:
-            os.makedirs(path, exist_ok=True)
-            write_file_atomically(self._io, os.path.join(path, CONFIG_FILE),
-                                  config.to_json().encode())
-            self._io.fsync_dir(self.path)
-            return succeed(self._open(name))
-        except Exception as e:
-            return fail(e)
-
-    def get(self, name: str) -> Deferred[ILog]:
-        try:
-            return succeed(self._open(name))
-        except Exception as e:
-            return fail(e)
-
-    def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
-        try:
-            if os.path.isfile(os.path.join(self._log_path(name), CONFIG_FILE)):
-                return succeed(self._open(name))
-        except Exception as e:
-            return fail(e)
-        return self.create(name, config)
-
-    def delete(self, name: str) -> Deferred[None]:
-        try:
-            path = self._log_path(name)
-        except Exception as e:
-            return fail(e)
-        if not os.path.isfile(os.path.join(path, CONFIG_FILE)):
-            return fail(LogNotFound(f"log {name!r} not found"))
-        log = self._logs.pop(name, None)
-        if log is not None:
-            log._close(LogClosed(f"log {name!r} was deleted"))
-        # rename first so that a crash never leaves a half-deleted log behind
-        doomed = os.path.join(self.path, f".deleted-{name}-{time.time_ns()}")
-        os.replace(path, doomed)
-        self._io.fsync_dir(self.path)
-        return self._run_blocking(shutil.rmtree, doomed, True)
-
-    def open_logs(self) -> list[ILog]:
-        return list(self._logs.values())
-
-    def problems(self) -> list[str]:
-        if self.closed:
-            return ["store closed"]
-        found: list[str] = []
-        probe = os.path.join(self.path, f".ready-probe-{os.getpid()}")
-        try:
-            # os.access says "no" without saying why; writing says why (EROFS...)
-            io = self._io
-            io.close(io.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600))
-            io.unlink(probe)
-        except OSError as e:
-            found.append(f"data directory {self.path} cannot be written: "
-                         f"{e.strerror or e} ({_errno_name(e.errno)})")
-        found += log_problems(self._logs.values())
-        return found
-
-    def close(self) -> Deferred[None]:
-        self.closed = True
-        if self._retention_call is not None and self._retention_call.active():
-            self._retention_call.cancel()
-        logs = list(self._logs.values())
-        self._logs.clear()
-
-        def close_all(_: object) -> None:
-            for log in logs:
-                log._close()
-        from twisted.internet.defer import DeferredList
-        return DeferredList([log.sync() for log in logs if not log._closed and
-                             log.failed is None], consumeErrors=True).addCallback(close_all)
+def __getattr__(name: str) -> Any:
+    # the store moved to streamproto.log.filestore; importable from here as before
+    if name == "FileLogStore":
+        from streamproto.log.filestore import FileLogStore
+        return FileLogStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,11 +10,12 @@ import bisect
 import errno
 import os
 from array import array
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any, TypeAlias
 
-from streamproto.log.batch import BytesLike, RecordBatch, empty_batch
+from streamproto.core.durable import DirectoryIO
+from streamproto.log.batch import RecordBatch, empty_batch
 from streamproto.log.errors import CorruptLog
 from streamproto.log.format import (
     BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, BatchHeader, FormatError, batch_attributes,
@@ -34,17 +35,12 @@ Cursor: TypeAlias = tuple[int, int, int]
 READ_CHUNK = 256 * 1024
 
 
-class FileIO:
+class FileIO(DirectoryIO):
     """
     The file layer, one method per system call the store makes, so fault
-    injection (fsync errors, ENOSPC, torn writes) can wrap it.
+    injection (fsync errors, ENOSPC, torn writes, power loss) can wrap it.
+    The calls that create, name and sync files are L{DirectoryIO}'s.
     """
-
-    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        return os.open(path, flags | getattr(os, "O_CLOEXEC", 0), mode)
-
-    def writev(self, fd: int, buffers: Sequence[BytesLike]) -> int:
-        return os.writev(fd, buffers)
 
     def pread(self, fd: int, n: int, offset: int) -> bytes:
         return os.pread(fd, n, offset)
@@ -63,30 +59,11 @@ class FileIO:
             raise NotImplementedError("no page-cache-only reads here")
         return _pread_cached(fd, n, offset)
 
-    def fsync(self, fd: int) -> None:
-        os.fsync(fd)
-
-    def fsync_dir(self, path: str) -> None:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def ftruncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
     def fstat_size(self, fd: int) -> int:
         return os.fstat(fd).st_size
-
-    def close(self, fd: int) -> None:
-        os.close(fd)
-
-    def unlink(self, path: str) -> None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 class PageCacheIO(FileIO):
@@ -106,19 +83,6 @@ class PageCacheIO(FileIO):
             # one huge record: not worth holding the calling thread for
             raise BlockingIOError(errno.EAGAIN, f"a read of {n} bytes is left to a thread")
         return self._io.pread_cached(fd, n, offset)
-
-
-def write_all(io: FileIO, fd: int, buffers: Sequence[BytesLike]) -> int:
-    """C{writev} until everything is written (regular files rarely write short)."""
-    total = sum(len(b) for b in buffers)
-    done = io.writev(fd, buffers)
-    while done < total:
-        flat = b"".join(bytes(b) for b in buffers)[done:]
-        n = io.writev(fd, [flat])
-        if n <= 0:
-            raise OSError(errno.EIO, "short write")
-        done += n
-    return total
 
 
 class Segment:
@@ -408,30 +372,3 @@ def recover_segment(
     except (CorruptLog, FormatError) as e:
         return pos, str(e)
     return None
-
-
-def damaged_durable_batch(io: FileIO, seg: Segment, bad_pos: int) -> bool:
-    """
-    Blocking: whether the batch at C{bad_pos}, which failed verification,
-    had been fsynced: a whole, checksummed batch after it records (its
-    C{lag}) that everything up to the bad batch's end was durable when it
-    was written.  Otherwise the damage is a torn write of unsynced data (a
-    crash may persist pages out of order) and cutting it loses nothing
-    acknowledged.  Only answerable when the bad batch's header still says
-    where it ends.
-    """
-    end_file = io.fstat_size(seg.fd)
-    try:
-        h = decode_batch_header(io.pread(seg.fd, BATCH_HEADER_SIZE, bad_pos), 0)
-    except FormatError:
-        return False
-    if h is None or bad_pos + h.size >= end_file:
-        return False
-    try:
-        for _, later, _ in iter_batches(io, seg.fd, bad_pos + h.size, h.end_position,
-                                        h.end_offset, end_file):
-            if later.position - later.lag >= h.end_position:
-                return True
-    except CorruptLog:
-        return False
-    return False

@@ -32,6 +32,7 @@ from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
 from streamproto.core.clock import default_reactor
+from streamproto.core.durable import DirectoryIO, make_dirs
 from streamproto.log.versions import SESSION_VERSION, NewerFormat, check
 from streamproto.reliable.errors import (
     OutOfOrderAck,
@@ -344,11 +345,13 @@ class SQLiteSessionStore:
     log = Logger()
 
     def __init__(self, path: str, clock: IReactorTime | None = None,
-                 expiry: float = DEFAULT_EXPIRY, reactor: IReactorCore | None = None) -> None:
+                 expiry: float = DEFAULT_EXPIRY, reactor: IReactorCore | None = None,
+                 io: DirectoryIO | None = None) -> None:
         """
         @param clock: IReactorTime for expiry (a fake clock in tests).
         @param reactor: the reactor that runs the database thread and the
             per-turn flush (default: the global reactor).
+        @param io: how directories are made and fsynced (tests record it).
         """
         # (also IReactorTime and IReactorFromThreads: no one interface says all that)
         the_reactor = default_reactor(reactor)
@@ -363,7 +366,10 @@ class SQLiteSessionStore:
         self._failure: StoreFailed | None = None
         self._closed = False
         directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        io = io or DirectoryIO()
+        # the directories made for it survive a power loss (SQLite makes
+        # its own files durable, never the directories above them)
+        make_dirs(directory, io)
         # opened and recovered synchronously: this happens once, at startup
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         # today's schema is version 1 (0: written before versions were kept)
@@ -376,6 +382,8 @@ class SQLiteSessionStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        # the database's own name, whatever SQLite syncs of it
+        io.fsync_dir(directory)
         self._recover()
         self._pool = ThreadPool(minthreads=1, maxthreads=1, name="reliable-sessions")
         self._pool.start()

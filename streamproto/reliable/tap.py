@@ -145,7 +145,6 @@ def make_store(config, clock=None):
                                      tls=store_tls_context(config.store_options()))
     if config.store == "memory":
         return MemorySessionStore(clock, expiry=config.expiry)
-    os.makedirs(config.data, exist_ok=True)
     return SQLiteSessionStore(os.path.join(config.data, SQLITE_FILE), clock,
                               expiry=config.expiry, reactor=clock)
 

@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from twisted.web.static import NoRangeStaticProducer
 
 from streamproto.core.compat import request_gone
+from streamproto.core.durable import fsync_dir
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogExists
 from streamproto.log.interfaces import ILogDirectories
@@ -191,11 +192,11 @@ def _untar_into(fileobj, root, name):
                     out.flush()
                     os.fsync(out.fileno())
         _check_backup(staging)
-        _fsync_dir(staging)
+        fsync_dir(staging)
         if os.path.exists(target):
             raise LogExists(f"log {name!r} exists")
         os.rename(staging, target)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         _remove_tree(staging)
         raise
@@ -226,14 +227,6 @@ def _check_backup(staging):
     except (ValueError, TypeError, AttributeError) as e:
         raise APIError("invalid_params",
                        f"api: params: bad {BACKUP_CONFIG_MEMBER} in backup: {e}")
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _discard_directory(root, name):
