@@ -58,13 +58,22 @@ class ReadOnlyFileIO(FileIO):
     def unlink(self, path: str) -> None:
         pass
 
+    def rmdir(self, path: str) -> None:
+        pass
+
+    def mkdir(self, path: str, mode: int = 0o777) -> None:
+        raise OSError(errno.EROFS, f"read-only view: not creating {path}")
+
+    def replace(self, src: str, dst: str) -> None:
+        raise OSError(errno.EROFS, f"read-only view: not renaming {src}")
+
 
 def open_read_only(path: str, reactor: Any, **kwargs: Any) -> ILogStore:
     """
     The file store at C{path}, read-only, without retention of its own
     (C{kwargs}: more L{FileLogStore} arguments, C{run_blocking} in tests).
     """
-    from streamproto.log.file import FileLogStore
+    from streamproto.log.filestore import FileLogStore
     if not os.path.isdir(path):
         raise FileNotFoundError(errno.ENOENT, f"no data directory {path}")
     return FileLogStore(path, reactor=reactor, io=ReadOnlyFileIO(), retention_interval=0,
