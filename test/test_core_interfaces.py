@@ -110,6 +110,73 @@ class ReadinessTests(unittest.SynchronousTestCase):
         metrics_site([MemoryLogStore(Clock())])
 
 
+class StartingStoreTests(unittest.SynchronousTestCase):
+    """
+    L{streamproto.log.interfaces.IStartingStore}: the stores that connect
+    before they serve say so, and the services that own a store start it
+    because it says so, not because it has a method named C{start}.
+    """
+
+    def test_jetstream_stores(self):
+        from streamproto.log.interfaces import IStartingStore
+        from streamproto.log.jetstream import JetStreamLogStore
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        for store in (JetStreamLogStore(["nats://127.0.0.1:4222"], clock=Clock()),
+                      JetStreamSessionStore(["nats://127.0.0.1:4222"], clock=Clock())):
+            self.assertTrue(verifyObject(IStartingStore, store))
+
+    def test_local_stores(self):
+        from streamproto.log.interfaces import IStartingStore
+        from streamproto.reliable.session import MemorySessionStore
+        on_disk = open_store(tempfile.mkdtemp())
+        self.addCleanup(on_disk.close)
+        for store in (MemoryLogStore(Clock()), on_disk, MemorySessionStore(Clock())):
+            self.assertFalse(IStartingStore.providedBy(store))
+
+    def _stores(self):
+        """A store that declares L{IStartingStore}, and one that only has the method."""
+        from twisted.internet.defer import succeed
+        from zope.interface import implementer
+
+        from streamproto.log.interfaces import IStartingStore
+
+        started = []
+
+        class Plain:
+            def start(self):
+                raise AssertionError("started without declaring IStartingStore")
+
+            def close(self):
+                return succeed(None)
+
+        @implementer(IStartingStore)
+        class Starting(Plain):
+            def start(self):
+                started.append(self)
+                return succeed(None)
+        return Plain(), Starting(), started
+
+    def test_session_store_service(self):
+        from streamproto.reliable.tap import SessionStoreService
+        plain, starting, started = self._stores()
+        for store in (plain, starting):
+            service = SessionStoreService(store)
+            service.startService()
+            self.successResultOf(service.stopService())
+        self.assertEqual(started, [starting])
+
+    def test_log_store_service(self):
+        from streamproto.core.stores import StoreService
+        plain, starting, started = self._stores()
+        for store in (plain, starting):
+            service = StoreService(tempfile.mkdtemp())
+            service.store.close()
+            service.store = store
+            service.startService()
+            self.successResultOf(service.stopService())
+        self.assertEqual(started, [starting])
+
+
 class LogDirectoriesTests(unittest.SynchronousTestCase):
     """
     L{streamproto.log.interfaces.ILogDirectories}: what styx backups ask of

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 
-from streamproto.log.interfaces import ILogStore
+from streamproto.log.interfaces import ILogStore, IStartingStore
 from streamproto.log.storeurl import StoreURL, StoreURLError, is_store_url, parse_store_url
 
 #: a server's parsed options (L{usage.Options}), or a dict of the same keys
@@ -144,12 +144,11 @@ class StoreService(service.Service):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
-        start = getattr(self.store, "start", None)
-        if start is None:
+        if not IStartingStore.providedBy(self.store):
             return
         self.log.info("log store {where}: connecting ({guarantee})", where=self.path,
                       guarantee=_GUARANTEE)
-        start().addCallbacks(self._started, self._cannot_start)
+        IStartingStore(self.store).start().addCallbacks(self._started, self._cannot_start)
 
     def _started(self, _: object) -> None:
         self.log.info("log store {where}: connected", where=self.path)

@@ -40,8 +40,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core.clock import default_reactor
-from streamproto.core import metrics
+from streamproto.base.clock import default_reactor
+from streamproto.log import metrics
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (

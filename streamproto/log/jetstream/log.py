@@ -26,7 +26,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core.observer import SharedCall
+from streamproto.base.observer import SharedCall
 from streamproto.log.batch import BytesLike, RecordBatch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
