@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
+from zope.interface import implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.auth import ALLOW_ALL, IAuthorizer
@@ -42,6 +43,7 @@ from streamproto.styx import access, backup, cors, formats
 from streamproto.styx.consume import RecordStreamer, consume_one, long_poll_timeout
 from streamproto.styx.errors import APIError, from_exception
 from streamproto.styx.httputil import header, respond_empty, respond_json, upgrade_protocol
+from streamproto.styx.interfaces import IProduceTarget
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
 from streamproto.styx.params import parse_read_params
@@ -110,6 +112,7 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
 
 # -- the API -----------------------------------------------------------------
 
+@implementer(IProduceTarget)
 class StyxResource(Resource):
     """
     The whole API as one leaf resource routing on the path (like the
