@@ -163,7 +163,7 @@ def main(argv=None):
         runs.append((int(size), int(count)))
     replica_counts = [int(r) for r in args.replicas.split(",")]
 
-    from test.natsutil import NatsCluster
+    from test.support.natsutil import NatsCluster
     directory = tempfile.mkdtemp(prefix="jetstream-bench-")
     # messages carry many records: max_payload bounds how many
     cluster = NatsCluster(size=3, sync_interval="always" if args.sync == "always" else "2m",

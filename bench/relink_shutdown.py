@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from twisted.internet import defer, task  # noqa: E402
 
-from test.torture_harness import RelinkTarget, run_trial  # noqa: E402
+from test.support.torture_harness import RelinkTarget, run_trial  # noqa: E402
 
 
 class CountingRelinkTarget(RelinkTarget):
