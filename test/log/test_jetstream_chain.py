@@ -1,10 +1,10 @@
 """
 The JetStream store's append chain, driven deterministically on an
-in-memory JetStream (L{test.jetstream_fake}): what is acknowledged when,
+in-memory JetStream (L{test.support.jetstream_fake}): what is acknowledged when,
 what happens to a lost acknowledgement, a refused publish, a race with
 another front-end, an outage longer than the timeout, and the window.
-The real cluster runs the behaviour suite (L{test.test_log}) and the
-failover trials (L{test.test_jetstream_failover}).
+The real cluster runs the behaviour suite (L{test.log.test_log}) and the
+failover trials (L{test.log.test_jetstream_failover}).
 """
 
 from twisted.internet.task import Clock

@@ -11,7 +11,7 @@ Failover trials through the protocols: a server on a JetStream store
 
 Styx (HTTP API), Lumberjack, Pravega (segment store), reliable streams
 and Relink (the C{log} endpoint); the store-level trials are in
-L{test.test_jetstream_failover}.
+L{test.log.test_jetstream_failover}.
 """
 
 import json

@@ -1,7 +1,7 @@
 """
 The load-balancing Lumberjack client (Filebeat's C{loadbalance: true})
 against real L{LumberjackServerFactory} servers over the in-memory network
-(L{test.memnet}) on a fake clock: batches spread over every host, a dead
+(L{test.support.memnet}) on a fake clock: batches spread over every host, a dead
 host's batches retried on the others with nothing lost, a host coming
 back taking load again, slow start per connection, close.
 """

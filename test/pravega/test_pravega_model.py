@@ -1,7 +1,7 @@
 """
 Exactly-once under arbitrary connection failures: hypothesis drives a
 SegmentWriter against the real server over in-memory connections
-(L{test.memnet.Connection}) that deliver bytes in random pieces and can be
+(L{test.support.memnet.Connection}) that deliver bytes in random pieces and can be
 cut at any byte (in the middle of a frame, of a block, of an ack), and
 checks that the segment holds every event written, in order, once.
 """

@@ -1,8 +1,8 @@
 """
 A Relink connector moving to a listener that does not know its link
 (another front-end of the same store, a restarted listener, one that
-discarded the link), in memory on a Clock (L{test.memnet} through
-L{test.test_relink_support.Pair}): the same L{Link} goes on under the new
+discarded the link), in memory on a Clock (L{test.support.memnet} through
+L{test.relink.test_relink_support.Pair}): the same L{Link} goes on under the new
 link id, and everything the old listener had not acknowledged consumed is
 sent again, in order, operations in their places.
 """

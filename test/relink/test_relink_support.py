@@ -1,6 +1,6 @@
 """
 In-memory Relink peers for the link tests: a listener and a connector on a
-Clock, joined by a L{test.memnet.Connection} that the test pumps (in random
+Clock, joined by a L{test.support.memnet.Connection} that the test pumps (in random
 pieces and with cuts at random byte positions when asked).  No tests here.
 """
 
@@ -155,7 +155,7 @@ class Pair:
 
         @param run: deliver what the handshakes write (L{run}).
         @param server_limit: the flow-control C{limit} of the listener's
-            transport (L{test.memnet.MemoryTransport}); C{client_limit}:
+            transport (L{test.support.memnet.MemoryTransport}); C{client_limit}:
             the connector's.
         """
         self.connections += 1

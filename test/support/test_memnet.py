@@ -1,4 +1,4 @@
-"""The in-memory network of the protocol tests (L{test.memnet})."""
+"""The in-memory network of the protocol tests (L{test.support.memnet})."""
 
 from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IHalfCloseableProtocol

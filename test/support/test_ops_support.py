@@ -1,7 +1,7 @@
 """
 What the per-protocol operations tests (test_ops_<proto>.py) share: a
 server built the way twistd builds it, metric samples (the raw client
-and the other network helpers are in L{test.netutil}).  No tests here.
+and the other network helpers are in L{test.support.netutil}).  No tests here.
 """
 
 import json

@@ -261,7 +261,7 @@ class FaultyIO(FileIO):
 
 # == crash consistency trials ==================================================
 #
-# Crash consistency (kill -9) trials, shared by ``test/test_torture_crash.py``
+# Crash consistency (kill -9) trials, shared by ``test/torture/test_torture_crash.py``
 # (a few trials per protocol) and ``bench/torture_crash.py`` (many).
 #
 # A trial: start the server as a real process on a fresh data directory,
@@ -947,7 +947,7 @@ TARGETS = {t.name: t for t in ALL_TARGETS}
 #
 # Load: many concurrent connections to one server (a real ``twist`` child
 # process, so that its RSS is its own), each streaming at a modest rate in a
-# bounded loop.  Shared by ``test/test_torture_load.py`` (a few hundred
+# bounded loop.  Shared by ``test/torture/test_torture_load.py`` (a few hundred
 # connections) and ``bench/torture_load.py`` (1,000).
 #
 # Each protocol's L{LoadTarget} opens C{n} clients, runs C{rounds} rounds of
