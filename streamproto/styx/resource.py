@@ -112,6 +112,14 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
 
 # -- the API -----------------------------------------------------------------
 
+def _format_of(request, name):
+    """The record format the C{name} header of C{request} names (an API error if none)."""
+    try:
+        return formats.format_of(header(request, name))
+    except formats.FormatError as e:
+        raise APIError("unknown_error", f"api: {e}", status=400)
+
+
 @implementer(IProduceTarget)
 class StyxResource(Resource):
     """
@@ -420,10 +428,7 @@ class StyxResource(Resource):
             the_log = yield self.store.get(name)
             yield self._upgrade(request, the_log, params, protocol)
             return
-        try:
-            fmt = formats.format_of(header(request, b"content-type"))
-        except formats.FormatError as e:
-            raise APIError("unknown_error", f"api: {e}", status=400)
+        fmt = _format_of(request, b"content-type")
         if fmt.kind == "record":
             length = header(request, b"content-length")
             if length is None:
@@ -478,10 +483,7 @@ class StyxResource(Resource):
                 request.method = b"POST"
             yield self._upgrade(request, the_log, params, protocol)
             return
-        try:
-            fmt = formats.format_of(header(request, b"accept"))
-        except formats.FormatError as e:
-            raise APIError("unknown_error", f"api: {e}", status=400)
+        fmt = _format_of(request, b"accept")
         timeout = long_poll_timeout(request, params)
         the_log = yield self.store.get(name)
         position = params.resolve_log(the_log)
