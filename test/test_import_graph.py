@@ -152,3 +152,19 @@ class StreamprotoTests(unittest.TestCase):
     def test_streamproto(self):
         root = Path(__file__).resolve().parents[1] / "streamproto"
         self.assertEqual(importgraph.report(root), [])
+
+    def test_packaged(self):
+        """
+        Every package of streamproto is in setup.cfg's list (written by
+        hand): a new one left out is missing from the wheel tox installs.
+        """
+        import configparser
+        top = Path(__file__).resolve().parents[1]
+        config = configparser.ConfigParser()
+        config.read(top / "setup.cfg")
+        listed = set(config["options"]["packages"].split())
+        packages = {
+            ".".join(path.parent.relative_to(top).parts)
+            for path in (top / "streamproto").rglob("__init__.py")
+        }
+        self.assertEqual(packages - listed, set())
