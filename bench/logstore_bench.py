@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from twisted.internet.task import Clock  # noqa: E402
 
 from streamproto.log.config import LogConfig  # noqa: E402
-from streamproto.log.file import FileLogStore, synchronous  # noqa: E402
+from streamproto.log.file import synchronous
+from streamproto.log.filestore import FileLogStore  # noqa: E402
 from streamproto.log.segments import FileIO  # noqa: E402
 
 

@@ -30,9 +30,9 @@ from twisted.internet import defer, task  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint  # noqa: E402
 
 from streamproto.pravega.client import SegmentReader, SegmentWriter, connect  # noqa: E402
-from test.test_pravega_interop import SETTLE, ServerProcess  # noqa: E402
+from test.pravega.test_pravega_interop import SETTLE, ServerProcess  # noqa: E402
 
-# SETTLE: see test/test_pravega_interop.py (the binding's 30 s stall)
+# SETTLE: see test/pravega/test_pravega_interop.py (the binding's 30 s stall)
 CLIENT = SETTLE + r'''
 import json, os
 import pravega_client

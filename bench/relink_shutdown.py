@@ -4,7 +4,7 @@ exactly what the server acknowledged CONSUMED?
 
     PYTHONPATH=. python bench/relink_shutdown.py [--trials N] [--seed S]
 
-Each trial is the crash harness's relink trial (test/torture_harness.py,
+Each trial is the crash harness's relink trial (test/support/torture_harness.py,
 ``bench/torture_crash.py --signal TERM --only relink``): ``twistd
 relink-server`` on a fresh data directory, a Connector streaming 500-message
 batches to the ``log`` endpoint, SIGTERM after 0.3-1.5 s, restart, read
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from twisted.internet import defer, task  # noqa: E402
 
-from test.torture_harness import RelinkTarget, run_trial  # noqa: E402
+from test.support.torture_harness import RelinkTarget, run_trial  # noqa: E402
 
 
 class CountingRelinkTarget(RelinkTarget):

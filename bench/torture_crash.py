@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from twisted.internet import defer, task  # noqa: E402
 
-from test.torture_harness import ALL_TARGETS, run_trial  # noqa: E402
+from test.support.torture_harness import ALL_TARGETS, run_trial  # noqa: E402
 
 
 def parse_args(argv):

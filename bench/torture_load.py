@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from twisted.internet import defer, task  # noqa: E402
 
-from test.torture_harness import raise_nofile_limit  # noqa: E402
-from test.torture_harness import ALL_LOAD, run_load  # noqa: E402
+from test.support.torture_harness import raise_nofile_limit  # noqa: E402
+from test.support.torture_harness import ALL_LOAD, run_load  # noqa: E402
 
 
 @defer.inlineCallbacks

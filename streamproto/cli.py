@@ -15,7 +15,7 @@ COMMANDS = {
     "pravega": ("streamproto.pravega.cli", "Pravega segment admin, write, read"),
     "relink": ("streamproto.relink.cli", "Relink client"),
     "status": ("streamproto.status", "live summary from a metrics endpoint"),
-    "store": ("streamproto.log.copy.cli", "copy logs between stores, list a store"),
+    "store": ("streamproto.storecli", "copy logs between stores, list a store"),
     "auth": ("streamproto.core.authcli", "hash a bearer token, check a policy file"),
 }
 

@@ -14,7 +14,7 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from streamproto.styx import tap as styx_tap
-from test.test_ops_support import RunningService
+from test.support.test_ops_support import RunningService
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DASHBOARD = os.path.join(ROOT, "doc", "grafana", "streamproto.json")

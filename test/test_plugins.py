@@ -51,7 +51,7 @@ class CoreOptionsTests(unittest.SynchronousTestCase):
         self.assertTrue(os.path.isabs(o["data"]))
 
     def test_repeated_ports(self):
-        from test.tlsutil import certs
+        from test.support.tlsutil import certs
         tls = f"ssl:2:privateKey={certs().server_key}:certKey={certs().server_cert}"
         o = Options()
         o.parseOptions(["--port", "tcp:1", "-p", tls, "--data", "x"])

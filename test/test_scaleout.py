@@ -20,9 +20,9 @@ from twisted.python import usage
 from twisted.trial import unittest
 
 from streamproto import tap as umbrella
-from test.natsutil import shared_cluster, unique_prefix
-from test.netutil import free_port
-from test.test_styx_http import BINARY, unbinary
+from test.support.natsutil import shared_cluster, unique_prefix
+from test.support.netutil import free_port
+from test.styx.test_styx_http import BINARY, unbinary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWISTD = [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
@@ -320,8 +320,8 @@ class TLSStoreTests(unittest.SynchronousTestCase):
     """C{--store tls://...}: the servers verified, a client certificate shown."""
 
     def setUp(self):
-        from test.natsutil import NatsCluster
-        from test.tlsutil import certs
+        from test.support.natsutil import NatsCluster
+        from test.support.tlsutil import certs
         self.c = certs()
         self.cluster = NatsCluster(1, tls=(self.c.server_cert, self.c.server_key, self.c.ca))
         self.cluster.start()

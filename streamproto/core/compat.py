@@ -2,7 +2,7 @@
 The private Twisted attributes streamproto relies on, in one place.
 
 Twisted has no public way to do these few things; each is used here and
-only here, and C{test/test_compat.py} checks each against the installed
+only here, and C{test/core/test_compat.py} checks each against the installed
 Twisted, so a release that renames one fails that test loudly instead of
 breaking a server at run time.
 

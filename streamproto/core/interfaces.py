@@ -1,12 +1,16 @@
 """
 What the operations plumbing (L{streamproto.core.ops}) asks of the
 protocols and stores it runs: a graceful drain on shutdown, and readiness
-for C{/ready}.  Declared with C{@implementer} so that a provider is found
-by L{Interface.providedBy}, not by probing for a method's name.
+for C{/ready} (L{IReadiness}, declared in L{streamproto.log.interfaces}
+beside the stores that provide it, named here for the protocols).
+Declared with C{@implementer} so that a provider is found by
+L{Interface.providedBy}, not by probing for a method's name.
 """
 
 from twisted.internet.defer import Deferred
 from zope.interface import Interface
+
+from streamproto.log.interfaces import IReadiness
 
 __all__ = ["IGracefulShutdown", "IReadiness"]
 
@@ -30,21 +34,3 @@ class IGracefulShutdown(Interface):
             once the connection is gone.
         """
 
-
-class IReadiness(Interface):
-    """
-    Something C{/ready} asks whether the server can serve
-    (L{streamproto.core.ops.store_problems}): every store the server was
-    given (an L{streamproto.log.interfaces.ILogStore} extends this), or a
-    view of another kind of store (the reliable-stream session store).
-    """
-
-    def problems() -> list[str]:
-        """
-        Why the store cannot serve now, for C{/ready}: one line each, with
-        the cause (a closed store, a data directory that cannot be written
-        and why, a log that fail-stopped and why).  Empty when it can.
-
-        @return: a list of strings (synchronous: a health check must answer
-            even when the store's I/O is stuck).
-        """

@@ -13,11 +13,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
+
+from streamproto.log.metrics import FSYNC_SECONDS, GROUP_COMMIT_APPENDS, RETENTION_DELETIONS
 
 if TYPE_CHECKING:
     from streamproto.log.interfaces import ILogStore
+
+__all__ = [
+    "ACKS_SENT", "AUTH_DENIED", "BACKPRESSURE_PAUSES", "BYTES_IN", "BYTES_OUT",
+    "CONNECTIONS_OPEN", "CONNECTIONS_TOTAL", "ERRORS", "FSYNC_SECONDS",
+    "GROUP_COMMIT_APPENDS", "RECORDS_IN", "RECORDS_OUT", "RETENTION_DELETIONS",
+    "STORES", "ServerMetrics", "StoreCollector", "forget_store", "observe_store",
+]
 
 CONNECTIONS_OPEN = Gauge(
     "streamproto_connections_open", "Connections open now.", ["server"])
@@ -36,17 +45,9 @@ ERRORS = Counter(
 BACKPRESSURE_PAUSES = Counter(
     "streamproto_backpressure_pauses",
     "Times a connection's reading was paused because storage lagged.", ["server"])
-FSYNC_SECONDS = Histogram(
-    "streamproto_fsync_seconds", "Duration of log store fsyncs.",
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-GROUP_COMMIT_APPENDS = Histogram(
-    "streamproto_group_commit_appends", "Appends acknowledged by one fsync.",
-    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024))
 AUTH_DENIED = Counter(
     "streamproto_auth_denied", "Requests denied by the authorization policy (doc/security.rst).",
     ["server", "op"])
-RETENTION_DELETIONS = Counter(
-    "streamproto_retention_deleted_segments", "Segments deleted by retention or truncation.")
 
 
 class ServerMetrics:

@@ -18,7 +18,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 
-from streamproto.log.interfaces import ILogStore
+from streamproto.log.interfaces import ILogStore, IStartingStore
 from streamproto.log.storeurl import StoreURL, StoreURLError, is_store_url, parse_store_url
 
 #: a server's parsed options (L{usage.Options}), or a dict of the same keys
@@ -139,25 +139,27 @@ class StoreService(service.Service):
         else:
             options = options_or_path
         self.path = describe_store(options)
+        #: the file store's data directory (None on JetStream)
+        self._directory: str | None = None if options.get("store-url") else options["data"]
         self.store = open_log_store(options, **kwargs)
         observe_store(self.store)
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
-        directory = getattr(self.store, "path", None)
-        if isinstance(directory, str):
-            from streamproto.log.versions import NewerFormat, check_file_store
+        if self._directory is not None:
+            # a data directory written by a newer release: one clear line
+            from streamproto.log.filestore import check_file_store
+            from streamproto.log.versions import NewerFormat
             try:
-                check_file_store(directory)
+                check_file_store(self._directory)
             except NewerFormat as e:
                 cannot_start(self, f"log store {self.path}: {e}")
                 return
-        start = getattr(self.store, "start", None)
-        if start is None:
+        if not IStartingStore.providedBy(self.store):
             return
         self.log.info("log store {where}: connecting ({guarantee})", where=self.path,
                       guarantee=_GUARANTEE)
-        start().addCallbacks(self._started, self._cannot_start)
+        IStartingStore(self.store).start().addCallbacks(self._started, self._cannot_start)
 
     def _started(self, _: object) -> None:
         self.log.info("log store {where}: connected", where=self.path)

@@ -33,7 +33,7 @@ from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.clock import default_reactor
 from streamproto.core.compat import endpoint_tls_options, fail_at_start
 from streamproto.core.config import ConfigurableOptions
-from streamproto.core.durable import make_dirs
+from streamproto.base.durable import make_dirs
 from streamproto.core.stores import STORE_PARAMETERS, Options, StoreService, check_store_options
 from streamproto.log.interfaces import ILogStore
 

@@ -45,7 +45,7 @@ from typing import Any, Literal, ParamSpec, TypeVar, cast
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorFromThreads
 from twisted.python.failure import Failure
-from streamproto.core.clock import default_reactor
+from streamproto.base.clock import default_reactor
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")

@@ -41,9 +41,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core import durable
-from streamproto.core.durable import write_all
-from streamproto.core import metrics
+from streamproto.base import durable
+from streamproto.base.durable import write_all
+from streamproto.log import metrics
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
@@ -787,10 +787,3 @@ class FileLog:
             if seg.refs == 0:
                 self._io.close(seg.fd)
 
-
-def __getattr__(name: str) -> Any:
-    # the store moved to streamproto.log.filestore; importable from here as before
-    if name == "FileLogStore":
-        from streamproto.log.filestore import FileLogStore
-        return FileLogStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,12 +22,31 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
-from streamproto.core.interfaces import IReadiness
-
 if TYPE_CHECKING:
     from streamproto.log.batch import BytesLike, RecordBatch
     from streamproto.log.config import LogConfig
     from streamproto.log.result import AppendResult
+
+
+class IReadiness(Interface):
+    """
+    Something C{/ready} asks whether the server can serve
+    (L{streamproto.core.ops.store_problems}): every store the server was
+    given (an L{ILogStore} extends this), or a view of another kind of
+    store (the reliable-stream session store).  Declared here, under the
+    core kit that asks it, because the stores provide it;
+    L{streamproto.core.interfaces} names it for the protocols.
+    """
+
+    def problems() -> list[str]:
+        """
+        Why the store cannot serve now, for C{/ready}: one line each, with
+        the cause (a closed store, a data directory that cannot be written
+        and why, a log that fail-stopped and why).  Empty when it can.
+
+        @return: a list of strings (synchronous: a health check must answer
+            even when the store's I/O is stuck).
+        """
 
 
 class ILogStore(IReadiness):
@@ -84,6 +103,23 @@ class ILogStore(IReadiness):
         Wait for pending fsyncs, then close every log.
 
         @return: Deferred firing when every log is closed.
+        """
+
+
+class IStartingStore(Interface):
+    """
+    A store that must connect before it serves (a JetStream store or
+    session bucket): the service that owns it starts it when the server
+    starts, and a store that cannot be reached then is a clean start-up
+    failure.  A store without it (file, memory) serves once opened.
+    """
+
+    def start() -> Deferred[None]:
+        """
+        Connect (once; again after a failure).
+
+        @return: a Deferred firing when the store serves, or failing with
+            why it cannot be reached.
         """
 
 

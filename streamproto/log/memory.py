@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
-from streamproto.core.clock import default_reactor
+from streamproto.base.clock import default_reactor
 from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (

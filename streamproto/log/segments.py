@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from itertools import accumulate
 from typing import Any, TypeAlias
 
-from streamproto.core.durable import DirectoryIO
+from streamproto.base.durable import DirectoryIO
 from streamproto.log.batch import RecordBatch, empty_batch
 from streamproto.log.errors import CorruptLog
 from streamproto.log.format import (

@@ -26,8 +26,6 @@ versions, and regenerates the fixture that every later release opens
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,38 +64,3 @@ def check(what: str, found: object, known: int) -> None:
 def check_mapping(what: str, document: Mapping[str, Any], known: int) -> None:
     """L{check} on the C{format} key of a JSON document (absent: version 1)."""
     check(what, document.get("format", 1), known)
-
-
-def check_file_store(path: str) -> None:
-    """
-    Refuse a data directory holding a format newer than this release
-    reads: every log's C{config.json}, C{state.json} and segment headers.
-    Reads 40 bytes a segment: cheap enough for start-up.
-
-    @raise NewerFormat: naming the first such file.
-    """
-    from streamproto.log.format import SEGMENT_HEADER_SIZE, SEGMENT_MAGIC
-    if not os.path.isdir(path):
-        return
-    for name in sorted(os.listdir(path)):
-        log_dir = os.path.join(path, name)
-        if name.startswith(".") or not os.path.isfile(os.path.join(log_dir, "config.json")):
-            continue
-        for fname in ("config.json", "state.json"):
-            try:
-                with open(os.path.join(log_dir, fname), "rb") as f:
-                    document = json.loads(f.read())
-            except (OSError, ValueError):
-                continue    # a missing or torn state file: the store's recovery decides
-            if isinstance(document, dict):
-                check_mapping(os.path.join(log_dir, fname), document, LOG_FILES_VERSION)
-        for fname in sorted(os.listdir(log_dir)):
-            if not fname.endswith(".seg"):
-                continue
-            try:
-                with open(os.path.join(log_dir, fname), "rb") as f:
-                    head = f.read(SEGMENT_HEADER_SIZE)
-            except OSError:
-                continue
-            if head[:7] == SEGMENT_MAGIC[:7] and len(head) == SEGMENT_HEADER_SIZE:
-                check(os.path.join(log_dir, fname), head[7], SEGMENT_VERSION)

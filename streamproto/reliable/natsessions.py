@@ -40,6 +40,7 @@ from zope.interface import implementer
 from streamproto.core.clock import default_reactor
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
+from streamproto.log.interfaces import IStartingStore
 from streamproto.log.versions import SESSION_VERSION, check_mapping
 from streamproto.reliable.errors import StoreFailed, StoreUnavailable, UnknownSession
 from streamproto.reliable.session import (
@@ -63,7 +64,7 @@ class _Conflict(Exception):
     """Another front-end changed the entry first."""
 
 
-@implementer(ISessionStore, IReadiness)
+@implementer(ISessionStore, IReadiness, IStartingStore)
 class JetStreamSessionStore:
     """
     @param servers: C{nats://}/C{tls://} URLs of the cluster.

@@ -32,7 +32,7 @@ from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
 from streamproto.core.clock import default_reactor
-from streamproto.core.durable import DirectoryIO, make_dirs
+from streamproto.base.durable import DirectoryIO, make_dirs
 from streamproto.log.versions import SESSION_VERSION, NewerFormat, check
 from streamproto.reliable.errors import (
     OutOfOrderAck,

@@ -16,7 +16,7 @@ from zope.interface import implementer
 
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.stores import cannot_start
-from streamproto.log.interfaces import log_problems
+from streamproto.log.interfaces import IStartingStore, log_problems
 from streamproto.core.auth import ALLOW_ALL
 from streamproto.core.tap import (
     ServerConfig, ServerOptions, ServerService, as_config, common_fields, listen, positive_float,
@@ -89,9 +89,8 @@ class SessionStoreService(service.Service):
 
     def startService(self):
         super().startService()
-        start = getattr(self.store, "start", None)      # a JetStream bucket connects
-        if start is not None:
-            start().addErrback(lambda f: cannot_start(
+        if IStartingStore.providedBy(self.store):      # a JetStream bucket connects
+            IStartingStore(self.store).start().addErrback(lambda f: cannot_start(
                 self, f"session store cannot be reached: {f.getErrorMessage()}"))
 
     def stopService(self):

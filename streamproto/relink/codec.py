@@ -433,22 +433,22 @@ _U16_VECTORS = {}
 _U64_VECTORS = {}
 
 
-def _u16_vector(n):
-    f = _U16_VECTORS.get(n)
+def _vector(cache, code, n):
+    """The unpacker of C{n} little-endian C{code}s (cached for the usual sizes)."""
+    f = cache.get(n)
     if f is None:
-        f = struct.Struct(f"<{n}H").unpack_from
+        f = struct.Struct(f"<{n}{code}").unpack_from
         if n <= 1024:
-            _U16_VECTORS[n] = f
+            cache[n] = f
     return f
+
+
+def _u16_vector(n):
+    return _U16_VECTORS.get(n) or _vector(_U16_VECTORS, "H", n)
 
 
 def _u64_vector(n):
-    f = _U64_VECTORS.get(n)
-    if f is None:
-        f = struct.Struct(f"<{n}Q").unpack_from
-        if n <= 1024:
-            _U64_VECTORS[n] = f
-    return f
+    return _U64_VECTORS.get(n) or _vector(_U64_VECTORS, "Q", n)
 
 
 def decode_packets(buf, offset, end, forward_id_size, reverse_id_size, limits=DEFAULT_LIMITS,

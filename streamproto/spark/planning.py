@@ -169,6 +169,26 @@ def _named(spec, bounds, option):
                           f"the logs read ({', '.join(sorted(bounds)) or 'none'})")
 
 
+def _positions(spec, bounds, option, unnamed):
+    """
+    The position in each log that C{spec} (C{{key: position | -2 | -1}},
+    for the C{option} named) names: -2 its first, -1 its last; a log not
+    named gets C{unnamed}.
+    """
+    _named(spec, bounds, option)
+    positions = {}
+    for key, (first, last) in bounds.items():
+        position = spec.get(key, unnamed)
+        if position == -2:
+            position = first
+        elif position == -1:
+            position = last
+        elif position > last:
+            raise OffsetError(f"{option}: log {key!r} ends at {last}, before {position}")
+        positions[key] = position
+    return positions
+
+
 def resolve_start(spec, bounds, batch):
     """
     Where a query starts in each log, from C{startingOffsets}.
@@ -187,18 +207,7 @@ def resolve_start(spec, bounds, batch):
         return {key: b[0] for key, b in bounds.items()}
     if spec == "latest":
         return {key: b[1] for key, b in bounds.items()}
-    _named(spec, bounds, "startingOffsets")
-    start = {}
-    for key, (first, last) in bounds.items():
-        position = spec.get(key, -2)
-        if position == -2:
-            position = first
-        elif position == -1:
-            position = last
-        elif position > last:
-            raise OffsetError(f"startingOffsets: log {key!r} ends at {last}, before {position}")
-        start[key] = position
-    return start
+    return _positions(spec, bounds, "startingOffsets", -2)
 
 
 def resolve_end(spec, bounds):
@@ -208,13 +217,4 @@ def resolve_end(spec, bounds):
     if spec == "earliest" or (isinstance(spec, dict) and -2 in spec.values()):
         raise OffsetError("endingOffsets: earliest (or -2) is not allowed: it would read "
                           "nothing")
-    _named(spec, bounds, "endingOffsets")
-    end = {}
-    for key, (_first, last) in bounds.items():
-        position = spec.get(key, -1)
-        if position == -1:
-            position = last
-        elif position > last:
-            raise OffsetError(f"endingOffsets: log {key!r} ends at {last}, before {position}")
-        end[key] = position
-    return end
+    return _positions(spec, bounds, "endingOffsets", -1)

@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from twisted.web.static import NoRangeStaticProducer
 
 from streamproto.core.compat import request_gone
-from streamproto.core.durable import fsync_dir
+from streamproto.base.durable import fsync_dir
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import LogExists
 from streamproto.log.interfaces import ILogDirectories

@@ -25,6 +25,7 @@ from streamproto.log.errors import RecordTooLarge
 from streamproto.styx import access, formats
 from streamproto.styx.errors import APIError, render_error
 from streamproto.styx.httputil import header, path_segments, upgrade_protocol
+from streamproto.styx.interfaces import IProduceTarget
 
 # the HTTP API's log lines keep the namespace they had in one module
 log = Logger(namespace="streamproto.styx.resource")
@@ -77,12 +78,9 @@ class StyxRequest(server.Request):
 
     def _streamed_produce(self):
         """A L{StreamedProduce} if this is a batch produce request."""
-        # imported here: the resource module imports this one (its site's
-        # request class)
-        from streamproto.styx.resource import StyxResource
         site = self.channel.site
         resource = getattr(site, "resource", None)
-        if not isinstance(resource, StyxResource):
+        if not IProduceTarget.providedBy(resource):
             return None
         command, path = self._request_line()
         segments = path_segments(path)

@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
+from zope.interface import implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.auth import ALLOW_ALL, IAuthorizer
@@ -42,6 +43,7 @@ from streamproto.styx import access, backup, cors, formats
 from streamproto.styx.consume import RecordStreamer, consume_one, long_poll_timeout
 from streamproto.styx.errors import APIError, from_exception
 from streamproto.styx.httputil import header, respond_empty, respond_json, upgrade_protocol
+from streamproto.styx.interfaces import IProduceTarget
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
 from streamproto.styx.params import parse_read_params
@@ -110,6 +112,15 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
 
 # -- the API -----------------------------------------------------------------
 
+def _format_of(request, name):
+    """The record format the C{name} header of C{request} names (an API error if none)."""
+    try:
+        return formats.format_of(header(request, name))
+    except formats.FormatError as e:
+        raise APIError("unknown_error", f"api: {e}", status=400)
+
+
+@implementer(IProduceTarget)
 class StyxResource(Resource):
     """
     The whole API as one leaf resource routing on the path (like the
@@ -417,10 +428,7 @@ class StyxResource(Resource):
             the_log = yield self.store.get(name)
             yield self._upgrade(request, the_log, params, protocol)
             return
-        try:
-            fmt = formats.format_of(header(request, b"content-type"))
-        except formats.FormatError as e:
-            raise APIError("unknown_error", f"api: {e}", status=400)
+        fmt = _format_of(request, b"content-type")
         if fmt.kind == "record":
             length = header(request, b"content-length")
             if length is None:
@@ -475,10 +483,7 @@ class StyxResource(Resource):
                 request.method = b"POST"
             yield self._upgrade(request, the_log, params, protocol)
             return
-        try:
-            fmt = formats.format_of(header(request, b"accept"))
-        except formats.FormatError as e:
-            raise APIError("unknown_error", f"api: {e}", status=400)
+        fmt = _format_of(request, b"accept")
         timeout = long_poll_timeout(request, params)
         the_log = yield self.store.get(name)
         position = params.resolve_log(the_log)

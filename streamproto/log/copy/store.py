@@ -46,9 +46,12 @@ class StoreCopy:
 
     @param progress: called with (records, bytes) as each append lands.
     @param describe: what the journal says the source is (a path, a URL).
-    @param sessions: (source, destination) reliable-stream session sides
-        (L{streamproto.reliable.sessioncopy}), copied once the logs caught
-        up: they are only still when the servers stopped.
+    @param sessions: what copies the reliable-stream sessions, once the
+        logs caught up (they are only still when the servers stopped): a
+        callable returning a Deferred of (found, written), failing with
+        L{CopyRefused} or L{CopyFailed}.  Passed in by the command
+        (L{streamproto.storecli}): the sessions are the reliable protocol's,
+        a layer above the store.
     @param refresh: for a source this process does not see written (a data
         directory served by another process: L{readonly.reopening_store}),
         what opens it anew: each round of a follow, and the check that it
@@ -61,7 +64,7 @@ class StoreCopy:
                  describe: str = "", verify: bool = True,
                  log: Callable[[str], object] | None = None,
                  refresh: Callable[[], Deferred[ILogStore]] | None = None,
-                 sessions: tuple[Any, Any] | None = None) -> None:
+                 sessions: Callable[[], Deferred[tuple[int, int]]] | None = None) -> None:
         self.src = src
         self.refresh = refresh
         self.sessions = sessions
@@ -252,14 +255,8 @@ class StoreCopy:
 
     @defer.inlineCallbacks
     def _copy_sessions(self) -> Any:
-        from streamproto.reliable.sessioncopy import SessionConflict, copy_sessions
         assert self.sessions is not None
-        try:
-            self.sessions_copied = yield copy_sessions(*self.sessions)
-        except SessionConflict as e:
-            raise CopyRefused(str(e))
-        except Exception as e:
-            raise CopyFailed(f"reliable-stream sessions: {e}")
+        self.sessions_copied = yield self.sessions()
 
     # -- the journal ---------------------------------------------------------
     @defer.inlineCallbacks

@@ -61,7 +61,7 @@ from streamproto.log.natsio import (
 from streamproto.log.result import AppendResult
 
 if TYPE_CHECKING:
-    from streamproto.log.jetstream.log import JetStreamLog
+    from streamproto.log.jetstream.views import LogView as JetStreamLog
 
 _T = TypeVar("_T")
 #: the chain's projected tail: (seq, msg id, position, offset, attributes)

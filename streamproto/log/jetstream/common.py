@@ -22,7 +22,7 @@ from streamproto.log.errors import StoreUnavailable
 from streamproto.log.natsio import JetStreamError, NotAvailable
 
 if TYPE_CHECKING:
-    from streamproto.log.jetstream.log import JetStreamLog
+    from streamproto.log.jetstream.views import LogView as JetStreamLog
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")

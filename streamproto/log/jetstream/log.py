@@ -26,7 +26,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core.observer import SharedCall
+from streamproto.base.observer import SharedCall
 from streamproto.log.batch import BytesLike, RecordBatch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
@@ -48,7 +48,7 @@ from streamproto.log.waiters import Waiters
 
 if TYPE_CHECKING:
     from streamproto.log.bridge import AsyncioThreadBridge
-    from streamproto.log.jetstream.store import JetStreamLogStore
+    from streamproto.log.jetstream.views import StoreView as JetStreamLogStore
 
 _T = TypeVar("_T")
 
@@ -95,7 +95,7 @@ class JetStreamLog:
         # the read side
         self._reader = MessageReader(self)
         # where the log starts
-        self._truncation = Truncation(self)
+        self._truncation = Truncation(self, self._chain, self._reader)
         self._watch: Watch | None = None
         self._refreshing: SharedCall[None] = SharedCall(self._catch_up)
 

@@ -33,7 +33,7 @@ from streamproto.log.natsformat import (
 )
 
 if TYPE_CHECKING:
-    from streamproto.log.jetstream.log import JetStreamLog
+    from streamproto.log.jetstream.views import LogView as JetStreamLog
 
 #: the message holding a position or offset, with its cached body
 _Found: TypeAlias = tuple[BatchInfo, BodyEntry]

@@ -24,11 +24,11 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core.clock import default_reactor
-from streamproto.core.observer import SharedCall
+from streamproto.base.clock import default_reactor
+from streamproto.base.observer import SharedCall
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import CorruptLog, LogClosed, LogExists, LogNotFound
-from streamproto.log.interfaces import ILog, ILogStore, log_problems
+from streamproto.log.interfaces import ILog, ILogStore, IStartingStore, log_problems
 from streamproto.log.jetstream.common import _Inline, _store_errors, log
 from streamproto.log.jetstream.log import JetStreamLog
 from streamproto.log.msgindex import BodyCache
@@ -67,7 +67,7 @@ async def _pause(seconds: float) -> None:
 DEFAULT_TIMEOUT = 20.0
 
 
-@implementer(ILogStore)
+@implementer(ILogStore, IStartingStore)
 class JetStreamLogStore:
     """
     Logs as streams of a NATS JetStream cluster.

@@ -23,14 +23,14 @@ from twisted.internet.defer import Deferred, fail, succeed
 
 from streamproto.log.batch import lengths_array
 from streamproto.log.errors import LogClosed, PositionOutOfRange
-from streamproto.log.jetstream.chain import _Append
+from streamproto.log.jetstream.chain import AppendChain, _Append
 from streamproto.log.jetstream.common import LogPart, _Inline, log
-from streamproto.log.jetstream.reading import _Found, _offsets
+from streamproto.log.jetstream.reading import MessageReader, _Found, _offsets
 from streamproto.log.natsformat import MARKER, subjects_filter
 from streamproto.log.natsio import JetStreamError, NotAvailable
 
 if TYPE_CHECKING:
-    from streamproto.log.jetstream.log import JetStreamLog
+    from streamproto.log.jetstream.views import LogView as JetStreamLog
 
 
 class Truncation(LogPart):
@@ -39,10 +39,10 @@ class Truncation(LogPart):
     do, and its retention (L{retain}, and L{due} after appends).
     """
 
-    def __init__(self, log: JetStreamLog) -> None:
+    def __init__(self, log: JetStreamLog, chain: AppendChain, reader: MessageReader) -> None:
         super().__init__(log)
-        self._chain = log._chain
-        self._reader = log._reader
+        self._chain = chain
+        self._reader = reader
         self._retention_running = False
         self._last_retention = 0.0
 

@@ -1,0 +1,1 @@
+"""The fakes, clusters and helpers the tests of every package share."""

