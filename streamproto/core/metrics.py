@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from streamproto.core import accelerator
+
 if TYPE_CHECKING:
     from streamproto.log.interfaces import ILogStore
 
@@ -45,6 +47,11 @@ GROUP_COMMIT_APPENDS = Histogram(
 AUTH_DENIED = Counter(
     "streamproto_auth_denied", "Requests denied by the authorization policy (doc/security.rst).",
     ["server", "op"])
+ACCELERATOR = Gauge(
+    "streamproto_accelerator",
+    "1 when the C accelerator (streamproto._speedups) is loaded, 0 when running in pure Python.")
+# read at every scrape: what streamproto.core.accelerator says now
+ACCELERATOR.set_function(lambda: 1.0 if accelerator.accelerated() else 0.0)
 RETENTION_DELETIONS = Counter(
     "streamproto_retention_deleted_segments", "Segments deleted by retention or truncation.")
 
