@@ -16,9 +16,18 @@ throughput and nobody knew why.
 
 from __future__ import annotations
 
+import os
+
+#: set (to anything but 0) to run the record framing paths in pure Python
+#: although the accelerator is built: benchmarks of the fallback, and
+#: operators checking what it costs
+PURE_ENV = "STREAMPROTO_PURE_PYTHON"
+
 #: why the import failed (None: it did not)
 IMPORT_ERROR: str | None = None
 try:
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        raise ImportError(f"disabled by {PURE_ENV}")
     #: the accelerator module, or None (pure Python).  Tests set it to None
     #: to see every surface report the fallback.
     from streamproto import _speedups
