@@ -9,6 +9,7 @@ Each test forces the fallback by setting the one place that knows
 """
 
 import glob
+import importlib
 import json
 import os
 from importlib import metadata
@@ -64,13 +65,26 @@ class StateTests(_AcceleratorCase):
         self.assertIsNone(accelerator.details()["cost"])
 
 
+class PureEnvTests(unittest.SynchronousTestCase):
+    def test_pure_python_on_purpose(self):
+        """C{STREAMPROTO_PURE_PYTHON=1}: not loaded, and every surface says why."""
+        self.addCleanup(importlib.reload, accelerator)
+        self.patch(os, "environ", dict(os.environ, STREAMPROTO_PURE_PYTHON="1"))
+        importlib.reload(accelerator)
+        self.assertFalse(accelerator.accelerated())
+        self.assertIn("disabled by STREAMPROTO_PURE_PYTHON", accelerator.warning())
+        self.patch(os, "environ", dict(os.environ, STREAMPROTO_PURE_PYTHON="0"))
+        importlib.reload(accelerator)
+        self.assertEqual(accelerator.accelerated(), bool(_BUILT))
+
+
 class InstalledTests(unittest.SynchronousTestCase):
     """The package as installed (tox installs a wheel; CI runs tox)."""
 
     def test_built_means_loaded(self):
         """A built accelerator next to the package is the one loaded (it imports)."""
-        self.assertEqual(accelerator.accelerated(), bool(_BUILT),
-                         (accelerator.IMPORT_ERROR, _BUILT))
+        expected = bool(_BUILT) and os.environ.get(accelerator.PURE_ENV, "0") == "0"
+        self.assertEqual(accelerator.accelerated(), expected, (accelerator.IMPORT_ERROR, _BUILT))
 
     def test_under_ci_the_installed_package_has_it(self):
         """
