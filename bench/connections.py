@@ -30,6 +30,7 @@ whatever else runs: compare the two p99s of one run.
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +38,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.benchenv import measured  # noqa: E402
 measured()   # which streamproto and path this measures (bench/benchenv.py)
+
+from twisted.internet import defer  # noqa: E402
 
 from bench import gorefs  # noqa: E402
 from bench.latency import PLANNED, histogram, open_loop, summary, task_sleep  # noqa: E402
@@ -51,8 +54,52 @@ def rss_kib(pid):
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
+def hold_idle(reactor, port, args):
+    """
+    C{--hold-idle}: this process holds the idle connections (their
+    heartbeats and timers must not slow the active client down): opens
+    C{--idle} producers, says C{opened N REFUSED}, waits for a line on
+    stdin, opens C{--idle-followers} followers, says so again, then holds
+    them until stdin closes.
+    """
+    from twisted.internet import defer, threads
+
+    from streamproto.styx.stream_client import StyxConsumer, StyxProducer
+
+    @defer.inlineCallbacks
+    def say_opened(n, connect):
+        opened, refused = yield open_many(n, connect)
+        first = refused[0].getErrorMessage().replace("\n", " ") if refused else ""
+        print(f"opened {len(opened)} {len(refused)} {first}", flush=True)
+        return opened
+
+    @defer.inlineCallbacks
+    def go():
+        held = yield say_opened(args.idle, lambda i: StyxProducer.connect(
+            reactor, "127.0.0.1", port, f"conn-{i % args.logs}"))
+        yield threads.deferToThread(sys.stdin.readline)
+        held += yield say_opened(args.idle_followers, lambda i: StyxConsumer.connect(
+            reactor, "127.0.0.1", port, "conn-idle", lambda records: None, follow=True))
+        yield threads.deferToThread(sys.stdin.read)      # until the parent is done
+        reactor.stop()
+
+    return go()
+
+
+@defer.inlineCallbacks
+def open_many(n, connect, batch=250):
+    """Open C{n} connections, C{batch} at a time: Deferred of (opened, failures)."""
+    opened, refused = [], []
+    for start in range(0, n, batch):
+        results = yield defer.DeferredList(
+            [connect(i) for i in range(start, min(n, start + batch))], consumeErrors=True)
+        for ok, value in results:
+            (opened if ok else refused).append(value)
+    return opened, refused
+
+
 def run(reactor, port, server_pid, args, out):
-    from twisted.internet import defer
+    from twisted.internet import defer, threads
 
     from streamproto.styx.api_client import StyxClient
     from streamproto.styx.stream_client import StyxConsumer, StyxProducer
@@ -60,18 +107,6 @@ def run(reactor, port, server_pid, args, out):
     api = StyxClient(f"http://127.0.0.1:{port}", reactor)
     refused = []
     payload = b"x" * max(0, args.size - PLANNED.size)
-
-    @defer.inlineCallbacks
-    def open_many(n, connect, batch=250):
-        """Open C{n} connections, C{batch} at a time; the failures go to C{refused}."""
-        opened = []
-        for start in range(0, n, batch):
-            results = yield defer.DeferredList(
-                [connect(i) for i in range(start, min(n, start + batch))],
-                consumeErrors=True)
-            for ok, value in results:
-                (opened if ok else refused).append(value)
-        return opened
 
     def ignore(records):
         return None
@@ -100,10 +135,12 @@ def run(reactor, port, server_pid, args, out):
             yield api.create_log(name)
         half = args.active // 2
         rss_start = rss_kib(server_pid)
-        producers = yield open_many(half, lambda i: StyxProducer.connect(
+        producers, failed = yield open_many(half, lambda i: StyxProducer.connect(
             reactor, "127.0.0.1", port, logs[i % len(logs)]))
-        followers = yield open_many(args.active - half, lambda i: StyxConsumer.connect(
+        refused.extend(failed)
+        followers, failed = yield open_many(args.active - half, lambda i: StyxConsumer.connect(
             reactor, "127.0.0.1", port, logs[i % len(logs)], ignore, follow=True))
+        refused.extend(failed)
         print(f"  {len(producers)} active producers, {len(followers)} active followers on "
               f"{len(logs)} logs (server RSS {rss_start:,} -> {rss_kib(server_pid):,} KiB)",
               file=out, flush=True)
@@ -112,32 +149,51 @@ def run(reactor, port, server_pid, args, out):
 
         before = rss_kib(server_pid)
         started = time.monotonic()
-        idle = yield open_many(args.idle, lambda i: StyxProducer.connect(
-            reactor, "127.0.0.1", port, logs[i % len(logs)]))
+        holder = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--hold-idle", str(port),
+             "--idle", str(args.idle), "--idle-followers", str(args.idle_followers),
+             "--logs", str(args.logs)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+        @defer.inlineCallbacks
+        def opened():
+            line = ""
+            while not line.startswith("opened "):    # past the holder's own header
+                line = yield threads.deferToThread(holder.stdout.readline)
+                if not line:
+                    raise RuntimeError("the process holding the idle connections died")
+            _, n, failed, *first = line.split(" ", 3)
+            if int(failed):
+                refused.append(" ".join(first).strip())
+            return int(n), int(failed)
+
+        n_idle, _ = yield opened()
         took = time.monotonic() - started
         yield task_sleep(reactor, 2.0)
         after_idle = rss_kib(server_pid)
-        idle_followers = yield open_many(args.idle_followers, lambda i: StyxConsumer.connect(
-            reactor, "127.0.0.1", port, "conn-idle", ignore, follow=True))
+        holder.stdin.write("followers\n")
+        holder.stdin.flush()
+        n_followers, _ = yield opened()
         yield task_sleep(reactor, 2.0)
         after_followers = rss_kib(server_pid)
-        per_idle = (after_idle - before) * 1024 / max(1, len(idle))
-        per_follower = (after_followers - after_idle) * 1024 / max(1, len(idle_followers))
-        total = len(producers) + len(followers) + len(idle) + len(idle_followers)
-        print(f"  {len(idle):,} idle producers opened in {took:.1f} s: server RSS "
-              f"{before:,} -> {after_idle:,} KiB = {per_idle:,.0f} B per idle connection",
-              file=out)
-        print(f"  {len(idle_followers):,} idle followers: RSS -> {after_followers:,} KiB = "
+        per_idle = (after_idle - before) * 1024 / max(1, n_idle)
+        per_follower = (after_followers - after_idle) * 1024 / max(1, n_followers)
+        total = len(producers) + len(followers) + n_idle + n_followers
+        print(f"  {n_idle:,} idle producers opened in {took:.1f} s (another process): "
+              f"server RSS {before:,} -> {after_idle:,} KiB = {per_idle:,.0f} B per idle "
+              "connection", file=out)
+        print(f"  {n_followers:,} idle followers: RSS -> {after_followers:,} KiB = "
               f"{per_follower:,.0f} B per idle follower", file=out)
         print(f"  {total:,} connections open, {len(refused)} refused"
-              + (f" (first: {refused[0].getErrorMessage()})" if refused else ""), file=out,
-              flush=True)
+              + (f" (first: {refused[0]})" if refused else ""), file=out, flush=True)
         loaded = yield active_load(producers, f"with {total - args.active:,} idle")
         print(f"  active p99 with the idle connections / alone: {loaded / alone:.2f}",
               file=out, flush=True)
-        for c in producers + idle:
+        holder.stdin.close()
+        yield threads.deferToThread(holder.wait)
+        for c in producers:
             c.abort()
-        for c in followers + idle_followers:
+        for c in followers:
             c.close()
         yield api.close()
         return len(refused)
@@ -157,10 +213,17 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=100, help="bytes per record (100)")
     p.add_argument("--seconds", type=float, default=10.0, help="seconds per active run (10)")
     p.add_argument("--data", help="directory for the store (default: a temporary one)")
+    p.add_argument("--hold-idle", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = sys.stdout
     before, now = raise_open_files_limit()
-    print(f"this client's open files limit: {now} (was {before})", file=out)
+    if args.hold_idle:
+        from twisted.internet import reactor
+        reactor.callWhenRunning(hold_idle, reactor, args.hold_idle, args)
+        reactor.run()
+        return 0
+    print(f"this client's open files limit: {now} (was {before}); the idle connections "
+          "are held by another process", file=out)
     directory = args.data or tempfile.mkdtemp(prefix="connections-bench-")
     port = gorefs.free_port()
     log_path = os.path.join(directory, "server.log")
