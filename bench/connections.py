@@ -81,9 +81,16 @@ def hold_idle(reactor, port, args):
         held += yield say_opened(args.idle_followers, lambda i: StyxConsumer.connect(
             reactor, "127.0.0.1", port, "conn-idle", lambda records: None, follow=True))
         yield threads.deferToThread(sys.stdin.read)      # until the parent is done
+        yield close_all(held)
         reactor.stop()
 
     return go()
+
+
+def close_all(connections):
+    """Close producers and consumers alike, whatever they answer (the run is over)."""
+    return defer.DeferredList([defer.maybeDeferred(c.close) for c in connections],
+                              consumeErrors=True)
 
 
 @defer.inlineCallbacks
@@ -191,10 +198,7 @@ def run(reactor, port, server_pid, args, out):
               file=out, flush=True)
         holder.stdin.close()
         yield threads.deferToThread(holder.wait)
-        for c in producers:
-            c.abort()
-        for c in followers:
-            c.close()
+        yield close_all(producers + followers)
         yield api.close()
         return len(refused)
 
