@@ -1,7 +1,8 @@
 """
 Latency under a fixed offered load: Styx produce->ack over styx/0 and over
-HTTP, and produce->visible to a following consumer, against a real
-C{twistd styx-server} on the file store (or JetStream R3 with C{--store
+HTTP, produce->visible to a following consumer, and Lumberjack batch->ack,
+against real C{twistd styx-server} and C{lumberjack-server} processes on
+the file store (or JetStream R3 with C{--store
 nats}), next to the latency of one fsync on the same disk.
 
     python bench/latency.py                       # styx/0, HTTP; 10%, 50%, 80% of max
@@ -301,21 +302,45 @@ def run_styx(reactor, port, args, out):
         finally:
             client.close()
 
+    @defer.inlineCallbacks
+    def lumberjack(load):
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+
+        from streamproto.lumberjack.client import LumberjackClient
+        # a batch of --batch JSON events is one send, one ack
+        events = [b'{"message":"%s"}' % (b"x" * max(0, args.size - 14))] * args.batch
+        client = LumberjackClient(TCP4ClientEndpoint(reactor, "127.0.0.1", args.lj_port),
+                                  clock=reactor, bulk_max_size=args.batch, pipelining=64)
+        try:
+            def send(_record):
+                return client.send(events)
+            if load is None:
+                return (yield closed_loop(reactor, send, payload, args.max_seconds,
+                                          max(1, args.in_flight // args.batch)))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, send, payload, load, args.seconds, acks)
+            return acks, None, sent, lag
+        finally:
+            yield client.close()
+
     targets = [("styx/0", styx0)] if "styx0" in args.targets or "follow" in args.targets \
         else []
     if "http" in args.targets:
         targets.append(("HTTP", http))
+    if "lumberjack" in args.targets and args.lj_port:
+        targets.append((f"Lumberjack batch({args.batch})->ack", lumberjack))
 
     @defer.inlineCallbacks
     def go():
         for label, run in targets:
             maximum = yield run(None)
-            print(f"  {label}: maximum {maximum:,.0f} records/s closed loop "
-                  f"({args.in_flight} in flight)", file=out, flush=True)
+            print(f"  {label}: maximum {maximum:,.0f} sends/s closed loop "
+                  f"({args.in_flight} records in flight)", file=out, flush=True)
             for fraction in args.loads:
                 rate = maximum * fraction / 100.0
                 acks, visible, sent, lag = yield run(rate)
-                rows.append((label + " produce->ack", fraction, rate, sent, acks, lag))
+                what = label if label.endswith("->ack") else label + " produce->ack"
+                rows.append((what, fraction, rate, sent, acks, lag))
                 if visible is not None:
                     rows.append(("styx/0 produce->visible", fraction, rate,
                                  visible.get_total_count(), visible, lag))
@@ -353,33 +378,36 @@ def measure(port, args, out):
 
 def print_rows(title, rows, fsync_p50_ms, out):
     print(f"\n{title}", file=out)
-    header = (f"{'what':<26} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
+    header = (f"{'what':<28} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
               f"{'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} | {'p99/fsync':>9} "
               f"{'send lag ms':>11}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for what, fraction, rate, count, h, lag in rows:
         p50, p99, p999, worst = summary(h)
-        print(f"{what:<26} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
+        print(f"{what:<28} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
               f"{p99:>8.2f} {p999:>9.2f} {worst:>8.2f} | {p99 / fsync_p50_ms:>9.1f} "
               f"{lag * 1000:>11.1f}", file=out)
     out.flush()
 
 
-def start_ours(directory, store):
+def start_ours(directory, store, plugin="styx-server"):
     port = gorefs.free_port()
     storage = ["--store", store] if store else ["--data", os.path.join(directory, "ours")]
-    log = open(os.path.join(directory, "server.log"), "wb")
-    server = gorefs.twistd("styx-server", *storage, "--port",
-                           f"tcp:{port}:interface=127.0.0.1", log=log)
+    log = open(os.path.join(directory, f"{plugin}.log"), "wb")
+    server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
+                           log=log)
     gorefs.wait_port(port)
     return server, port
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--targets", default="styx0,follow,http",
-                   help="styx0, follow (a consumer on the styx/0 log), http (all three)")
+    p.add_argument("--targets", default="styx0,follow,http,lumberjack",
+                   help="styx0, follow (a consumer on the styx/0 log), http, lumberjack "
+                        "(batch->ack against our lumberjack-server; all four)")
+    p.add_argument("--batch", type=int, default=100,
+                   help="events per Lumberjack batch (100)")
     p.add_argument("--size", type=int, default=100, help="bytes per record (100)")
     p.add_argument("--seconds", type=float, default=10.0, help="seconds per load (10)")
     p.add_argument("--loads", default="10,50,80",
@@ -420,7 +448,7 @@ def main(argv=None):
         servers.append(("ours, JetStream R3 (sync always)",
                         lambda: start_ours(directory, cluster.url + "?replicas=3")))
     else:
-        servers.append(("ours (twistd styx-server, file store)",
+        servers.append(("ours (twistd styx-server and lumberjack-server, file store)",
                         lambda: start_ours(directory, None)))
     if args.go_server:
         def go():
@@ -428,9 +456,17 @@ def main(argv=None):
             return gorefs.go_styx_server(args.go_server, port,
                                          os.path.join(directory, "go")), port
         servers.append(("the Go reference styx-server", go))
+    args.lj_port = None
     try:
         for title, start in servers:
             server, port = start()
+            lj_server = None
+            if "lumberjack" in args.targets and title.startswith("ours"):
+                lj_server, args.lj_port = start_ours(
+                    directory, cluster.url + "?replicas=3" if cluster else None,
+                    "lumberjack-server")
+            else:
+                args.lj_port = None
             try:
                 print(f"{title}:", file=out, flush=True)
                 child_out = os.path.join(directory, "rows")
@@ -457,6 +493,7 @@ def main(argv=None):
                 print_rows(title, rows, f50, out)
             finally:
                 gorefs.stop(server)
+                gorefs.stop(lj_server)
     finally:
         if cluster is not None:
             cluster.stop()
