@@ -1,8 +1,8 @@
 """
 Latency under a fixed offered load: Styx produce->ack over styx/0 and over
-HTTP, produce->visible to a following consumer, and Lumberjack batch->ack,
-against real C{twistd styx-server} and C{lumberjack-server} processes on
-the file store (or JetStream R3 with C{--store
+HTTP, produce->visible to a following consumer, Lumberjack batch->ack and
+Pravega event->ack (our writer), against real C{twistd styx-server},
+C{lumberjack-server} and C{pravega-server} processes on the file store (or JetStream R3 with C{--store
 nats}), next to the latency of one fsync on the same disk.
 
     python bench/latency.py                       # styx/0, HTTP; 10%, 50%, 80% of max
@@ -323,10 +323,33 @@ def run_styx(reactor, port, args, out):
         finally:
             yield client.close()
 
+    @defer.inlineCallbacks
+    def pravega(load):
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+
+        from streamproto.pravega.client import SegmentWriter, connect
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", args.pravega_port)
+        segment = f"lat/s{uuid.uuid4().hex[:8]}/0.#epoch.0"
+        admin = yield connect(endpoint)
+        yield admin.create_segment(segment)
+        writer = SegmentWriter(endpoint, segment, window_events=1 << 20, window_bytes=1 << 30)
+        try:
+            if load is None:
+                return (yield closed_loop(reactor, writer.write, payload, args.max_seconds,
+                                          args.in_flight))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, writer.write, payload, load, args.seconds,
+                                        acks)
+            return acks, None, sent, lag
+        finally:
+            yield writer.close()
+
     targets = [("styx/0", styx0)] if "styx0" in args.targets or "follow" in args.targets \
         else []
     if "http" in args.targets:
         targets.append(("HTTP", http))
+    if "pravega" in args.targets and args.pravega_port:
+        targets.append(("Pravega event->ack", pravega))
     if "lumberjack" in args.targets and args.lj_port:
         targets.append((f"Lumberjack batch({args.batch})->ack", lumberjack))
 
@@ -391,21 +414,22 @@ def print_rows(title, rows, fsync_p50_ms, out):
     out.flush()
 
 
-def start_ours(directory, store, plugin="styx-server"):
+def start_ours(directory, store, plugin="styx-server", *extra):
     port = gorefs.free_port()
     storage = ["--store", store] if store else ["--data", os.path.join(directory, "ours")]
     log = open(os.path.join(directory, f"{plugin}.log"), "wb")
     server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
-                           log=log)
+                           *extra, log=log)
     gorefs.wait_port(port)
     return server, port
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--targets", default="styx0,follow,http,lumberjack",
+    p.add_argument("--targets", default="styx0,follow,http,lumberjack,pravega",
                    help="styx0, follow (a consumer on the styx/0 log), http, lumberjack "
-                        "(batch->ack against our lumberjack-server; all four)")
+                        "(batch->ack against our lumberjack-server), pravega (event->ack "
+                        "of our SegmentWriter against our pravega-server); all five")
     p.add_argument("--batch", type=int, default=100,
                    help="events per Lumberjack batch (100)")
     p.add_argument("--size", type=int, default=100, help="bytes per record (100)")
@@ -448,7 +472,7 @@ def main(argv=None):
         servers.append(("ours, JetStream R3 (sync always)",
                         lambda: start_ours(directory, cluster.url + "?replicas=3")))
     else:
-        servers.append(("ours (twistd styx-server and lumberjack-server, file store)",
+        servers.append(("ours (twistd styx-, lumberjack- and pravega-server, file store)",
                         lambda: start_ours(directory, None)))
     if args.go_server:
         def go():
@@ -456,17 +480,21 @@ def main(argv=None):
             return gorefs.go_styx_server(args.go_server, port,
                                          os.path.join(directory, "go")), port
         servers.append(("the Go reference styx-server", go))
-    args.lj_port = None
     try:
         for title, start in servers:
             server, port = start()
-            lj_server = None
-            if "lumberjack" in args.targets and title.startswith("ours"):
-                lj_server, args.lj_port = start_ours(
-                    directory, cluster.url + "?replicas=3" if cluster else None,
-                    "lumberjack-server")
-            else:
-                args.lj_port = None
+            others = []
+            args.lj_port = args.pravega_port = None
+            ours = title.startswith("ours")
+            store = cluster.url + "?replicas=3" if cluster else None
+            if "lumberjack" in args.targets and ours:
+                lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
+                others.append(lj_server)
+            if "pravega" in args.targets and ours:
+                # no controller: the writer talks to the segment store alone
+                pravega_server, args.pravega_port = start_ours(
+                    directory, store, "pravega-server", "--controller", "none")
+                others.append(pravega_server)
             try:
                 print(f"{title}:", file=out, flush=True)
                 child_out = os.path.join(directory, "rows")
@@ -493,7 +521,8 @@ def main(argv=None):
                 print_rows(title, rows, f50, out)
             finally:
                 gorefs.stop(server)
-                gorefs.stop(lj_server)
+                for other in others:
+                    gorefs.stop(other)
     finally:
         if cluster is not None:
             cluster.stop()
