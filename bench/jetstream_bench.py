@@ -33,6 +33,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from bench.styx_bench import spawn, styx_runs  # noqa: E402
 

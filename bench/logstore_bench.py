@@ -22,11 +22,13 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from twisted.internet.task import Clock  # noqa: E402
 
 from streamproto.log.config import LogConfig  # noqa: E402
-from streamproto.log.file import synchronous
+from streamproto.log.file import synchronous  # noqa: E402
 from streamproto.log.filestore import FileLogStore  # noqa: E402
 from streamproto.log.segments import FileIO  # noqa: E402
 

@@ -48,6 +48,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 WORDS = ("GET POST PUT /api/v1/users /static/app.js 200 404 500 upstream timeout "
          "connection reset cache hit miss user_id session ok error warn").split()

@@ -25,6 +25,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from twisted.internet import defer, task  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint  # noqa: E402

@@ -33,6 +33,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from streamproto.relink import codec  # noqa: E402
 from streamproto.relink.api import ChannelHandler  # noqa: E402

@@ -34,6 +34,8 @@ from array import array
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 READER = r"""
 import socket, sys

@@ -122,6 +122,8 @@ def main(argv=None):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (root, os.environ.get("PYTHONPATH")) if p)
     sys.path.insert(0, root)
+    from bench.benchenv import measured
+    measured()      # which streamproto and path this measures (bench/benchenv.py)
 
     work = args.dir or tempfile.mkdtemp(prefix="spark-bench-")
     store_path = os.path.join(work, "store")

@@ -249,6 +249,8 @@ def main(argv=None):
                         help="with --go-styx: instead, GB of 1000 B records read back whole "
                              "by the reference CLI from each server, with each server's CPU")
     args = parser.parse_args(argv)
+    from bench.benchenv import measured
+    measured(pure=args.pure)    # which streamproto and path (bench/benchenv.py)
     if args.go_styx or args.go_server:
         if not (args.go_styx and args.go_server):
             parser.error("--go-styx and --go-server go together")

@@ -14,6 +14,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from twisted.internet import defer, task  # noqa: E402
 from twisted.web.client import HTTPConnectionPool  # noqa: E402

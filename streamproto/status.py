@@ -1,7 +1,8 @@
 """
 C{streamproto status [-s ADDRESS] [--once | -n N] [--interval S] [-f json]}:
 a live summary of a running server from its metrics endpoint: connections,
-rates per server and per log, store size per log.  Refreshes in place on a
+rates per server and per log, store size per log, and a warning first when
+the server runs without its C accelerator.  Refreshes in place on a
 terminal; prints once otherwise.  The same summary
 (L{streamproto.core.summary}) is the status page at C{/} of the metrics
 site.
@@ -13,6 +14,7 @@ import sys
 import time
 import urllib.request
 
+from streamproto.core import accelerator
 from streamproto.core import cli as common
 from streamproto.core.summary import rates, summarise
 from streamproto.log.public import is_internal
@@ -48,7 +50,10 @@ def render(now, before=None, elapsed=None):
             return "-"
         return fmt.format(r[table][name][key] / scale)
 
-    lines = [f"{'server':<24}{'open':>6}{'total':>8}{'in/s':>12}{'out/s':>12}"
+    lines = []
+    if now.get("accelerated") is False:
+        lines.append(accelerator_warning())
+    lines += [f"{'server':<24}{'open':>6}{'total':>8}{'in/s':>12}{'out/s':>12}"
              f"{'MB in/s':>10}{'errors':>8}"]
     for name, s in sorted(now["servers"].items()):
         lines.append(f"{name:<24}{s.get('open', 0):>6.0f}{s.get('connections', 0):>8.0f}"
@@ -83,6 +88,12 @@ def render(now, before=None, elapsed=None):
     return "\n".join(lines)
 
 
+def accelerator_warning():
+    """The line saying the server runs without its C accelerator, and what that costs."""
+    return (f"WARNING: the server runs without its C accelerator (pure Python): "
+            f"{accelerator.COST}")
+
+
 def as_json(now, before=None, elapsed=None, when=None):
     """One refresh as a JSON document (C{-f json}): the summary and its rates."""
     public = {k: v for k, v in now["logs"].items() if not is_internal(k)}
@@ -90,7 +101,8 @@ def as_json(now, before=None, elapsed=None, when=None):
     if r is not None:
         r["logs"] = {k: v for k, v in r["logs"].items() if not is_internal(k)}
     return json.dumps({"time": when, "servers": now["servers"], "logs": public,
-                       "internal_logs": len(now["logs"]) - len(public), "rates": r},
+                       "internal_logs": len(now["logs"]) - len(public), "rates": r,
+                       "accelerated": now.get("accelerated")},
                       sort_keys=True)
 
 

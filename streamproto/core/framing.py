@@ -21,11 +21,12 @@ from typing import Protocol
 
 from streamproto.log.batch import BytesLike, lengths_array
 
-try:
-    # "as": sendpath uses it through this module (one import attempt)
-    from streamproto import _speedups as _speedups
-except ImportError:  # no compiler at install time: pure Python
-    _speedups = None  # type: ignore[assignment]
+# the optional C accelerator or None (pure Python), imported once in
+# streamproto.core.accelerator (which tells operators); sendpath and the
+# codecs use it through this module
+from streamproto.core import accelerator as _accelerator
+
+_speedups = _accelerator.speedups
 
 
 class _Batch(Protocol):

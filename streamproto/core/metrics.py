@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from streamproto.core import accelerator
 from streamproto.log.metrics import FSYNC_SECONDS, GROUP_COMMIT_APPENDS, RETENTION_DELETIONS
 
 if TYPE_CHECKING:
@@ -48,6 +49,11 @@ BACKPRESSURE_PAUSES = Counter(
 AUTH_DENIED = Counter(
     "streamproto_auth_denied", "Requests denied by the authorization policy (doc/security.rst).",
     ["server", "op"])
+ACCELERATOR = Gauge(
+    "streamproto_accelerator",
+    "1 when the C accelerator (streamproto._speedups) is loaded, 0 when running in pure Python.")
+# read at every scrape: what streamproto.core.accelerator says now
+ACCELERATOR.set_function(lambda: 1.0 if accelerator.accelerated() else 0.0)
 
 
 class ServerMetrics:

@@ -29,7 +29,7 @@ from twisted.web import resource
 from twisted.web.server import Request, Site
 from zope.interface import Interface, alsoProvides, implementer
 
-from streamproto.core import metrics
+from streamproto.core import accelerator, metrics
 from streamproto.core.interfaces import IGracefulShutdown, IReadiness
 from streamproto.core.tls import peer_identity
 
@@ -203,7 +203,12 @@ class TrackingFactory(WrappingFactory):
 
 
 class HealthResource(resource.Resource):
-    """C{/health}: the process answers.  C{/ready}: every store is usable."""
+    """
+    C{/health}: the process answers.  C{/ready}: every store is usable
+    (C{ready}, C{problems}), with C{warnings} (the C accelerator missing)
+    and C{details} (the accelerator's state,
+    L{streamproto.core.accelerator.details}).
+    """
 
     isLeaf = True
 
@@ -217,7 +222,11 @@ class HealthResource(resource.Resource):
         if path.endswith(b"/ready"):
             problems = self.ready_check()
             request.setResponseCode(503 if problems else 200)
-            return json.dumps({"ready": not problems, "problems": problems}).encode()
+            # not a reason to refuse traffic, but what an operator should see
+            details = {"accelerator": accelerator.details()}
+            warnings = [w for w in [accelerator.warning()] if w]
+            return json.dumps({"ready": not problems, "problems": problems,
+                               "warnings": warnings, "details": details}).encode()
         return json.dumps({"alive": True}).encode()
 
 

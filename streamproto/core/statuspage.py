@@ -28,6 +28,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource
 from twisted.web.server import Request
 
+from streamproto.core import accelerator
 from streamproto.core.clock import default_reactor
 from streamproto.core.summary import SERVER_RATES, Summary, rates, summarise_families
 from streamproto.log.public import is_internal
@@ -130,6 +131,9 @@ class StatusHistory:
             "rates": current,
             "history": list(self.points),
             "rate_keys": list(SERVER_RATES),
+            # False: this server runs in pure Python (the page warns)
+            "accelerated": now.get("accelerated"),
+            "accelerator_cost": accelerator.COST,
         }
 
 
@@ -187,6 +191,7 @@ PAGE = b"""<!DOCTYPE html>
  #banner { padding: .4em .8em; border-radius: 4px; display: inline-block; }
  #banner.ok { background: #e3f4e1; } #banner.bad { background: #fbe3e3; }
  #banner.wait { background: #eee; }
+ .warn { background: #fff3cd; padding: .4em .8em; border-radius: 4px; }
  table { border-collapse: collapse; background: #fff; }
  th, td { padding: .25em .7em; border-bottom: 1px solid #e4e4e4; text-align: right; }
  th:first-child, td:first-child { text-align: left; }
@@ -205,6 +210,7 @@ PAGE = b"""<!DOCTYPE html>
 <h1>streamproto status</h1>
 <div><span id="banner" class="wait">waiting for the first reading&hellip;</span>
  <span class="muted" id="updated"></span></div>
+<p id="accelerator" class="warn" hidden></p>
 <h2>Last minutes</h2>
 <div class="charts">
  <figure><figcaption>records in / s</figcaption><svg id="chart-in" width="460" height="150"></svg><div class="legend" id="legend-in"></div></figure>
@@ -307,6 +313,10 @@ function perServer(history, key) {
 
 function render(s) {
   const r = s.rates || {servers: {}, logs: {}};
+  const accel = document.getElementById("accelerator");
+  accel.hidden = s.accelerated !== false;
+  accel.textContent = s.accelerated === false ?
+    "This server runs without its C accelerator (pure Python): " + s.accelerator_cost + "." : "";
   const servers = document.querySelector("#servers tbody");
   servers.textContent = "";
   for (const name of Object.keys(s.servers).sort()) {

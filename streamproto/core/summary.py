@@ -10,7 +10,11 @@ A summary is plain data (JSON-ready)::
                                  "records_out": 50, "bytes_in": ..., "bytes_out": ...,
                                  "acks": ..., "errors": 0, "pauses": 0}, ...},
      "logs": {"events": {"size": ..., "records": ..., "end": ..., "failed": 0}, ...},
-     "fsync": {"count": ..., "sum": ...}}
+     "fsync": {"count": ..., "sum": ...},
+     "accelerated": True}
+
+C{accelerated} is False when the server runs without its C accelerator
+(L{streamproto.core.accelerator}), None when its metrics do not say.
 """
 
 from collections.abc import Iterable
@@ -45,9 +49,11 @@ FSYNC_SAMPLES = {
     "streamproto_fsync_seconds_count": "count",
     "streamproto_fsync_seconds_sum": "sum",
 }
+#: 1 with the C accelerator, 0 in pure Python (streamproto.core.accelerator)
+ACCELERATOR_SAMPLE = "streamproto_accelerator"
 #: every sample name a summary reads (the dashboard test checks them too)
 SAMPLE_NAMES = frozenset(SERVER_SAMPLES) | {ERROR_SAMPLE} | frozenset(LOG_SAMPLES) | frozenset(
-    FSYNC_SAMPLES)
+    FSYNC_SAMPLES) | {ACCELERATOR_SAMPLE}
 
 #: per-second rates of these server counters
 SERVER_RATES = ("records_in", "records_out", "bytes_in", "bytes_out", "errors", "pauses")
@@ -67,6 +73,7 @@ def summarise_families(families: Iterable[Metric]) -> Summary:
     servers: dict[str, dict[str, float]] = {}
     logs: dict[str, dict[str, float]] = {}
     fsync: dict[str, float] = {}
+    accelerated: bool | None = None     # None: a server that does not say
     for family in families:
         for s in family.samples:
             name = s.name
@@ -80,11 +87,13 @@ def summarise_families(families: Iterable[Metric]) -> Summary:
                 logs.setdefault(s.labels.get("log", "?"), {})[LOG_SAMPLES[name]] = s.value
             elif name in FSYNC_SAMPLES:
                 fsync[FSYNC_SAMPLES[name]] = s.value
+            elif name == ACCELERATOR_SAMPLE:
+                accelerated = bool(s.value)
     for entry in servers.values():
         for key in SERVER_SAMPLES.values():
             entry.setdefault(key, 0)
         entry.setdefault("errors", 0)
-    return {"servers": servers, "logs": logs, "fsync": fsync}
+    return {"servers": servers, "logs": logs, "fsync": fsync, "accelerated": accelerated}
 
 
 def rates(now: Summary, before: Summary | None, elapsed: float | None) -> Summary | None:

@@ -298,6 +298,8 @@ class ServerService(service.MultiService):
         self.clock = clock
         self.start_failure: Exception | None = None
         self._top = False
+        #: (soft RLIMIT_NOFILE before, after raising it), when this is the process's server
+        self.open_files_limit: tuple[int, int] | None = None
 
     def setServiceParent(self, parent: service.IServiceCollection) -> None:
         super().setServiceParent(parent)  # type: ignore[no-untyped-call]  # untyped in Twisted
@@ -307,6 +309,9 @@ class ServerService(service.MultiService):
             # our own process: MiB buffers are reused, not faulted in anew
             from streamproto.core.memory import reuse_large_buffers
             reuse_large_buffers()
+            # one descriptor per connection: do not stop at the soft 1024
+            from streamproto.core.fdlimit import raise_open_files_limit
+            self.open_files_limit = raise_open_files_limit()
         if self.log_format == "json" and self._top:
             # twistd asks the application for its observer before logging starts
             from streamproto.core.ops import json_log_observer
@@ -320,6 +325,8 @@ class ServerService(service.MultiService):
             self._cannot_start(e)
 
     def startService(self) -> None:
+        if self._top:
+            self._log_process_state()
         if self.start_failure is not None:
             # binding failed already: start nothing, only be stoppable
             service.Service.startService(self)  # type: ignore[no-untyped-call]  # untyped in Twisted
@@ -328,6 +335,22 @@ class ServerService(service.MultiService):
             super().startService()  # type: ignore[no-untyped-call]  # untyped in Twisted
         except Exception as e:
             self._cannot_start(e)
+
+    def _log_process_state(self) -> None:
+        """
+        What an operator should know of this process at start-up: the C
+        accelerator missing (a warning, with its cost), the open-files
+        limit.
+        """
+        from streamproto.core import accelerator
+        warning = accelerator.warning()
+        if warning is not None:
+            self.log.warn("{name}: {warning}", name=self.name or "streamproto", warning=warning)
+        else:
+            self.log.info("C accelerator loaded ({path})", path=accelerator.details()["path"])
+        if self.open_files_limit is not None:
+            before, after = self.open_files_limit
+            self.log.info("open files limit: {after} (was {before})", before=before, after=after)
 
     def _cannot_start(self, error: Exception) -> None:
         if not self._top:

@@ -23,6 +23,7 @@ from twisted.trial import unittest
 from twisted.web.resource import Resource
 from twisted.web.test.requesthelper import DummyRequest
 
+from streamproto.core import accelerator
 from streamproto.core.statuspage import PAGE, StatusHistory, install_status_page
 from streamproto.styx import tap as styx_tap
 from streamproto.styx.api_client import StyxClient
@@ -150,9 +151,14 @@ class _DOM(html.parser.HTMLParser):
         self.polylines = {}     # chart id -> [attrs]
         self._row = None
         self._chart = None
+        self.accelerator = None     # the warning's attributes, and "text"
+        self._in_accelerator = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if a.get("id") == "accelerator":
+            self.accelerator = dict(a, text="")
+            self._in_accelerator = True
         if tag == "body":
             self.body = a
         elif tag == "tr":
@@ -168,7 +174,13 @@ class _DOM(html.parser.HTMLParser):
         elif tag == "polyline" and self._chart:
             self.polylines.setdefault(self._chart, []).append(a)
 
+    def handle_data(self, data):
+        if self._in_accelerator:
+            self.accelerator["text"] += data
+
     def handle_endtag(self, tag):
+        if tag == "p":
+            self._in_accelerator = False
         if tag == "tr":
             self._row = None
         elif tag == "svg":
@@ -239,3 +251,19 @@ class BrowserTests(unittest.TestCase):
         self.assertGreater(len({y for _, y in points}), 1, points)
         logs = {p["data-series"] for p in dom.polylines["chart-logs"]}
         self.assertIn("pagetest", logs)
+        # accelerated or not, the page says what the server's metric says
+        self.assertEqual("hidden" not in dom.accelerator, not accelerator.accelerated(),
+                         dom.accelerator)
+
+    @defer.inlineCallbacks
+    def test_pure_python_warning(self):
+        """A server without its C accelerator: the page says so, with the cost."""
+        self.patch(accelerator, "speedups", None)
+        server = RunningService(styx_tap, ["--metrics", "tcp:0:interface=127.0.0.1"])
+        _, metrics = yield server.start(self)
+        dom = _DOM()
+        dom.feed((yield self.dump_dom(f"http://127.0.0.1:{metrics}/")))
+        self.assertEqual(dom.body.get("data-state"), "live", dom.body)
+        self.assertNotIn("hidden", dom.accelerator)
+        self.assertIn("without its C accelerator", dom.accelerator["text"])
+        self.assertIn(accelerator.COST, dom.accelerator["text"])

@@ -1,0 +1,535 @@
+"""
+Latency under a fixed offered load: Styx produce->ack over styx/0 and over
+HTTP, produce->visible to a following consumer, Lumberjack batch->ack and
+Pravega event->ack (our writer), against real C{twistd styx-server},
+C{lumberjack-server} and C{pravega-server} processes on the file store (or JetStream R3 with C{--store
+nats}), next to the latency of one fsync on the same disk.
+
+    python bench/latency.py                       # styx/0, HTTP; 10%, 50%, 80% of max
+    python bench/latency.py --seconds 20 --size 1000
+    python bench/latency.py --store nats          # a 3-node JetStream cluster, R3, sync always
+    python bench/latency.py --go-server /path/to/styx-server   # the reference, beside ours
+
+How it measures (open loop, coordinated omission corrected): first the
+server's maximum rate for each target is measured closed loop (as many
+requests in flight as the client keeps busy, for C{--max-seconds}).  Then
+for each load (a fraction of that maximum) records are *planned* at a
+fixed rate, record i at C{start + i / rate}, and sent when their time
+comes whatever happened to the previous ones; each latency is counted
+from the planned time, not from the moment the client got round to
+sending.  A server that stalls for 100 ms therefore shows 100 ms of
+latency for every record planned during the stall, as a user would see
+it, instead of one slow record among many fast ones.  Latencies go into
+HDR histograms (the C{hdrhistogram} package, the C{bench} extra), in
+microseconds, 3 significant digits.
+
+The follower: a styx/0 consumer following the same log from the start;
+each record carries its planned time, and "visible" is when the consumer
+has it.
+
+The fsync line: C{--fsync-samples} appends of C{--size} bytes to a file in
+the data directory, each followed by C{fsync}: what one acknowledgement
+costs at the least on this disk.  The last column is each p99 over that
+fsync's p50.
+
+The last column, send lag, is how late the client itself was at worst
+in sending a record after its planned time: latency it caused rather
+than the server (a late send still counts from the planned time).
+
+The client is one Python process (Twisted), the server another, on a
+machine whose 2 cores others share: the maximum is the maximum of this
+pair, and a busy neighbour shows as latency.  Compare rows of one run.
+"""
+
+import argparse
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.benchenv import measured  # noqa: E402
+measured()   # which streamproto and path this measures (bench/benchenv.py)
+
+from hdrh.histogram import HdrHistogram  # noqa: E402
+
+from bench import gorefs  # noqa: E402
+
+#: microseconds, from 1 us to 60 s, 3 significant digits
+HIST_RANGE = (1, 60_000_000, 3)
+PLANNED = struct.Struct(">d")
+
+
+def histogram():
+    return HdrHistogram(*HIST_RANGE)
+
+
+def summary(h):
+    """(p50, p99, p99.9, max) in milliseconds."""
+    return tuple(v / 1000.0 for v in (
+        h.get_value_at_percentile(50), h.get_value_at_percentile(99),
+        h.get_value_at_percentile(99.9), h.get_max_value()))
+
+
+def fsync_latency(directory, size, samples):
+    """An HDR histogram of C{samples} appends of C{size} bytes, each fsynced."""
+    h = histogram()
+    path = os.path.join(directory, "fsync-probe")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        payload = b"x" * size
+        for _ in range(samples):
+            os.write(fd, payload)
+            started = time.monotonic()
+            os.fsync(fd)
+            h.record_value(max(1, int((time.monotonic() - started) * 1e6)))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return h
+
+
+# -- clients: send(payload) -> Deferred firing when acknowledged -----------
+
+class HTTPPipeline:
+    """
+    Keep-alive HTTP/1.1 connections sending C{POST /logs/NAME/records}
+    (one octet-stream record each), pipelined, round robin: the smallest
+    client that keeps many requests in flight without its own per-request
+    cost hiding the server's.
+    """
+
+    def __init__(self, reactor, port, name, connections=8):
+        from twisted.internet import protocol
+        from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+
+        self.reactor, self.name = reactor, name
+        self.head = (f"POST /logs/{name}/records HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                     "Content-Type: application/octet-stream\r\nContent-Length: ")
+        owner = self
+
+        class Connection(protocol.Protocol):
+            def __init__(self):
+                self.waiting = []
+                self.buf = b""
+
+            def dataReceived(self, data):
+                self.buf += data
+                while True:
+                    size = owner._response_size(self.buf)
+                    if size is None:
+                        return
+                    status = int(self.buf[9:12])
+                    self.buf = self.buf[size:]
+                    d = self.waiting.pop(0)
+                    if 200 <= status < 300:
+                        d.callback(None)
+                    else:
+                        d.errback(RuntimeError(f"HTTP {status}"))
+
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
+        self.connections = []
+        self.ready = None
+        from twisted.internet import defer
+        ds = [connectProtocol(endpoint, Connection()) for _ in range(connections)]
+        self.ready = defer.gatherResults(ds).addCallback(self.connections.extend)
+        self.turn = 0
+
+    @staticmethod
+    def _response_size(buf):
+        """The length of the first whole response in C{buf}, or None."""
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        head = buf[:end].lower()
+        start = end + 4
+        i = head.find(b"content-length:")
+        if i >= 0:
+            n = int(head[i + 15:].split(b"\r\n", 1)[0])
+            return start + n if len(buf) >= start + n else None
+        # chunked
+        pos = start
+        while True:
+            line_end = buf.find(b"\r\n", pos)
+            if line_end < 0:
+                return None
+            n = int(buf[pos:line_end].split(b";")[0], 16)
+            pos = line_end + 2 + n + 2
+            if len(buf) < pos:
+                return None
+            if n == 0:
+                return pos
+
+    def send(self, payload):
+        from twisted.internet import defer
+        conn = self.connections[self.turn % len(self.connections)]
+        self.turn += 1
+        d = defer.Deferred()
+        conn.waiting.append(d)
+        conn.transport.write(self.head.encode() + b"%d\r\n\r\n" % len(payload) + payload)
+        return d
+
+    def close(self):
+        for c in self.connections:
+            c.transport.loseConnection()
+
+
+# -- the load ---------------------------------------------------------------
+
+def closed_loop(reactor, send, payload, seconds, in_flight):
+    """Deferred firing with the rate (acks/s) of C{in_flight} outstanding sends."""
+    from twisted.internet import defer
+    done = defer.Deferred()
+    state = {"acked": 0, "stop": time.monotonic() + seconds, "started": time.monotonic()}
+
+    def again(_=None):
+        if time.monotonic() >= state["stop"]:
+            state["open"] -= 1
+            if state["open"] == 0:
+                done.callback(state["acked"] / (time.monotonic() - state["started"]))
+            return
+        state["acked"] += _ is not None
+        send(PLANNED.pack(time.monotonic()) + payload).addCallback(
+            lambda _: again(True)).addErrback(done.errback)
+
+    state["open"] = in_flight
+    for _ in range(in_flight):
+        again()
+    return done
+
+
+def open_loop(reactor, send, payload, rate, seconds, acks, lag=None):
+    """
+    Send at C{rate} records/s for C{seconds}, each at its planned time (see
+    the module docstring), recording each ack's latency from that time in
+    C{acks}.  @return: Deferred firing with (sent, worst send lag in s).
+    """
+    from twisted.internet import defer
+    done = defer.Deferred()
+    total = max(1, int(rate * seconds))
+    start = time.monotonic() + 0.05
+    state = {"i": 0, "acked": 0, "lag": 0.0}
+
+    def acked(_, planned):
+        acks.record_value(max(1, int((time.monotonic() - planned) * 1e6)))
+        state["acked"] += 1
+        if state["acked"] == total:
+            done.callback((total, state["lag"]))
+
+    def tick():
+        now = time.monotonic()
+        while state["i"] < total:
+            planned = start + state["i"] / rate
+            if planned > now:
+                break
+            state["lag"] = max(state["lag"], now - planned)
+            state["i"] += 1
+            send(PLANNED.pack(planned) + payload).addCallback(
+                acked, planned).addErrback(lambda f: done.called or done.errback(f))
+        if state["i"] < total:
+            reactor.callLater(max(0.0, start + state["i"] / rate - time.monotonic()), tick)
+
+    reactor.callLater(max(0.0, start - time.monotonic()), tick)
+    return done
+
+
+def run_styx(reactor, port, args, out):
+    """Every target and load against the server on C{port}: Deferred of rows."""
+    from twisted.internet import defer
+
+    from streamproto.styx.api_client import StyxClient
+    from streamproto.styx.stream_client import StyxConsumer, StyxProducer
+
+    payload = b"x" * max(0, args.size - PLANNED.size)
+    rows = []
+    api = StyxClient(f"http://127.0.0.1:{port}", reactor)
+
+    @defer.inlineCallbacks
+    def fresh_log(tag):
+        name = f"lat-{tag}-{uuid.uuid4().hex[:8]}"
+        yield api.create_log(name)
+        return name
+
+    @defer.inlineCallbacks
+    def styx0(load):
+        name = yield fresh_log("styx0")
+        producer = yield StyxProducer.connect(reactor, "127.0.0.1", port, name)
+        visible = histogram()
+
+        def seen(records):
+            now = time.monotonic()
+            for r in records:
+                (planned,) = PLANNED.unpack_from(r)
+                visible.record_value(max(1, int((now - planned) * 1e6)))
+
+        consumer = None
+        if load is not None and "follow" in args.targets:
+            consumer = yield StyxConsumer.connect(reactor, "127.0.0.1", port, name, seen,
+                                                  follow=True)
+        try:
+            if load is None:
+                return (yield closed_loop(reactor, producer.write, payload,
+                                          args.max_seconds, args.in_flight))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, producer.write, payload, load,
+                                        args.seconds, acks)
+            deadline = time.monotonic() + 10
+            while consumer is not None and visible.get_total_count() < sent and \
+                    time.monotonic() < deadline:
+                yield task_sleep(reactor, 0.05)
+            return acks, (visible if consumer is not None else None), sent, lag
+        finally:
+            yield producer.close()
+            if consumer is not None:
+                consumer.close()
+
+    @defer.inlineCallbacks
+    def http(load):
+        name = yield fresh_log("http")
+        client = HTTPPipeline(reactor, port, name, args.connections)
+        yield client.ready
+        try:
+            if load is None:
+                return (yield closed_loop(reactor, client.send, payload, args.max_seconds,
+                                          args.in_flight))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, client.send, payload, load, args.seconds,
+                                        acks)
+            return acks, None, sent, lag
+        finally:
+            client.close()
+
+    @defer.inlineCallbacks
+    def lumberjack(load):
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+
+        from streamproto.lumberjack.client import LumberjackClient
+        # a batch of --batch JSON events is one send, one ack
+        events = [b'{"message":"%s"}' % (b"x" * max(0, args.size - 14))] * args.batch
+        client = LumberjackClient(TCP4ClientEndpoint(reactor, "127.0.0.1", args.lj_port),
+                                  clock=reactor, bulk_max_size=args.batch, pipelining=64)
+        try:
+            def send(_record):
+                return client.send(events)
+            if load is None:
+                return (yield closed_loop(reactor, send, payload, args.max_seconds,
+                                          max(1, args.in_flight // args.batch)))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, send, payload, load, args.seconds, acks)
+            return acks, None, sent, lag
+        finally:
+            yield client.close()
+
+    @defer.inlineCallbacks
+    def pravega(load):
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+
+        from streamproto.pravega.client import SegmentWriter, connect
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", args.pravega_port)
+        segment = f"lat/s{uuid.uuid4().hex[:8]}/0.#epoch.0"
+        admin = yield connect(endpoint)
+        yield admin.create_segment(segment)
+        writer = SegmentWriter(endpoint, segment, window_events=1 << 20, window_bytes=1 << 30)
+        try:
+            if load is None:
+                return (yield closed_loop(reactor, writer.write, payload, args.max_seconds,
+                                          args.in_flight))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, writer.write, payload, load, args.seconds,
+                                        acks)
+            return acks, None, sent, lag
+        finally:
+            yield writer.close()
+
+    targets = [("styx/0", styx0)] if "styx0" in args.targets or "follow" in args.targets \
+        else []
+    if "http" in args.targets:
+        targets.append(("HTTP", http))
+    if "pravega" in args.targets and args.pravega_port:
+        targets.append(("Pravega event->ack", pravega))
+    if "lumberjack" in args.targets and args.lj_port:
+        targets.append((f"Lumberjack batch({args.batch})->ack", lumberjack))
+
+    @defer.inlineCallbacks
+    def go():
+        for label, run in targets:
+            maximum = yield run(None)
+            print(f"  {label}: maximum {maximum:,.0f} sends/s closed loop "
+                  f"({args.in_flight} records in flight)", file=out, flush=True)
+            for fraction in args.loads:
+                rate = maximum * fraction / 100.0
+                acks, visible, sent, lag = yield run(rate)
+                what = label if label.endswith("->ack") else label + " produce->ack"
+                rows.append((what, fraction, rate, sent, acks, lag))
+                if visible is not None:
+                    rows.append(("styx/0 produce->visible", fraction, rate,
+                                 visible.get_total_count(), visible, lag))
+        api.close()
+        return rows
+
+    return go()
+
+
+def task_sleep(reactor, seconds):
+    from twisted.internet import task
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+def measure(port, args, out):
+    """Run L{run_styx} in a fresh reactor (a child process: one reactor per run)."""
+    from twisted.internet import reactor
+    result = {}
+
+    def finished(rows):
+        result["rows"] = rows
+        reactor.stop()
+
+    def failed(f):
+        result["error"] = f
+        reactor.stop()
+
+    reactor.callWhenRunning(lambda: run_styx(reactor, port, args, out).addCallbacks(
+        finished, failed))
+    reactor.run()
+    if "error" in result:
+        result["error"].raiseException()
+    return result["rows"]
+
+
+def print_rows(title, rows, fsync_p50_ms, out):
+    print(f"\n{title}", file=out)
+    header = (f"{'what':<28} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
+              f"{'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} | {'p99/fsync':>9} "
+              f"{'send lag ms':>11}")
+    print(header, file=out)
+    print("-" * len(header), file=out)
+    for what, fraction, rate, count, h, lag in rows:
+        p50, p99, p999, worst = summary(h)
+        print(f"{what:<28} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
+              f"{p99:>8.2f} {p999:>9.2f} {worst:>8.2f} | {p99 / fsync_p50_ms:>9.1f} "
+              f"{lag * 1000:>11.1f}", file=out)
+    out.flush()
+
+
+def start_ours(directory, store, plugin="styx-server", *extra):
+    port = gorefs.free_port()
+    storage = ["--store", store] if store else ["--data", os.path.join(directory, "ours")]
+    log = open(os.path.join(directory, f"{plugin}.log"), "wb")
+    server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
+                           *extra, log=log)
+    gorefs.wait_port(port)
+    return server, port
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--targets", default="styx0,follow,http,lumberjack,pravega",
+                   help="styx0, follow (a consumer on the styx/0 log), http, lumberjack "
+                        "(batch->ack against our lumberjack-server), pravega (event->ack "
+                        "of our SegmentWriter against our pravega-server); all five")
+    p.add_argument("--batch", type=int, default=100,
+                   help="events per Lumberjack batch (100)")
+    p.add_argument("--size", type=int, default=100, help="bytes per record (100)")
+    p.add_argument("--seconds", type=float, default=10.0, help="seconds per load (10)")
+    p.add_argument("--loads", default="10,50,80",
+                   help="offered loads, percent of the measured maximum (10,50,80)")
+    p.add_argument("--max-seconds", type=float, default=5.0,
+                   help="seconds of the closed-loop maximum (5)")
+    p.add_argument("--in-flight", type=int, default=256,
+                   help="records in flight for the maximum (256)")
+    p.add_argument("--connections", type=int, default=8, help="HTTP connections (8)")
+    p.add_argument("--fsync-samples", type=int, default=500)
+    p.add_argument("--data", help="directory for the stores (default: a temporary one)")
+    p.add_argument("--store", choices=("file", "nats"), default="file",
+                   help="file (default) or nats: a 3-node JetStream cluster, R3, "
+                        "sync_interval always (test/natsutil.py)")
+    p.add_argument("--go-server", metavar="PATH",
+                   help="the reference styx-server, built outside this repository: "
+                        "measured the same way, beside ours")
+    args = p.parse_args(argv)
+    args.targets = set(args.targets.split(","))
+    args.loads = [float(x) for x in args.loads.split(",")]
+    out = sys.stdout
+    directory = args.data or tempfile.mkdtemp(prefix="latency-bench-")
+    os.makedirs(directory, exist_ok=True)
+
+    fsync = fsync_latency(directory, args.size, args.fsync_samples)
+    f50, f99, _, fmax = summary(fsync)
+    print(f"one fsync of a {args.size} B append in {directory}: p50 {f50:.2f} ms, "
+          f"p99 {f99:.2f} ms, max {fmax:.2f} ms ({args.fsync_samples} samples)", file=out)
+    print("2 shared cores, others' load included: compare rows of one run", file=out,
+          flush=True)
+
+    cluster = None
+    servers = []
+    if args.store == "nats":
+        from test.natsutil import NatsCluster
+        cluster = NatsCluster(size=3, sync_interval="always")
+        cluster.start()
+        servers.append(("ours, JetStream R3 (sync always)",
+                        lambda: start_ours(directory, cluster.url + "?replicas=3")))
+    else:
+        servers.append(("ours (twistd styx-, lumberjack- and pravega-server, file store)",
+                        lambda: start_ours(directory, None)))
+    if args.go_server:
+        def go():
+            port = gorefs.free_port()
+            return gorefs.go_styx_server(args.go_server, port,
+                                         os.path.join(directory, "go")), port
+        servers.append(("the Go reference styx-server", go))
+    try:
+        for title, start in servers:
+            server, port = start()
+            others = []
+            args.lj_port = args.pravega_port = None
+            ours = title.startswith("ours")
+            store = cluster.url + "?replicas=3" if cluster else None
+            if "lumberjack" in args.targets and ours:
+                lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
+                others.append(lj_server)
+            if "pravega" in args.targets and ours:
+                # no controller: the writer talks to the segment store alone
+                pravega_server, args.pravega_port = start_ours(
+                    directory, store, "pravega-server", "--controller", "none")
+                others.append(pravega_server)
+            try:
+                print(f"{title}:", file=out, flush=True)
+                child_out = os.path.join(directory, "rows")
+                pid = os.fork()
+                if pid == 0:        # the client in a fresh process, with its own reactor
+                    status = 1
+                    try:
+                        rows = measure(port, args, out)
+                        with open(child_out, "wb") as f:
+                            import pickle
+                            pickle.dump([(w, fr, r, c, h.encode(), lag)
+                                         for w, fr, r, c, h, lag in rows], f)
+                        status = 0
+                    finally:
+                        os._exit(status)
+                _, status = os.waitpid(pid, 0)
+                if status != 0:
+                    print("  the client failed", file=out)
+                    continue
+                import pickle
+                with open(child_out, "rb") as f:
+                    rows = [(w, fr, r, c, HdrHistogram.decode(h), lag)
+                            for w, fr, r, c, h, lag in pickle.load(f)]
+                print_rows(title, rows, f50, out)
+            finally:
+                gorefs.stop(server)
+                for other in others:
+                    gorefs.stop(other)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        if not args.data:
+            shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
