@@ -18,7 +18,8 @@ libfuse 2 through C{mfusepy}):
   cut, in the strictest model POSIX allows.
 
 It is driven through a control file at the mount's root, C{.lazyfs}: write
-C{drop}, C{sync} (make everything durable) or C{stats}, then read it back
+C{drop}, C{sync} (make everything durable), C{stats} or C{lie} (from
+now on fsync flushes nothing: a disk that lies), then read it back
 for the answer (C{ok ...}).  Mounted with C{direct_io} and zero attribute
 and entry timeouts so that the kernel caches nothing that a drop would
 make stale.
@@ -92,6 +93,9 @@ class LazyState:
         self.journal = []         # [dirs, undo, forget] of non-durable name changes
         self.stashed = 0
         self.drops = 0
+        #: a lying disk (the "lie" command): fsync flushes nothing, so that
+        #: the harness can show it catches a store whose acks are not durable
+        self.lie = False
 
     def real(self, path):
         return os.path.join(self.root, path.lstrip("/"))
@@ -170,6 +174,8 @@ class LazyState:
 
     def fsync(self, fd):
         with self.lock:
+            if self.lie:
+                return
             st = os.fstat(fd)
             node = self.inodes.pop((st.st_dev, st.st_ino), None)
             if node is not None:
@@ -246,6 +252,8 @@ class LazyState:
 
     def fsyncdir(self, path):
         with self.lock:
+            if self.lie:
+                return
             real = self.real(path).rstrip("/") or "/"
             keep = []
             for entry in self.journal:
@@ -519,6 +527,9 @@ class LazyFS(_Base):
                 finally:
                     for fd in closed:
                         os.close(fd)
+        if command == "lie":
+            self.state.lie = True
+            return "ok lying"
         if command == "stats":
             return self.state.stats()
         return f"error unknown command {command!r}"

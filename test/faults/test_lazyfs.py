@@ -86,7 +86,7 @@ class StateTests(SynchronousTestCase):
             self.assertEqual(f.read(), b"new")
 
     def test_rename_durable_after_fsyncdir(self):
-        fd = self.fd("a", create=True)
+        self.fd("a", create=True)
         self.state.fsyncdir("/")
         self.state.rename("/a", "/b")
         self.state.fsyncdir("/")

@@ -1,0 +1,190 @@
+"""
+Targets of the nemesis: the real processes of one configuration, and the
+verbs a fault class uses on them (L{test.faults.nemesis}).
+
+L{StyxFileTarget}: a real C{styx-server} (file store) whose data directory
+is on a lazy FS (L{test.faults.lazyfs}), optionally under libfaketime, and
+the workload's client process.  The final state is read by another path: a
+fresh server process after a last power cut (or kill -9), with a client of
+the harness's own.
+"""
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+from twisted.internet import defer, protocol
+
+from streamproto.styx.api_client import StyxClient
+from test.faults import lazyfs
+from test.torture_harness import ROOT, ServerProcess, suspicious_output
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+#: small segments, so that faults land on rolls and index writes too
+SEGMENT_MAX_SIZE = 65536
+
+
+def faketime_unavailable():
+    if not os.path.exists(FAKETIME_LIB):
+        return f"libfaketime not installed ({FAKETIME_LIB}: Debian package faketime)"
+    return None
+
+
+class _ClientProtocol(protocol.ProcessProtocol):
+    def __init__(self):
+        self.output = []
+        self.ended = defer.Deferred()
+
+    def outReceived(self, data):
+        self.output.append(data)
+
+    errReceived = outReceived
+
+    def processEnded(self, reason):
+        self.ended.callback(reason.value)
+
+
+class StyxFileTarget:
+    """
+    One styx-server on the file store, its data on a lazy FS.
+
+    @param clock: run the server under libfaketime (a clock the nemesis
+        can jump); off unless the run has clock faults.
+    """
+
+    store = "file"
+    protocol = "styx"
+
+    def __init__(self, reactor, clock=False, log="faults"):
+        self.reactor = reactor
+        self.work = tempfile.mkdtemp(prefix="faults-styx-")
+        self.lazy = lazyfs.LazyMount(os.path.join(self.work, "disk"),
+                                     os.path.join(self.work, "mnt"))
+        self.clock_file = os.path.join(self.work, "clock")
+        self.use_clock = clock
+        self.log = log
+        env = None
+        if clock:
+            with open(self.clock_file, "w") as f:
+                f.write("+0\n")
+            env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": self.clock_file,
+                   "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        self.server = ServerProcess(reactor, "styx-server",
+                                    os.path.join(self.lazy.mountpoint, "data"), env=env)
+        self.client = None
+        self.client_transport = None
+        self.notes = []
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.port}"
+
+    @defer.inlineCallbacks
+    def setup(self):
+        self.lazy.mount()
+        yield self.server.start()
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            yield client.create_log(self.log, segment_max_size=SEGMENT_MAX_SIZE)
+        finally:
+            yield client.close()
+        # the log and its directory are durable before the workload starts
+        self.lazy.control("sync")
+
+    def start_client(self, history, duration, producers=3, timeout=3.0):
+        """Spawn the workload process (L{test.faults.workload})."""
+        argv = [sys.executable, "-m", "test.faults.workload", "styx", "--url", self.url,
+                "--log", self.log, "--history", history, "--duration", str(duration),
+                "--producers", str(producers), "--timeout", str(timeout)]
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.client = _ClientProtocol()
+        self.client_transport = self.reactor.spawnProcess(
+            self.client, sys.executable, argv, env=env, path=ROOT)
+        return self.client.ended
+
+    # -- the verbs of the fault classes ---------------------------------
+
+    def killable(self):
+        return ["server"]
+
+    def pausable(self):
+        return ["server", "client"]
+
+    def disks(self):
+        return ["disk"]
+
+    def kill(self, name):
+        return self.server.kill()
+
+    def start(self, name):
+        return self.server.start()
+
+    def signal(self, name, signum):
+        pid = self.server.pid if name == "server" else self.client_transport.pid
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, TypeError):
+            pass   # it ended meanwhile (the client at its deadline)
+
+    def lazy_unavailable(self):
+        return lazyfs.unavailable()
+
+    @defer.inlineCallbacks
+    def power_cut(self, disks):
+        yield self.server.kill()
+        return [self.lazy.drop()]
+
+    def power_on(self, disks):
+        return self.server.start()
+
+    def clock_unavailable(self):
+        if not self.use_clock:
+            return "the server was not started under libfaketime"
+        return faketime_unavailable()
+
+    def set_clock(self, offset):
+        with open(self.clock_file, "w") as f:
+            f.write(f"{offset:+.0f}\n")
+
+    def partition_unavailable(self):
+        return ("not built yet for this target: the front-end and its client share "
+                "127.0.0.1 (network namespaces with veth pairs are the plan)")
+
+    # -- the end ---------------------------------------------------------
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        """
+        Heal, cut the power (or kill -9) a last time, start a fresh server
+        and read the whole log back with a client of our own.
+        """
+        self.signal("server", signal.SIGCONT)
+        if self.use_clock:
+            self.set_clock(0)
+        if power_cut and lazyfs.unavailable() is None:
+            yield self.power_cut(["disk"])
+        else:
+            yield self.server.kill()
+        yield self.server.start()
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            records = yield client.read_records(self.log)
+        finally:
+            yield client.close()
+        bad = suspicious_output(self.server.output_text())
+        if bad:
+            self.notes.append(f"server output: {bad[:3]}")
+        return records
+
+    @defer.inlineCallbacks
+    def teardown(self):
+        if self.client_transport is not None and self.client_transport.pid:
+            self.signal("client", signal.SIGCONT)
+            self.signal("client", signal.SIGKILL)
+        self.signal("server", signal.SIGCONT)
+        yield self.server.kill()
+        self.lazy.unmount()
+        shutil.rmtree(self.work, True)
