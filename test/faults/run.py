@@ -51,6 +51,9 @@ class Row:
     faults: int = 0
     unavailable: str | None = None
     verdicts: list = field(default_factory=list)
+    disk_verdicts: list = field(default_factory=list)
+    disk_anomalies: int = 0
+    disk_failures: int = 0
     notes: list = field(default_factory=list)
 
     def add(self, verdict, seconds, injected):
@@ -67,9 +70,16 @@ class Row:
         self.faults += injected
         self.verdicts.append(verdict)
 
+    def add_disk(self, verdict):
+        """The verdict on the disk read directly: its anomalies count too."""
+        self.disk_verdicts.append(verdict)
+        a = verdict.anomalies
+        self.disk_anomalies += sum(a[k] for k in checker.KINDS)
+
     @property
     def valid(self):
-        return self.unavailable is None and all(v.valid for v in self.verdicts)
+        return (self.unavailable is None and not self.disk_failures
+                and all(v.valid for v in self.verdicts + self.disk_verdicts))
 
 
 def make_target(reactor, fault, store, protocol):
@@ -107,14 +117,21 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
         nem = nemesis.Nemesis(reactor, rng, [nemesis.FAULTS[fault]], target, seconds)
         log = yield nem.run()
         yield client_done
-        records = yield target.final_records(power_cut=(fault == "powerloss"))
+        final = yield target.final_records(power_cut=(fault == "powerloss"))
         ended = time.monotonic()
         history = read_history(history_path)
-        verdict = checker.check(history, records, PROMISES[protocol], end=ended)
+        verdict = checker.check(history, final["served"], PROMISES[protocol], end=ended)
         row.add(verdict, ended - started, len(log))
         row.notes += target.notes
         if not verdict.valid:
-            row.notes.append(f"seed {seed}: {verdict.describe()}\n  faults: {log}")
+            row.notes.append(f"seed {seed}, served: {verdict.describe()}\n  faults: {log}")
+        if final["disk"] is None:
+            row.disk_failures += 1
+        else:
+            disk = checker.check(history, final["disk"], PROMISES[protocol], end=ended)
+            row.add_disk(disk)
+            if not disk.valid:
+                row.notes.append(f"seed {seed}, disk: {disk.describe()}")
     finally:
         yield target.teardown()
         if os.path.exists(history_path):
@@ -130,17 +147,19 @@ def command(fault, store, protocol, minutes, seed):
 def table(rows, minutes, seed):
     """The results as a reStructuredText table, and each row's command."""
     head = ("fault", "store", "protocol", "runs", "faults", "acked", "unknown", "lost",
-            "dup", "reordered", "corrupt", "longest unavail.")
+            "dup", "reordered", "corrupt", "disk", "longest unavail.")
     lines = []
     body = []
     for r in rows:
         if r.unavailable:
             body.append((r.fault, r.store, r.protocol, "--", "--", "--", "--", "--", "--",
-                         "--", "--", "not run: " + r.unavailable))
+                         "--", "--", "--", "not run: " + r.unavailable))
         else:
             body.append((r.fault, r.store, r.protocol, str(r.runs), str(r.faults),
                          f"{r.acknowledged:,}", f"{r.unknown:,}", str(r.lost),
                          str(r.duplicated), str(r.reordered), str(r.corrupt),
+                         "ok" if not (r.disk_anomalies or r.disk_failures) else
+                         f"{r.disk_anomalies + r.disk_failures} bad",
                          f"{r.unavailability:.1f} s"))
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
     rule = "  ".join("=" * w for w in widths)

@@ -4,9 +4,10 @@ verbs a fault class uses on them (L{test.faults.nemesis}).
 
 L{StyxFileTarget}: a real C{styx-server} (file store) whose data directory
 is on a lazy FS (L{test.faults.lazyfs}), optionally under libfaketime, and
-the workload's client process.  The final state is read by another path: a
-fresh server process after a last power cut (or kill -9), with a client of
-the harness's own.
+the workload's client process.  The final state is read by two other
+paths: the disk itself after a last power cut (or kill -9), with the
+read-only reader, and a fresh server process, with a client of the
+harness's own.
 """
 
 import os
@@ -17,6 +18,7 @@ import tempfile
 
 from twisted.internet import defer, protocol
 
+from streamproto.log.reader import LogDirectoryReader
 from streamproto.styx.api_client import StyxClient
 from test.faults import lazyfs
 from test.torture_harness import ROOT, ServerProcess, suspicious_output
@@ -155,11 +157,23 @@ class StyxFileTarget:
 
     # -- the end ---------------------------------------------------------
 
+    def disk_records(self):
+        """
+        The log as the file system holds it (after a power cut: as the disk
+        does), read with the read-only L{LogDirectoryReader}: no server, no
+        recovery.
+        """
+        reader = LogDirectoryReader(self.server.data_dir)
+        start, end = reader.bounds(self.log)
+        return [bytes(r) for batch in reader.read(self.log, start, end)
+                for r in batch.records()]
+
     @defer.inlineCallbacks
     def final_records(self, power_cut=True):
         """
-        Heal, cut the power (or kill -9) a last time, start a fresh server
-        and read the whole log back with a client of our own.
+        Heal, cut the power (or kill -9) a last time, read the disk as it
+        is, then start a fresh server and read the whole log back with a
+        client of our own: C{{"disk": records, "served": records}}.
         """
         self.signal("server", signal.SIGCONT)
         if self.use_clock:
@@ -168,6 +182,11 @@ class StyxFileTarget:
             yield self.power_cut(["disk"])
         else:
             yield self.server.kill()
+        try:
+            disk = self.disk_records()
+        except Exception as e:   # noqa: BLE001 - an unreadable disk is a finding
+            self.notes.append(f"the read-only reader failed on the disk: {e!r}")
+            disk = None
         yield self.server.start()
         client = StyxClient(self.url, reactor=self.reactor)
         try:
@@ -177,7 +196,7 @@ class StyxFileTarget:
         bad = suspicious_output(self.server.output_text())
         if bad:
             self.notes.append(f"server output: {bad[:3]}")
-        return records
+        return {"disk": disk, "served": records}
 
     @defer.inlineCallbacks
     def teardown(self):

@@ -25,6 +25,7 @@ class FaultMatrixSubsetTests(TestCase):
         self.assertEqual(row.runs, 1)
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
+        self.assertEqual(len(row.disk_verdicts), 1, "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
         return row
 
@@ -55,5 +56,7 @@ class FaultMatrixSubsetTests(TestCase):
             self.assertIsNone(row.unavailable)
             self.assertGreater(row.acknowledged, 0)
             self.assertGreater(row.lost, 0, "acks on a lying disk survived a power cut")
+            # the disk read directly shows the same loss
+            self.assertGreater(row.disk_anomalies, 0)
             self.assertFalse(row.valid)
         return self._deferred(go())
