@@ -30,8 +30,9 @@ from test.faults.workload import read_history
 PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime")}
 
 #: the rows of the matrix: (fault class, store, protocol)
-MATRIX = [(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
-                                                  "partition")]
+MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
+                                                   "partition")]
+          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")])
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Row:
     disk_verdicts: list = field(default_factory=list)
     disk_anomalies: int = 0
     disk_failures: int = 0
+    errors: int = 0           # runs that could not finish (a server did not come back...)
     notes: list = field(default_factory=list)
 
     def add(self, verdict, seconds, injected):
@@ -78,14 +80,16 @@ class Row:
 
     @property
     def valid(self):
-        return (self.unavailable is None and not self.disk_failures
+        return (self.unavailable is None and not self.disk_failures and not self.errors
                 and all(v.valid for v in self.verdicts + self.disk_verdicts))
 
 
 def make_target(reactor, fault, store, protocol):
-    from test.faults.targets import StyxFileTarget
+    from test.faults.targets import StyxFileTarget, StyxNatsTarget
     if (store, protocol) == ("file", "styx"):
         return StyxFileTarget(reactor, clock=(fault == "clock"))
+    if (store, protocol) == ("nats", "styx"):
+        return StyxNatsTarget(reactor)
     raise ValueError(f"no target for {protocol} on {store}")
 
 
@@ -125,13 +129,17 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
         row.notes += target.notes
         if not verdict.valid:
             row.notes.append(f"seed {seed}, served: {verdict.describe()}\n  faults: {log}")
-        if final["disk"] is None:
+        if final["disk_error"] is not None:
             row.disk_failures += 1
-        else:
+        elif final["disk"] is not None:
             disk = checker.check(history, final["disk"], PROMISES[protocol], end=ended)
             row.add_disk(disk)
             if not disk.valid:
                 row.notes.append(f"seed {seed}, disk: {disk.describe()}")
+    except Exception as e:   # noqa: BLE001 - a run that cannot finish is a finding
+        row.errors += 1
+        row.notes.append(f"seed {seed}: the run failed: {e!r}")
+        row.notes += target.notes
     finally:
         yield target.teardown()
         if os.path.exists(history_path):
@@ -146,18 +154,19 @@ def command(fault, store, protocol, minutes, seed):
 
 def table(rows, minutes, seed):
     """The results as a reStructuredText table, and each row's command."""
-    head = ("fault", "store", "protocol", "runs", "faults", "acked", "unknown", "lost",
+    head = ("fault", "store", "protocol", "runs", "errors", "faults", "acked", "unknown", "lost",
             "dup", "reordered", "corrupt", "disk", "longest unavail.")
     lines = []
     body = []
     for r in rows:
         if r.unavailable:
-            body.append((r.fault, r.store, r.protocol, "--", "--", "--", "--", "--", "--",
+            body.append((r.fault, r.store, r.protocol, "--", "--", "--", "--", "--", "--", "--",
                          "--", "--", "--", "not run: " + r.unavailable))
         else:
-            body.append((r.fault, r.store, r.protocol, str(r.runs), str(r.faults),
+            body.append((r.fault, r.store, r.protocol, str(r.runs), str(r.errors), str(r.faults),
                          f"{r.acknowledged:,}", f"{r.unknown:,}", str(r.lost),
                          str(r.duplicated), str(r.reordered), str(r.corrupt),
+                         "--" if not (r.disk_verdicts or r.disk_failures) else
                          "ok" if not (r.disk_anomalies or r.disk_failures) else
                          f"{r.disk_anomalies + r.disk_failures} bad",
                          f"{r.unavailability:.1f} s"))
@@ -182,12 +191,15 @@ def run_matrix(reactor, args):
     per_run = max(5.0, min(args.run_seconds, budget / max(1, len(rows))))
     deadline = time.monotonic() + budget
     results = {key: Row(*key) for key in rows}
-    seed = args.seed
+    repetition = 0
     while True:
         for key in rows:
             row = results[key]
             if row.unavailable:
                 continue
+            # a row's runs depend on its own key and repetition only, so
+            # that --only reproduces them
+            seed = f"{args.seed}.{repetition}"
             yield run_one(reactor, *key, per_run, seed, row)
             status = ("UNAVAILABLE: " + row.unavailable if row.unavailable else
                       "ok" if row.valid else "ANOMALIES")
@@ -195,7 +207,7 @@ def run_matrix(reactor, args):
                   f"seed {seed}: runs {row.runs}, acked {row.acknowledged}, lost {row.lost},"
                   f" dup {row.duplicated}, reordered {row.reordered}, corrupt {row.corrupt}"
                   f" -- {status}", file=sys.stderr, flush=True)
-            seed += 1
+        repetition += 1
         if time.monotonic() + per_run > deadline or all(r.unavailable for r in results.values()):
             break
     print(table(list(results.values()), args.minutes, args.seed))
