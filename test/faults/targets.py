@@ -303,6 +303,19 @@ class StyxNatsTarget(StyxFileTarget):
     def clock_unavailable(self):
         return "not built for the JetStream target yet"
 
+    def _keep_fatal_logs(self):
+        """Copy the nodes' logs out of the doomed directory when one died."""
+        logs = [os.path.join(self.cluster.directory, f"n{i}.log") for i in range(3)]
+        fatal = False
+        for path in logs:
+            with open(path, errors="replace") as f:
+                fatal = fatal or "[FTL]" in f.read()
+        if fatal:
+            keep = tempfile.mkdtemp(prefix="faults-nats-logs-")
+            for path in logs:
+                shutil.copy(path, keep)
+            self.notes.append(f"a nats-server node died ([FTL]): logs in {keep}")
+
     @defer.inlineCallbacks
     def final_records(self, power_cut=True):
         for name in self.disks():
@@ -320,6 +333,7 @@ class StyxNatsTarget(StyxFileTarget):
             self.signal(name, signal.SIGCONT)
         for i in range(3):
             self.cluster.kill(i)
+        self._keep_fatal_logs()
         for mount in self.node_lazy:
             mount.unmount()
         self.cluster.stop()
