@@ -126,7 +126,6 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
         history = read_history(history_path)
         verdict = checker.check(history, final["served"], PROMISES[protocol], end=ended)
         row.add(verdict, ended - started, len(log))
-        row.notes += target.notes
         if not verdict.valid:
             row.notes.append(f"seed {seed}, served: {verdict.describe()}\n  faults: {log}")
         if final["disk_error"] is not None:
@@ -139,9 +138,9 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
     except Exception as e:   # noqa: BLE001 - a run that cannot finish is a finding
         row.errors += 1
         row.notes.append(f"seed {seed}: the run failed: {e!r}")
-        row.notes += target.notes
     finally:
         yield target.teardown()
+        row.notes += target.notes
         if os.path.exists(history_path):
             os.unlink(history_path)
     return row
@@ -195,7 +194,7 @@ def run_matrix(reactor, args):
     while True:
         for key in rows:
             row = results[key]
-            if row.unavailable:
+            if row.unavailable or (repetition and time.monotonic() + per_run > deadline):
                 continue
             # a row's runs depend on its own key and repetition only, so
             # that --only reproduces them

@@ -1,7 +1,8 @@
 """
 The CI subset of the fault matrix: one short seeded run of each fault class
 the harness implements, against a real styx-server on the file store whose
-data is on the lazy FS, judged by the checker (python -m test.faults.run
+data is on the lazy FS, and kill -9 and pauses on the JetStream store (3
+nats-server nodes), judged by the checker (python -m test.faults.run
 runs the full matrix).  Needs root, /dev/fuse, libfuse2, mfusepy and
 libfaketime (.ci/run installs them): without them the runs fail and say
 why.
@@ -19,13 +20,15 @@ SEED = 20261128
 class FaultMatrixSubsetTests(TestCase):
     timeout = 120
 
-    async def check_class(self, fault):
-        row = await run.run_one(reactor, fault, "file", "styx", SECONDS, SEED)
+    async def check_class(self, fault, store="file"):
+        row = await run.run_one(reactor, fault, store, "styx", SECONDS, SEED)
         self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
         self.assertEqual(row.runs, 1)
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
-        self.assertEqual(len(row.disk_verdicts), 1, "the disk could not be read: " + "\n".join(row.notes))
+        if store == "file":
+            self.assertEqual(len(row.disk_verdicts), 1,
+                             "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
         return row
 
@@ -44,6 +47,14 @@ class FaultMatrixSubsetTests(TestCase):
 
     def test_clock_jump(self):
         return self._deferred(self.check_class("clock"))
+
+    def test_nats_kill9(self):
+        """kill -9 of the front-end or of a node of the 3-node JetStream cluster."""
+        return self._deferred(self.check_class("kill9", "nats"))
+
+    def test_nats_pause(self):
+        """SIGSTOP of the front-end, of the client or of a nats-server node."""
+        return self._deferred(self.check_class("pause", "nats"))
 
     def test_lying_disk_is_caught(self):
         """
