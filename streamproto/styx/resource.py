@@ -449,6 +449,11 @@ class StyxResource(Resource):
             respond_json(request, {"position": end_position, "count": count})
             return
         the_log = yield self.store.get(name)
+        if request.content.closed:
+            # the client went away while the store looked the log up (a
+            # slow JetStream cluster): twisted.web has closed the body;
+            # nothing is appended and there is no one to answer
+            return
         request.content.seek(0)
         if fmt.kind == "record":
             record = request.content.read()

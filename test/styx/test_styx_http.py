@@ -1344,3 +1344,39 @@ class FileStoreTests(unittest.TestCase):
         # the name is still free
         yield client.create_log("gobackup")
         self.assertEqual((yield client.get_log("gobackup"))["end_position"], 0)
+
+
+class ProduceClientGoneTests(HTTPTestBase):
+    """
+    A producer that gives up while the store is slow to hand the log over
+    (a paused JetStream node): the server must drop the request quietly,
+    not fail on its closed body.  Found by test/faults (pause of a
+    nats-server node under the styx workload).
+    """
+
+    @defer.inlineCallbacks
+    def test_client_gone_while_store_looks_the_log_up(self):
+        yield self.make_log("events")
+        held = defer.Deferred()
+        asked = defer.Deferred()
+        real_get = self.store.get
+
+        def slow_get(name):
+            asked.callback(None)
+            return held.addCallback(lambda _: real_get(name))
+        self.store.get = slow_get
+        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
+                        b"Content-Length: 5\r\n\r\nhello")
+        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
+            "127.0.0.1", self.port.getHost().port)
+        yield asked
+        proto.transport.abortConnection()
+        yield proto.done
+        yield task.deferLater(reactor, 0.05, lambda: None)   # the server sees the loss
+        self.store.get = real_get
+        held.callback(None)
+        yield task.deferLater(reactor, 0.05, lambda: None)
+        log = yield self.memory.get("events")
+        # nothing stored, and nothing logged as an unexpected error (trial
+        # fails a test whose code logged a failure)
+        self.assertEqual(log.end_position, 0)

@@ -1,0 +1,237 @@
+"""
+The fault matrix: fault class x store x protocol, each run seeded, judged
+by the independent checker, summed into the table of doc/reliability.rst.
+
+    python -m test.faults.run --minutes N [--seed S] [--only kill9,powerloss]
+
+One run (L{run_one}): set the target up (a real server on a lazy FS), start
+the workload process, let the nemesis inject faults of one class for the
+run's length, wait for the workload to end, heal, read the final state back
+by another path, and check the history against it.  A progress line per run
+goes to stderr; the table (reStructuredText) to stdout at the end, with the
+command that reproduces each row.  A fault class a target cannot take here
+is a row that says why.
+"""
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from twisted.internet import defer, task
+
+from test.faults import checker, nemesis
+from test.faults.workload import read_history
+
+#: the promise of each protocol's workload (see L{test.faults.workload})
+PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime")}
+
+#: the rows of the matrix: (fault class, store, protocol)
+MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
+                                                   "partition")]
+          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")])
+
+
+@dataclass
+class Row:
+    fault: str
+    store: str
+    protocol: str
+    runs: int = 0
+    seconds: float = 0.0
+    acknowledged: int = 0
+    unknown: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    reordered: int = 0
+    corrupt: int = 0
+    unavailability: float = 0.0
+    faults: int = 0
+    unavailable: str | None = None
+    verdicts: list = field(default_factory=list)
+    disk_verdicts: list = field(default_factory=list)
+    disk_anomalies: int = 0
+    disk_failures: int = 0
+    errors: int = 0           # runs that could not finish (a server did not come back...)
+    notes: list = field(default_factory=list)
+
+    def add(self, verdict, seconds, injected):
+        a = verdict.anomalies
+        self.runs += 1
+        self.seconds += seconds
+        self.acknowledged += verdict.acknowledged
+        self.unknown += verdict.unknown
+        self.lost += a[checker.LOST]
+        self.duplicated += a[checker.DUPLICATE]
+        self.reordered += a[checker.REORDERED]
+        self.corrupt += a[checker.CORRUPT] + a[checker.PHANTOM] + a[checker.FAILED_PRESENT]
+        self.unavailability = max(self.unavailability, verdict.longest_unavailability)
+        self.faults += injected
+        self.verdicts.append(verdict)
+
+    def add_disk(self, verdict):
+        """The verdict on the disk read directly: its anomalies count too."""
+        self.disk_verdicts.append(verdict)
+        a = verdict.anomalies
+        self.disk_anomalies += sum(a[k] for k in checker.KINDS)
+
+    @property
+    def valid(self):
+        return (self.unavailable is None and not self.disk_failures and not self.errors
+                and all(v.valid for v in self.verdicts + self.disk_verdicts))
+
+
+def make_target(reactor, fault, store, protocol):
+    from test.faults.targets import StyxFileTarget, StyxNatsTarget
+    if (store, protocol) == ("file", "styx"):
+        return StyxFileTarget(reactor, clock=(fault == "clock"))
+    if (store, protocol) == ("nats", "styx"):
+        return StyxNatsTarget(reactor)
+    raise ValueError(f"no target for {protocol} on {store}")
+
+
+@defer.inlineCallbacks
+def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk=False):
+    """
+    One seeded run of C{seconds} of faults of class C{fault}; adds it to
+    C{row} (a new L{Row} without one) and fires with the row.
+
+    @param lying_disk: the lazy FS ignores fsync from the start of the
+        workload (the harness's own test: acks must then be lost).
+    """
+    row = row or Row(fault, store, protocol)
+    rng = random.Random(f"{seed}:{fault}:{store}:{protocol}")
+    target = make_target(reactor, fault, store, protocol)
+    # every target keeps its data on a lazy FS, whatever the fault
+    why = nemesis.FAULTS[fault].unavailable(target) or target.lazy_unavailable()
+    if why is not None:
+        row.unavailable = why
+        yield target.teardown()
+        return row
+    history_path = tempfile.mktemp(prefix="faults-history-", suffix=".jsonl")
+    try:
+        yield target.setup()
+        if lying_disk:
+            target.lazy.control("lie")
+        started = time.monotonic()
+        client_done = target.start_client(history_path, duration=seconds)
+        nem = nemesis.Nemesis(reactor, rng, [nemesis.FAULTS[fault]], target, seconds)
+        log = yield nem.run()
+        yield client_done
+        final = yield target.final_records(power_cut=(fault == "powerloss"))
+        ended = time.monotonic()
+        history = read_history(history_path)
+        verdict = checker.check(history, final["served"], PROMISES[protocol], end=ended)
+        row.add(verdict, ended - started, len(log))
+        if not verdict.valid:
+            row.notes.append(f"seed {seed}, served: {verdict.describe()}\n  faults: {log}")
+        if final["disk_error"] is not None:
+            row.disk_failures += 1
+        elif final["disk"] is not None:
+            disk = checker.check(history, final["disk"], PROMISES[protocol], end=ended)
+            row.add_disk(disk)
+            if not disk.valid:
+                row.notes.append(f"seed {seed}, disk: {disk.describe()}")
+    except Exception as e:   # noqa: BLE001 - a run that cannot finish is a finding
+        row.errors += 1
+        row.notes.append(f"seed {seed}: the run failed: {e!r}")
+    finally:
+        yield target.teardown()
+        row.notes += target.notes
+        if os.path.exists(history_path):
+            os.unlink(history_path)
+    return row
+
+
+def command(fault, store, protocol, minutes, seed):
+    return (f"python -m test.faults.run --only {fault} --store {store} "
+            f"--protocol {protocol} --minutes {minutes:g} --seed {seed}")
+
+
+def table(rows, minutes, seed):
+    """The results as a reStructuredText table, and each row's command."""
+    head = ("fault", "store", "protocol", "runs", "errors", "faults", "acked", "unknown", "lost",
+            "dup", "reordered", "corrupt", "disk", "longest unavail.")
+    lines = []
+    body = []
+    for r in rows:
+        if r.unavailable:
+            body.append((r.fault, r.store, r.protocol, "--", "--", "--", "--", "--", "--", "--",
+                         "--", "--", "--", "not run: " + r.unavailable))
+        else:
+            body.append((r.fault, r.store, r.protocol, str(r.runs), str(r.errors), str(r.faults),
+                         f"{r.acknowledged:,}", f"{r.unknown:,}", str(r.lost),
+                         str(r.duplicated), str(r.reordered), str(r.corrupt),
+                         "--" if not (r.disk_verdicts or r.disk_failures) else
+                         "ok" if not (r.disk_anomalies or r.disk_failures) else
+                         f"{r.disk_anomalies + r.disk_failures} bad",
+                         f"{r.unavailability:.1f} s"))
+    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+    rule = "  ".join("=" * w for w in widths)
+    lines += [rule, "  ".join(h.ljust(w) for h, w in zip(head, widths)), rule]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    lines += [rule, ""]
+    for r in rows:
+        lines.append(f"{r.fault}/{r.store}/{r.protocol}: "
+                     f"{command(r.fault, r.store, r.protocol, minutes, seed)}")
+        lines += ["  " + n for n in r.notes]
+    return "\n".join(lines)
+
+
+@defer.inlineCallbacks
+def run_matrix(reactor, args):
+    rows = [(f, s, p) for f, s, p in MATRIX
+            if (not args.only or f in args.only) and (not args.store or s == args.store)
+            and (not args.protocol or p == args.protocol)]
+    budget = args.minutes * 60.0
+    per_run = max(5.0, min(args.run_seconds, budget / max(1, len(rows))))
+    deadline = time.monotonic() + budget
+    results = {key: Row(*key) for key in rows}
+    repetition = 0
+    while True:
+        for key in rows:
+            row = results[key]
+            if row.unavailable or (repetition and time.monotonic() + per_run > deadline):
+                continue
+            # a row's runs depend on its own key and repetition only, so
+            # that --only reproduces them
+            seed = f"{args.seed}.{repetition}"
+            yield run_one(reactor, *key, per_run, seed, row)
+            status = ("UNAVAILABLE: " + row.unavailable if row.unavailable else
+                      "ok" if row.valid else "ANOMALIES")
+            print(f"[{time.monotonic() - deadline + budget:6.0f} s] {'/'.join(key)} "
+                  f"seed {seed}: runs {row.runs}, acked {row.acknowledged}, lost {row.lost},"
+                  f" dup {row.duplicated}, reordered {row.reordered}, corrupt {row.corrupt}"
+                  f" -- {status}", file=sys.stderr, flush=True)
+        repetition += 1
+        if time.monotonic() + per_run > deadline or all(r.unavailable for r in results.values()):
+            break
+    print(table(list(results.values()), args.minutes, args.seed))
+    if any(r.verdicts and not r.valid for r in results.values()):
+        raise SystemExit(1)   # task.react exits with its code
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m test.faults.run",
+                                     description="the fault matrix, judged by the checker")
+    parser.add_argument("--minutes", type=float, default=5.0,
+                        help="total time; the matrix is repeated with new seeds to fill it")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--only", type=lambda s: s.split(","), default=None,
+                        help=f"fault classes, of {','.join(nemesis.FAULTS)}")
+    parser.add_argument("--store", default=None)
+    parser.add_argument("--protocol", default=None)
+    parser.add_argument("--run-seconds", type=float, default=20.0,
+                        help="length of one run (at most)")
+    args = parser.parse_args(argv)
+    for name in args.only or ():
+        if name not in nemesis.FAULTS:
+            parser.error(f"unknown fault class {name!r}")
+    task.react(run_matrix, [args])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+"""
+Targets of the nemesis: the real processes of one configuration, and the
+verbs a fault class uses on them (L{test.faults.nemesis}).
+
+L{StyxFileTarget}: a real C{styx-server} (file store) whose data directory
+is on a lazy FS (L{test.faults.lazyfs}), optionally under libfaketime, and
+the workload's client process.  The final state is read by two other
+paths: the disk itself after a last power cut (or kill -9), with the
+read-only reader, and a fresh server process, with a client of the
+harness's own.
+"""
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+from twisted.internet import defer, protocol
+
+from streamproto.log.reader import LogDirectoryReader
+from streamproto.styx.api_client import StyxClient
+from test.faults import lazyfs
+from test.support.torture_harness import ROOT, ServerProcess, suspicious_output
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
+#: small segments, so that faults land on rolls and index writes too
+SEGMENT_MAX_SIZE = 65536
+
+
+def faketime_unavailable():
+    if not os.path.exists(FAKETIME_LIB):
+        return f"libfaketime not installed ({FAKETIME_LIB}: Debian package faketime)"
+    return None
+
+
+class _ClientProtocol(protocol.ProcessProtocol):
+    def __init__(self):
+        self.output = []
+        self.ended = defer.Deferred()
+
+    def outReceived(self, data):
+        self.output.append(data)
+
+    errReceived = outReceived
+
+    def processEnded(self, reason):
+        self.ended.callback(reason.value)
+
+
+class StyxFileTarget:
+    """
+    One styx-server on the file store, its data on a lazy FS.
+
+    @param clock: run the server under libfaketime (a clock the nemesis
+        can jump); off unless the run has clock faults.
+    """
+
+    store = "file"
+    protocol = "styx"
+
+    def __init__(self, reactor, clock=False, log="faults"):
+        self.reactor = reactor
+        self.work = tempfile.mkdtemp(prefix="faults-styx-")
+        self.lazy = lazyfs.LazyMount(os.path.join(self.work, "disk"),
+                                     os.path.join(self.work, "mnt"))
+        self.clock_file = os.path.join(self.work, "clock")
+        self.use_clock = clock
+        self.log = log
+        env = None
+        if clock:
+            with open(self.clock_file, "w") as f:
+                f.write("+0\n")
+            env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": self.clock_file,
+                   "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+        self.server = ServerProcess(reactor, "styx-server",
+                                    os.path.join(self.lazy.mountpoint, "data"), env=env)
+        self.client = None
+        self.client_transport = None
+        self.notes = []
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.port}"
+
+    @defer.inlineCallbacks
+    def setup(self):
+        self.lazy.mount()
+        yield self.server.start()
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            yield client.create_log(self.log, segment_max_size=SEGMENT_MAX_SIZE)
+        finally:
+            yield client.close()
+        # the log and its directory are durable before the workload starts
+        self.lazy.control("sync")
+
+    def start_client(self, history, duration, producers=3, timeout=3.0):
+        """Spawn the workload process (L{test.faults.workload})."""
+        argv = [sys.executable, "-m", "test.faults.workload", "styx", "--url", self.url,
+                "--log", self.log, "--history", history, "--duration", str(duration),
+                "--producers", str(producers), "--timeout", str(timeout)]
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.client = _ClientProtocol()
+        self.client_transport = self.reactor.spawnProcess(
+            self.client, sys.executable, argv, env=env, path=ROOT)
+        return self.client.ended
+
+    # -- the verbs of the fault classes ---------------------------------
+
+    def killable(self):
+        return ["server"]
+
+    def pausable(self):
+        return ["server", "client"]
+
+    def disks(self):
+        return ["disk"]
+
+    def kill(self, name):
+        return self.server.kill()
+
+    def start(self, name):
+        return self.server.start()
+
+    def signal(self, name, signum):
+        pid = self.server.pid if name == "server" else self.client_transport.pid
+        try:
+            os.kill(pid, signum)
+        except (ProcessLookupError, TypeError):
+            pass   # it ended meanwhile (the client at its deadline)
+
+    def lazy_unavailable(self):
+        return lazyfs.unavailable()
+
+    @defer.inlineCallbacks
+    def power_cut(self, disks):
+        yield self.server.kill()
+        return [self.lazy.drop()]
+
+    def power_on(self, disks):
+        return self.server.start()
+
+    def clock_unavailable(self):
+        if not self.use_clock:
+            return "the server was not started under libfaketime"
+        return faketime_unavailable()
+
+    def set_clock(self, offset):
+        with open(self.clock_file, "w") as f:
+            f.write(f"{offset:+.0f}\n")
+
+    def partition_unavailable(self):
+        return ("not built yet for this target: the front-end and its client share "
+                "127.0.0.1 (network namespaces with veth pairs are the plan)")
+
+    # -- the end ---------------------------------------------------------
+
+    def disk_records(self):
+        """
+        The log as the file system holds it (after a power cut: as the disk
+        does), read with the read-only L{LogDirectoryReader}: no server, no
+        recovery.
+        """
+        reader = LogDirectoryReader(self.server.data_dir)
+        start, end = reader.bounds(self.log)
+        return [bytes(r) for batch in reader.read(self.log, start, end)
+                for r in batch.records()]
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        """
+        Heal, cut the power (or kill -9) a last time, read the disk as it
+        is, then start a fresh server and read the whole log back with a
+        client of our own: C{{"disk": records, "served": records}}.
+        """
+        self.signal("server", signal.SIGCONT)
+        if self.use_clock:
+            self.set_clock(0)
+        if power_cut and lazyfs.unavailable() is None:
+            yield self.power_cut(["disk"])
+        else:
+            yield self.server.kill()
+        disk, disk_error = None, None
+        if self.store == "file":
+            try:
+                disk = self.disk_records()
+            except Exception as e:   # noqa: BLE001 - an unreadable disk is a finding
+                disk_error = f"the read-only reader failed on the disk: {e!r}"
+                self.notes.append(disk_error)
+        yield self.server.start()
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            records = yield client.read_records(self.log)
+        finally:
+            yield client.close()
+        bad = suspicious_output(self.server.output_text())
+        if bad:
+            fd, path = tempfile.mkstemp(prefix="faults-server-", suffix=".log")
+            with os.fdopen(fd, "w") as f:
+                f.write(self.server.output_text())
+            self.notes.append(f"{len(bad)} tracebacks in the server's output: {path}")
+        return {"disk": disk, "disk_error": disk_error, "served": records}
+
+    @defer.inlineCallbacks
+    def teardown(self):
+        if self.client_transport is not None and self.client_transport.pid:
+            self.signal("client", signal.SIGCONT)
+            self.signal("client", signal.SIGKILL)
+        self.signal("server", signal.SIGCONT)
+        yield self.server.kill()
+        self.lazy.unmount()
+        shutil.rmtree(self.work, True)
+
+
+class StyxNatsTarget(StyxFileTarget):
+    """
+    One styx-server on the JetStream store (C{--store nats://...}) of a
+    3-node C{nats-server} cluster (C{sync_interval: always}), each node's
+    store directory on a lazy FS of its own: kill -9 and pauses of the
+    front-end or of any node, power loss of one node or of all at once.
+    The final state is read by a fresh front-end process.
+    """
+
+    store = "nats"
+
+    def __init__(self, reactor, clock=False, log="faults"):
+        from test.support.natsutil import NatsCluster
+        super().__init__(reactor, clock=clock, log=log)
+        self.cluster = NatsCluster(3)
+        self.node_lazy = [
+            lazyfs.LazyMount(os.path.join(self.work, f"n{i}-disk"),
+                             os.path.join(self.cluster.directory, f"n{i}"))
+            for i in range(3)]
+        self.server.args += ["--store", self.cluster.url + "?replicas=3"]
+
+    @defer.inlineCallbacks
+    def setup(self):
+        from twisted.internet import threads
+        for mount in self.node_lazy:
+            mount.mount()
+        yield threads.deferToThread(self.cluster.start)
+        os.makedirs(self.server.data_dir, exist_ok=True)
+        yield self.server.start()
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            yield client.create_log(self.log)
+        finally:
+            yield client.close()
+        # the stream is durable before the workload starts, as the file
+        # target's log is (nats-server does not fsync the directories it
+        # creates: the strict model would lose the stream itself)
+        for mount in self.node_lazy:
+            mount.control("sync")
+
+    def killable(self):
+        return ["server", "n0", "n1", "n2"]
+
+    def pausable(self):
+        return ["server", "client", "n0", "n1", "n2"]
+
+    def disks(self):
+        return ["n0", "n1", "n2"]
+
+    def _node(self, name):
+        return int(name[1:])
+
+    def kill(self, name):
+        if name == "server":
+            return self.server.kill()
+        self.cluster.kill(self._node(name))
+        return defer.succeed(None)
+
+    def start(self, name):
+        if name == "server":
+            return self.server.start()
+        from twisted.internet import threads
+        return threads.deferToThread(self.cluster.start_node, self._node(name))
+
+    def signal(self, name, signum):
+        if name in ("server", "client"):
+            return super().signal(name, signum)
+        process = self.cluster.processes[self._node(name)]
+        if process is not None:
+            process.send_signal(signum)
+
+    def power_cut(self, disks):
+        answers = []
+        for name in disks:
+            self.cluster.kill(self._node(name))
+            answers.append(f"{name}: {self.node_lazy[self._node(name)].drop()}")
+        return defer.succeed(answers)
+
+    def power_on(self, disks):
+        # all at once: after a power cut of the whole cluster a node is not
+        # healthy before it has a meta leader, which needs the others up
+        from twisted.internet import threads
+        for name in disks:
+            self.cluster.start_node(self._node(name), wait=False)
+        return threads.deferToThread(self.cluster.wait_ready, 60.0)
+
+    def clock_unavailable(self):
+        return "not built for the JetStream target yet"
+
+    def _keep_fatal_logs(self):
+        """Copy the nodes' logs out of the doomed directory when one died."""
+        logs = [os.path.join(self.cluster.directory, f"n{i}.log") for i in range(3)]
+        fatal = False
+        for path in logs:
+            with open(path, errors="replace") as f:
+                fatal = fatal or "[FTL]" in f.read()
+        if fatal:
+            keep = tempfile.mkdtemp(prefix="faults-nats-logs-")
+            for path in logs:
+                shutil.copy(path, keep)
+            self.notes.append(f"a nats-server node died ([FTL]): logs in {keep}")
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        for name in self.disks():
+            self.signal(name, signal.SIGCONT)
+        if power_cut:
+            yield self.power_cut(self.disks())
+            yield self.power_on(self.disks())
+        from twisted.internet import threads
+        yield threads.deferToThread(self.cluster.wait_ready)
+        return (yield super().final_records(power_cut=False))
+
+    @defer.inlineCallbacks
+    def teardown(self):
+        for name in self.disks():
+            self.signal(name, signal.SIGCONT)
+        for i in range(3):
+            self.cluster.kill(i)
+        self._keep_fatal_logs()
+        for mount in self.node_lazy:
+            mount.unmount()
+        self.cluster.stop()
+        yield super().teardown()

@@ -1,0 +1,73 @@
+"""
+The CI subset of the fault matrix: one short seeded run of each fault class
+the harness implements, against a real styx-server on the file store whose
+data is on the lazy FS, and kill -9 and pauses on the JetStream store (3
+nats-server nodes), judged by the checker (python -m test.faults.run
+runs the full matrix).  Needs root, /dev/fuse, libfuse2, mfusepy and
+libfaketime (.ci/run installs them): without them the runs fail and say
+why.
+"""
+
+from twisted.internet import reactor
+from twisted.trial.unittest import TestCase
+
+from test.faults import run
+
+SECONDS = 8.0
+SEED = 20261128
+
+
+class FaultMatrixSubsetTests(TestCase):
+    timeout = 120
+
+    async def check_class(self, fault, store="file"):
+        row = await run.run_one(reactor, fault, store, "styx", SECONDS, SEED)
+        self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
+        self.assertEqual(row.runs, 1)
+        self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
+        self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
+        if store == "file":
+            self.assertEqual(len(row.disk_verdicts), 1,
+                             "the disk could not be read: " + "\n".join(row.notes))
+        self.assertTrue(row.valid, "\n".join(row.notes))
+        return row
+
+    def _deferred(self, coro):
+        from twisted.internet.defer import Deferred
+        return Deferred.fromCoroutine(coro)
+
+    def test_kill9(self):
+        return self._deferred(self.check_class("kill9"))
+
+    def test_power_loss(self):
+        return self._deferred(self.check_class("powerloss"))
+
+    def test_pause(self):
+        return self._deferred(self.check_class("pause"))
+
+    def test_clock_jump(self):
+        return self._deferred(self.check_class("clock"))
+
+    def test_nats_kill9(self):
+        """kill -9 of the front-end or of a node of the 3-node JetStream cluster."""
+        return self._deferred(self.check_class("kill9", "nats"))
+
+    def test_nats_pause(self):
+        """SIGSTOP of the front-end, of the client or of a nats-server node."""
+        return self._deferred(self.check_class("pause", "nats"))
+
+    def test_lying_disk_is_caught(self):
+        """
+        The harness can fail: with a disk that ignores fsync, a power cut
+        loses acknowledged records, and the checker reports them lost.
+        """
+        async def go():
+            row = await run.run_one(reactor, "powerloss", "file", "styx", 5.0, SEED,
+                                    lying_disk=True)
+            self.assertIsNone(row.unavailable)
+            self.assertGreater(row.acknowledged, 0)
+            self.assertGreater(row.lost, 0, "acks on a lying disk survived a power cut")
+            # the disk read directly shows the same loss
+            self.assertGreater(row.disk_anomalies, 0)
+            self.assertFalse(row.valid)
+        return self._deferred(go())

@@ -1,0 +1,183 @@
+"""
+The lazy FUSE filesystem loses what was not fsynced, and only that: the
+state logic without FUSE (any machine), then through a real mount (root,
+/dev/fuse and libfuse2, which .ci/run installs: without them these tests
+fail and say why, they do not skip).
+"""
+
+import os
+import shutil
+import tempfile
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from test.faults import lazyfs
+
+
+class StateTests(SynchronousTestCase):
+    """L{lazyfs.LazyState} on a plain directory: the model itself."""
+
+    def setUp(self):
+        self.root = tempfile.mkdtemp(prefix="lazystate-")
+        self.addCleanup(shutil.rmtree, self.root, True)
+        self.state = lazyfs.LazyState(self.root)
+
+    def fd(self, name, create=False):
+        path = os.path.join(self.root, name)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0))
+        self.addCleanup(os.close, fd)
+        if create:
+            self.state.created("/" + name)
+        return fd
+
+    def test_unsynced_write_is_lost_synced_kept(self):
+        fd = self.fd("f", create=True)
+        self.state.fsyncdir("/")
+        self.state.write(fd, b"a" * 5000, 0)
+        self.state.fsync(fd)
+        self.state.write(fd, b"b" * 10, 4990)
+        self.state.write(fd, b"c" * 100, 5000)
+        self.assertEqual(self.state.read(fd, 20, 4990), b"b" * 10 + b"c" * 10)
+        self.state.drop()
+        with open(os.path.join(self.root, "f"), "rb") as f:
+            self.assertEqual(f.read(), b"a" * 5000)
+
+    def test_truncate_then_grow_reads_zeros(self):
+        fd = self.fd("f", create=True)
+        self.state.write(fd, b"x" * 9000, 0)
+        self.state.fsync(fd)
+        self.state.truncate(fd, 100)
+        self.state.write(fd, b"y", 8999)
+        data = self.state.read(fd, 9000, 0)
+        self.assertEqual(data, b"x" * 100 + bytes(8899) + b"y")
+        self.state.fsync(fd)
+        with open(os.path.join(self.root, "f"), "rb") as f:
+            self.assertEqual(f.read(), data)
+
+    def test_truncate_undone_by_drop(self):
+        fd = self.fd("f", create=True)
+        self.state.write(fd, b"x" * 300, 0)
+        self.state.fsync(fd)
+        self.state.truncate(fd, 0)
+        self.assertEqual(self.state.read(fd, 300, 0), b"")
+        self.state.drop()
+        self.assertEqual(os.pread(fd, 400, 0), b"x" * 300)
+
+    def test_created_name_needs_directory_fsync(self):
+        fd = self.fd("new", create=True)
+        self.state.write(fd, b"data", 0)
+        self.state.fsync(fd)                 # the data, not the name
+        self.state.drop()
+        self.assertFalse(os.path.exists(os.path.join(self.root, "new")))
+
+    def test_rename_over_existing_undone(self):
+        for name, body in (("old", b"old"), ("tmp", b"new")):
+            fd = self.fd(name, create=True)
+            self.state.write(fd, body, 0)
+            self.state.fsync(fd)
+        self.state.fsyncdir("/")
+        self.state.rename("/tmp", "/old")
+        with open(os.path.join(self.root, "old"), "rb") as f:
+            self.assertEqual(f.read(), b"new")
+        self.state.drop()
+        with open(os.path.join(self.root, "old"), "rb") as f:
+            self.assertEqual(f.read(), b"old")
+        with open(os.path.join(self.root, "tmp"), "rb") as f:
+            self.assertEqual(f.read(), b"new")
+
+    def test_rename_durable_after_fsyncdir(self):
+        self.fd("a", create=True)
+        self.state.fsyncdir("/")
+        self.state.rename("/a", "/b")
+        self.state.fsyncdir("/")
+        self.state.drop()
+        self.assertEqual(sorted(os.listdir(self.root)), [lazyfs.STASH, "b"])
+
+    def test_unlink_undone(self):
+        fd = self.fd("f", create=True)
+        self.state.write(fd, b"keep", 0)
+        self.state.fsync(fd)
+        self.state.fsyncdir("/")
+        self.state.unlink("/f")
+        self.assertFalse(os.path.exists(os.path.join(self.root, "f")))
+        self.state.drop()
+        with open(os.path.join(self.root, "f"), "rb") as f:
+            self.assertEqual(f.read(), b"keep")
+
+    def test_mkdir_undone_with_its_contents(self):
+        os.mkdir(os.path.join(self.root, "d"))
+        self.state.created("/d")
+        fd = self.fd("d/f", create=True)
+        self.state.fsync(fd)
+        self.state.fsyncdir("/d")            # f is durable in d, but d is not in /
+        self.state.drop()
+        self.assertFalse(os.path.exists(os.path.join(self.root, "d")))
+
+
+class MountTests(SynchronousTestCase):
+    """Through a real FUSE mount, with the system calls a store makes."""
+
+    def setUp(self):
+        why = lazyfs.unavailable()
+        if why:
+            self.fail(f"the lazy FS cannot run on this machine: {why} "
+                      "(.ci/run installs libfuse2 and mfusepy)")
+        top = tempfile.mkdtemp(prefix="lazyfs-")
+        self.addCleanup(shutil.rmtree, top, True)
+        self.mount = lazyfs.LazyMount(os.path.join(top, "backing"), os.path.join(top, "mnt"))
+        self.mount.mount()
+        self.addCleanup(self.mount.unmount)
+        self.mnt = self.mount.mountpoint
+
+    def path(self, *names):
+        return os.path.join(self.mnt, *names)
+
+    def fsync_dir(self, *names):
+        fd = os.open(self.path(*names), os.O_RDONLY | os.O_DIRECTORY)
+        os.fsync(fd)
+        os.close(fd)
+
+    def test_write_without_fsync_vanishes(self):
+        fd = os.open(self.path("seg"), os.O_RDWR | os.O_CREAT | os.O_APPEND)
+        os.write(fd, b"synced ")
+        os.fsync(fd)
+        self.fsync_dir()
+        os.writev(fd, [b"not ", b"synced"])
+        os.close(fd)
+        with open(self.path("seg"), "rb") as f:
+            self.assertEqual(f.read(), b"synced not synced")
+        self.assertIn("dropped", self.mount.drop())
+        with open(self.path("seg"), "rb") as f:
+            self.assertEqual(f.read(), b"synced ")
+
+    def test_write_with_fsync_survives(self):
+        os.mkdir(self.path("log"))
+        self.fsync_dir()
+        fd = os.open(self.path("log", "seg"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.write(fd, b"x" * 100000)
+        os.fdatasync(fd)
+        os.close(fd)
+        self.fsync_dir("log")
+        self.mount.drop()
+        with open(self.path("log", "seg"), "rb") as f:
+            self.assertEqual(f.read(), b"x" * 100000)
+
+    def test_new_name_needs_its_directory_fsynced(self):
+        fd = os.open(self.path("state.tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.write(fd, b"{}")
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(self.path("state.tmp"), self.path("state.json"))
+        self.assertEqual(os.listdir(self.mnt), ["state.json"])
+        self.mount.drop()
+        self.assertEqual(os.listdir(self.mnt), [])
+
+    def test_control_file_is_not_listed_and_stats(self):
+        self.assertEqual(os.listdir(self.mnt), [])
+        with open(self.path("f"), "wb") as f:
+            f.write(b"x")
+        self.assertIn("dirty_pages 1", self.mount.control("stats"))
+        self.assertEqual(self.mount.control("sync"), "ok synced")
+        self.mount.drop()
+        with open(self.path("f"), "rb") as f:
+            self.assertEqual(f.read(), b"x")
