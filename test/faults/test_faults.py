@@ -23,7 +23,7 @@ class FaultMatrixSubsetTests(TestCase):
     async def check_class(self, fault, store="file"):
         row = await run.run_one(reactor, fault, store, "styx", SECONDS, SEED)
         self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
-        self.assertEqual(row.runs, 1)
+        self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
         if store == "file":
