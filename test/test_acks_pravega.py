@@ -185,6 +185,71 @@ class AdminTests(_ServerBase):
         self.flushLoggedErrors()
 
 
+class MergeTests(_ServerBase):
+    """MergeSegments (a transaction commit): SegmentsMerged once the target holds it."""
+
+    SOURCE = SEG + "#transaction.00000000000000000000000000000001"
+
+    def connect(self):
+        proto = self.factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        self.addCleanup(proto.connectionLost, None)
+        return proto, transport
+
+    def merge_in_flight(self):
+        """Start a merge; release the store until the target's append is asked."""
+        self.create_segment()
+        self.create_segment(self.SOURCE)
+        self.store.inner.get(log_name(self.SOURCE)).result.append([b"txn data"])
+        self.send(codec.MergeSegments(9, SEG, self.SOURCE, ""))
+        target = log_name(SEG)
+        while not [h for h in self.store.pending("append") if h.name == target]:
+            self.store.pending()[0].release()
+        self.assertEqual(self.replies(), [])
+
+    def test_merged_after_the_append(self):
+        self.merge_in_flight()
+        self.store.release_all()
+        [merged] = self.replies()
+        self.assertEqual((type(merged), merged.new_target_write_offset),
+                         (codec.SegmentsMerged, 8))
+        self.assertEqual(self.stored(), 8)
+
+    def test_retried_merge_waits_for_the_merge_in_flight(self):
+        """
+        A client retrying a commit on another connection while the first
+        merge's append is in flight is answered only once that append is
+        stored, and not at all if it fails (it was answered at once).
+        """
+        self.merge_in_flight()
+        proto, transport = self.connect()
+        proto.dataReceived(codec.encode(codec.MergeSegments(10, SEG, self.SOURCE, "")))
+        self.assertEqual(codec.Decoder().feed(transport.value()), [],
+                         "the retry answered before the merge was stored")
+        self.store.fail_all(unreachable(), "append")
+        self.assertNotIn(codec.SegmentsMerged, [type(r) for r in self.replies()])
+        self.assertNotIn(codec.SegmentsMerged,
+                         [type(r) for r in codec.Decoder().feed(transport.value())])
+        # the source was kept: the retry does the merge itself
+        self.store.release_all()
+        [merged] = codec.Decoder().feed(transport.value())
+        self.assertEqual((type(merged), merged.new_target_write_offset),
+                         (codec.SegmentsMerged, 8))
+        self.assertEqual(self.stored(), 8)
+        self.flushLoggedErrors()
+
+    def test_retried_merge_answered_once_stored(self):
+        self.merge_in_flight()
+        proto, transport = self.connect()
+        proto.dataReceived(codec.encode(codec.MergeSegments(10, SEG, self.SOURCE, "")))
+        self.store.release_all()
+        [merged] = codec.Decoder().feed(transport.value())
+        self.assertEqual((type(merged), merged.new_target_write_offset),
+                         (codec.SegmentsMerged, 8))
+        self.assertEqual(self.stored(), 8)
+
+
 class TableTests(_ServerBase):
     def create_table(self):
         self.send(codec.CreateTableSegment(1, TABLE, b""))
