@@ -285,3 +285,48 @@ class TableTests(_ServerBase):
         self.assertEqual([r for r in self.replies()
                           if isinstance(r, codec.TableEntriesUpdated)], [])
         self.flushLoggedErrors()
+
+
+class ControllerStateTests(SynchronousTestCase):
+    """
+    The controller's answers (SUCCESS, SCOPE_EXISTS, ...) stand for its
+    state document as stored: after a save that failed, an answer must
+    not come from the change that was not stored.
+    """
+
+    def setUp(self):
+        from streamproto.pravega.controller.state import ControllerState
+        from streamproto.pravega.segments import SegmentStore
+        self.clock = Clock()
+        self.store = HeldStore(MemoryLogStore(self.clock))
+        self.state = ControllerState(self.store, SegmentStore(self.store), self.clock)
+        d = self.state.open()
+        self.store.release_all()
+        self.successResultOf(d)
+
+    def test_scope_created_after_the_save(self):
+        d = self.state.create_scope("sc")
+        self.store.release_all("get")
+        self.assertNoResult(d)
+        self.store.release_all()
+        self.assertEqual(self.successResultOf(d), "SUCCESS")
+
+    def test_failed_save_is_not_answered_later(self):
+        d = self.state.create_scope("sc")
+        self.store.release_all("get")
+        self.store.fail_all(unreachable(), "append")
+        self.failureResultOf(d)
+        # the client retries: the scope is not stored, so it is created now
+        again = self.state.create_scope("sc")
+        self.store.release_all()
+        self.assertEqual(self.successResultOf(again), "SUCCESS")
+        self.assertEqual(len(self.store.pending()), 0)
+        self.assertIn("sc", json_state(self.store)["scopes"])
+        self.flushLoggedErrors()
+
+
+def json_state(store):
+    import json
+    from streamproto.pravega.controller.state import STATE_LOG
+    log = store.inner.get(STATE_LOG).result
+    return json.loads(log.read(log.end_position - 1).result.records()[0])
