@@ -79,25 +79,19 @@ class HeldLog:
                                 lambda: self._log.append(records, *args, **kwargs))
 
 
-class HeldStore:
+class HeldCalls:
     """
-    An L{ILogStore} over C{inner} (a fresh L{MemoryLogStore} by default)
-    whose operations in C{held} wait for the test; the others pass through.
+    The test's side of holding calls: what was asked, releasing and
+    failing it.  A store mixes this in and routes its calls through
+    L{_ask} (L{HeldStore}; a reliable-stream session store in its tests).
 
     @ivar asked: every L{Held} asked, in order (answered ones too).
+    @ivar held: the operations that wait for the test; others run at once.
     """
 
-    def __init__(self, inner: MemoryLogStore | None = None,
-                 held: frozenset[str] = HELD_OPERATIONS) -> None:
-        self.inner = inner if inner is not None else MemoryLogStore()
-        self.held = set(held)
-        self.asked: list[Held] = []
-        self._wrapped: dict[int, HeldLog] = {}
+    asked: list[Held]
+    held: set[str]
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    # -- the test's side -------------------------------------------------
     def pending(self, operation: str | None = None) -> list[Held]:
         """The operations (of kind C{operation}) not answered yet, in order."""
         return [h for h in self.asked
@@ -126,7 +120,6 @@ class HeldStore:
             count += 1
         return count
 
-    # -- the store's side ------------------------------------------------
     def _ask(self, operation: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
              run: Callable[[], Deferred[Any]]) -> Deferred[Any]:
         held = Held(operation, name, args, kwargs, run)
@@ -134,6 +127,23 @@ class HeldStore:
         if operation not in self.held:
             held.release()
         return held.deferred
+
+
+class HeldStore(HeldCalls):
+    """
+    An L{ILogStore} over C{inner} (a fresh L{MemoryLogStore} by default)
+    whose operations in C{held} wait for the test; the others pass through.
+    """
+
+    def __init__(self, inner: MemoryLogStore | None = None,
+                 held: frozenset[str] = HELD_OPERATIONS) -> None:
+        self.inner = inner if inner is not None else MemoryLogStore()
+        self.held = set(held)
+        self.asked = []
+        self._wrapped: dict[int, HeldLog] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
     def wrap(self, log: Any) -> HeldLog:
         """The one L{HeldLog} of the inner log C{log}."""
@@ -165,4 +175,4 @@ def unreachable() -> BaseException:
     return StoreUnavailable("JetStream: no answer within the store's timeout")
 
 
-__all__ = ["HELD_OPERATIONS", "Held", "HeldLog", "HeldStore", "unreachable"]
+__all__ = ["HELD_OPERATIONS", "Held", "HeldCalls", "HeldLog", "HeldStore", "unreachable"]
