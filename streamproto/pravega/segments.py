@@ -600,7 +600,14 @@ class SegmentStore:
         """
         tgt = yield self.get(target)
         marker = "merged:" + hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-        if tgt.log_.attributes.get(marker) or tgt._issued.get(marker):
+        if tgt._issued.get(marker) and not tgt.log_.attributes.get(marker):
+            # a merge of source (a commit retried meanwhile) is in flight:
+            # this answer stands for its append, so it waits for it, and the
+            # source is kept until it is stored (if it fails, the target
+            # reopens without the marker and the merge is done again here)
+            yield tgt.settle()
+            tgt = yield self.get(target)
+        if tgt.log_.attributes.get(marker):
             try:
                 yield self.delete(source)
             except SegmentNotFound:

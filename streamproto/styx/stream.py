@@ -439,6 +439,7 @@ class ProducerStream(_StyxStream):
         self._appends_in_flight = 0
         self._acked_count = 0
         self._ack_call = None
+        self._append_lost = False     # an append failed: count nothing after it
 
     def _records_received(self, records):
         count = len(records)
@@ -458,6 +459,13 @@ class ProducerStream(_StyxStream):
     def _appended(self, result, count, nbytes):
         self._appends_in_flight -= 1
         self._pending_bytes -= nbytes
+        if self._append_lost:
+            # an Ack's count says the stream's first N records are stored:
+            # after a failed append (a JetStream timeout) a later one may
+            # still be stored, and counting it would acknowledge the lost
+            # records in its place.  The final Ack stops before the loss.
+            self._maybe_drained()
+            return
         self.synced_count += count
         if self._metrics is not None:
             self._metrics.produced(self._log.name, count, nbytes)
@@ -476,6 +484,7 @@ class ProducerStream(_StyxStream):
     def _append_failed(self, failure, nbytes):
         self._appends_in_flight -= 1
         self._pending_bytes -= nbytes
+        self._append_lost = True
         code = error_code_for(failure)
         log_failure(_log, failure, "styx/0 producer on {log}: append failed", log=self._log.name)
         self.finish(code)

@@ -186,6 +186,13 @@ class ControllerState:
             except AppendConflict:
                 self.log.info("controller state changed by another controller: retrying")
                 continue
+            except Exception:
+                # the change is in memory and maybe not stored (a store that
+                # did not answer): read the stored document again before the
+                # next answer, which must not come from what is not stored
+                # (a retried create_scope answered SCOPE_EXISTS)
+                self._position = None
+                raise
             return result
         yield self._catch_up(force=True)
         raise AppendConflict(f"controller state: {MUTATION_ATTEMPTS} conflicting writers in "
