@@ -15,7 +15,7 @@ from streamproto.lumberjack.codec import (
 )
 from streamproto.lumberjack.server import LumberjackServerFactory
 from streamproto.lumberjack.sink import LogStoreSink
-from test.heldstore import HeldStore, unreachable
+from test.support.heldstore import HeldStore, unreachable
 
 
 def events(n, start=0):

@@ -12,8 +12,8 @@ from twisted.trial import unittest
 
 from streamproto.log import LogConfig, MemoryLogStore
 from streamproto.styx.resource import make_site
-from test.heldstore import HeldStore, unreachable
-from test.wsclient import Refused, connect
+from test.support.heldstore import HeldStore, unreachable
+from test.support.wsclient import Refused, connect
 
 POST = {"X-HTTP-Method-Override": "POST"}
 

@@ -18,8 +18,8 @@ from streamproto.pravega import codec
 from streamproto.pravega.blocks import pack_blocks
 from streamproto.pravega.segments import log_name
 from streamproto.pravega.server import PravegaServerFactory
-from test.heldstore import HeldStore, unreachable
-from test.test_pravega_server import chunk
+from test.support.heldstore import HeldStore, unreachable
+from test.pravega.test_pravega_server import chunk
 
 SEG = "scope/stream/0.#epoch.0"
 TABLE = "_system/_tables/t"

@@ -17,7 +17,7 @@ from streamproto.log import LogConfig, MemoryLogStore
 from streamproto.styx.codec import Ack, ErrorCode, ErrorMessage, decode_all, encode_records
 from streamproto.styx.resource import make_site
 from streamproto.styx.stream import ProducerStream
-from test.heldstore import HeldStore, unreachable
+from test.support.heldstore import HeldStore, unreachable
 
 
 class _SiteBase(unittest.SynchronousTestCase):

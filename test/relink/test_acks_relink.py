@@ -8,9 +8,9 @@ acknowledges nothing (and nothing after it).
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.relink.endpoints import LogBridgeHandler
-from test.heldstore import HeldStore, unreachable
-from test.test_relink_endpoints import fired
-from test.test_relink_support import Pair
+from test.support.heldstore import HeldStore, unreachable
+from test.relink.test_relink_endpoints import fired
+from test.relink.test_relink_support import Pair
 
 
 class LogBridgeAckTests(SynchronousTestCase):

@@ -13,8 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from streamproto.reliable.errors import StoreUnavailable
 from streamproto.reliable.server import ReliableStreamFactory
 from streamproto.reliable.session import MemorySessionStore
-from test.heldstore import HeldCalls
-from test.test_reliable_server import U, Connection, TurnClock
+from test.support.heldstore import HeldCalls
+from test.reliable.test_reliable_server import U, Connection, TurnClock
 
 
 class HeldSessionStore(HeldCalls, MemorySessionStore):
