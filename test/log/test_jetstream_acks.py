@@ -27,6 +27,7 @@ from twisted.trial import unittest
 from twisted.web.client import HTTPConnectionPool
 
 from streamproto.log.jetstream import JetStreamLogStore
+from test.support.logutil import read_records
 from test.support.natsutil import NatsCluster
 
 LINES = "application/vnd.styx.line-delimited"
@@ -73,20 +74,10 @@ class FrontEnds(unittest.TestCase):
         return response.code, json.loads(body)
 
     @defer.inlineCallbacks
-    def read_all(self, store, name):
-        log = yield store.get(name)
-        out, position = [], log.start_position
-        while position < log.end_position:
-            batch = yield log.read(position, max_bytes=1 << 22)
-            out.extend(bytes(r) for r in batch)
-            position += len(batch)
-        return out
-
-    @defer.inlineCallbacks
     def fresh_read(self, name):
         """What a front-end started now reads."""
         store, _ = yield self.front_end(f"fresh-{time.monotonic()}")
-        records = yield self.read_all(store, name)
+        records = yield read_records(store, name)
         return records
 
 
@@ -197,5 +188,5 @@ class RacingFrontEndsTests(FrontEnds):
         for store in stores:
             log = yield store.get("race")
             self.assertEqual(log.info()["status"], "ok")
-            served = yield self.read_all(store, "race")
+            served = yield read_records(store, "race")
             self.assertEqual(served, stored)

@@ -26,6 +26,7 @@ from twisted.trial import unittest
 
 from streamproto.log.errors import LogExists
 from streamproto.log.jetstream import JetStreamLogStore
+from test.support.logutil import read_records
 from test.support.natsutil import NatsCluster
 
 
@@ -77,15 +78,8 @@ class ProtocolTrials(unittest.TestCase):
         info = yield self.store._call(self.store.io.stream_info, log_.stream)
         return int(info["cluster"]["leader"][1:])
 
-    @defer.inlineCallbacks
     def read_all(self, name):
-        log_ = yield self.store.get(name)
-        out, position = [], log_.start_position
-        while position < log_.end_position:
-            batch = yield log_.read(position, max_bytes=1 << 22)
-            out.extend(bytes(r) for r in batch)
-            position += len(batch)
-        return out
+        return read_records(self.store, name)
 
     @defer.inlineCallbacks
     def caught_up(self, name, node, timeout=120):

@@ -1,5 +1,6 @@
-"""Capturing the log events a test provokes (no tests here)."""
+"""Capturing the log events a test provokes; reading a whole log (no tests here)."""
 
+from twisted.internet import defer
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 
@@ -17,3 +18,15 @@ def error_lines(testcase):
     globalLogPublisher.addObserver(observer)
     testcase.addCleanup(globalLogPublisher.removeObserver, observer)
     return lines
+
+
+@defer.inlineCallbacks
+def read_records(store, name):
+    """Every record of log C{name} of C{store}, from its start (bytes)."""
+    log = yield store.get(name)
+    out, position = [], log.start_position
+    while position < log.end_position:
+        batch = yield log.read(position, max_bytes=1 << 22)
+        out.extend(bytes(r) for r in batch)
+        position += len(batch)
+    return out
