@@ -98,7 +98,11 @@ class InstalledTests(unittest.SynchronousTestCase):
             return
         self.assertTrue(accelerator.accelerated(), accelerator.IMPORT_ERROR)
         from streamproto import _speedups  # noqa: F401 - importable, not only found
-        files = [str(f) for f in (metadata.files("streamproto") or [])]
+        # every distribution of the name: trial runs from the checkout, whose
+        # streamproto.egg-info (left by build_ext --inplace) lists sources
+        # only and comes first on sys.path; the wheel's RECORD is the one
+        files = [str(f) for d in metadata.distributions(name="streamproto")
+                 for f in (d.files or [])]
         shipped = [f for f in files if f.startswith("streamproto/_speedups") and
                    f.endswith(".so")]
         self.assertTrue(shipped, "the installed streamproto has no _speedups extension")
