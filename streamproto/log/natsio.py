@@ -147,10 +147,17 @@ class NatsIO:
             return None
         import nats
 
+        # resolved when the first connection cannot succeed: a server whose
+        # certificate the CA did not sign (the servers of one cluster share
+        # their CA; nats-py, which would wait out the deadline, is left)
+        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
         async def error_cb(e: Exception) -> None:
             # kept for problems() and the errors raised; the store logs the
             # state changes (one line, not one per reconnection attempt)
             self.last_error = f"{type(e).__name__}: {e}"
+            if isinstance(e, ssl.SSLCertVerificationError) and not refused.done():
+                refused.set_result(None)
 
         async def disconnected_cb() -> None:
             self.connected = False
@@ -175,7 +182,8 @@ class NatsIO:
         try:
             # bounded as a whole too: a TLS handshake the servers refuse can
             # keep the client trying for ever
-            self.nc = nc = await asyncio.wait_for(nats.connect(**options), CONNECT_DEADLINE)
+            self.nc = nc = await _first_of(nats.connect(**options), refused,
+                                           CONNECT_DEADLINE)
         except asyncio.TimeoutError:
             detail = self.last_error or f"no connection within {CONNECT_DEADLINE:g} s"
             self.last_error = f"cannot connect to {', '.join(self.servers)}: {detail}"
@@ -482,6 +490,31 @@ class Watch:
                 await self.sub.unsubscribe()
             except Exception:
                 pass
+
+
+async def _first_of(connecting: Any, refused: asyncio.Future[None], timeout: float) -> Any:
+    """
+    The outcome of C{connecting}, unless C{refused} is resolved first (the
+    connection is then abandoned: L{asyncio.CancelledError}) or C{timeout}
+    passes (L{asyncio.TimeoutError}).
+    """
+    task = asyncio.ensure_future(connecting)
+    try:
+        await asyncio.wait({task, refused}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not refused.done():
+            refused.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):
+        pass
+    if refused.done() and not refused.cancelled():
+        raise ConnectionRefusedError("the servers' certificates were not verified")
+    raise asyncio.TimeoutError()
 
 
 def _describe(error: BaseException) -> str:

@@ -377,9 +377,30 @@ class TableStore:
         try:
             log = yield self.store.create(log_name(name), self.config)
         except LogExists:
-            raise SegmentExists(name)
-        yield log.append([], {"table": 1})
+            log = yield self._unfinished(name)
+        # The marker is a second step (a log is created without attributes):
+        # when it fails the client is told so and retries, and the retry
+        # finishes this log rather than finding it "existing" but no table.
+        try:
+            yield log.append([], {"table": 1}, expected_attributes={"table": None})
+        except AppendConflict:
+            raise SegmentExists(name)   # another front-end finished it first
         self._open[name] = Table(name, log)
+
+    @inlineCallbacks
+    def _unfinished(self, name):
+        """
+        The log of a table whose creation stopped between the log and its
+        marker (the marker's append failed), to be finished; anything else
+        of that name fails with L{SegmentExists}.
+        """
+        try:
+            log = yield self.store.get(log_name(name))
+        except LogNotFound:
+            raise SegmentExists(name)   # deleted meanwhile: still not ours to make
+        if log.attributes or log.end_position or log.end_offset:
+            raise SegmentExists(name)
+        returnValue(log)
 
     @inlineCallbacks
     def delete(self, name, must_be_empty):

@@ -316,3 +316,65 @@ class SessionCopyTests(unittest.TestCase):
         code, out, err = yield self.run_copy_async("copy", src, url)
         self.assertEqual(code, 1)
         self.assertIn("refused: session a: the destination holds another session", err)
+
+
+class TLSCopyTests(unittest.SynchronousTestCase):
+    """
+    C{store copy} and C{store list} to and from a C{tls://} store, as the
+    servers reach it (C{--store-ca}, C{--store-cert}, C{--store-key}): the
+    NATS server verified, a client certificate shown; a server the CA did
+    not sign is refused with one line, nothing copied.
+    """
+
+    def setUp(self):
+        from test.support.natsutil import NatsCluster
+        from test.support.tlsutil import certs
+        self.c = certs()
+        self.cluster = NatsCluster(1, tls=(self.c.server_cert, self.c.server_key, self.c.ca))
+        self.cluster.start()
+        self.addCleanup(self.cluster.stop)
+        self.url = f"tls://localhost:{self.cluster.ports[0]}?replicas=1"
+        self.tls = ["--store-ca", self.c.ca, "--store-cert", self.c.client_cert,
+                    "--store-key", self.c.client_key]
+
+    def tempdir(self):
+        path = tempfile.mkdtemp(prefix="streamproto-copy-")
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
+    def test_file_to_tls_and_back(self):
+        src = self.tempdir()
+        store = FileLogStore(src, reactor=Clock(), run_blocking=synchronous,
+                             retention_interval=None)
+        events = self.successResultOf(store.create("events"))
+        self.successResultOf(events.append(records(500, 100), attributes={"writer": 500}))
+        store.close()
+        code, out, err = run_copy("copy", src, self.url, *self.tls)
+        self.assertEqual(code, 0, err)
+        self.assertIn("events: 500 end position, 500 records", out)
+        code, out, err = run_copy("list", self.url, *self.tls)
+        self.assertEqual(code, 0, err)
+        self.assertIn("events", out)
+        back = os.path.join(self.tempdir(), "back")
+        code, out, err = run_copy("copy", self.url, back, *self.tls)
+        self.assertEqual(code, 0, err)
+        got = [r for batch in LogDirectoryReader(back).read("events", 0, 500)
+               for r in batch.records()]
+        self.assertEqual(got, records(500, 100))
+
+    def test_unverified_server_refused(self):
+        """
+        At once: a CA that did not sign the server's certificate will not
+        sign it on the next attempt either (before, the first connection
+        waited out its whole deadline).
+        """
+        from streamproto.log.natsio import CONNECT_DEADLINE
+        started = time.monotonic()
+        code, out, err = run_copy("list", self.url, "--store-ca", self.c.other_ca,
+                                  "--store-cert", self.c.client_cert,
+                                  "--store-key", self.c.client_key)
+        self.assertNotEqual(code, 0)
+        self.assertLess(time.monotonic() - started, CONNECT_DEADLINE / 2)
+        self.assertNotIn("Traceback", err)
+        self.assertIn("CERTIFICATE_VERIFY_FAILED", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)

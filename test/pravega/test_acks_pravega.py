@@ -30,6 +30,11 @@ class _ServerBase(SynchronousTestCase):
         self.clock = Clock()
         self.store = HeldStore(MemoryLogStore(self.clock))
         self.factory = PravegaServerFactory(self.store, clock=self.clock)
+        self.reconnect()
+
+    def reconnect(self):
+        """A new connection to the same server (as a client does after a
+        store error closed the last one)."""
         self.proto = self.factory.buildProtocol(None)
         self.transport = StringTransport()
         self.proto.makeConnection(self.transport)
@@ -277,6 +282,43 @@ class TableTests(_ServerBase):
         [updated] = self.replies()
         self.assertIsInstance(updated, codec.TableEntriesUpdated)
         self.assertEqual(len(updated.updated_versions), 1)
+
+    def test_retry_finishes_a_half_made_table(self):
+        """
+        A table is a log and then its marker: when the marker's append
+        fails, the client hears an error and retries, and the retry makes
+        the table (before, every retry answered "exists" and every use
+        "no such segment", for good).
+        """
+        self.send(codec.CreateTableSegment(1, TABLE, b""))
+        self.store.release_all("create")
+        self.store.fail_all(unreachable())
+        self.assertNotIn(codec.SegmentCreated(1, TABLE), self.replies())
+        self.flushLoggedErrors()
+        self.assertTrue(self.transport.disconnecting)
+        self.reconnect()
+        self.send(codec.CreateTableSegment(2, TABLE, b""))
+        self.store.release_all()
+        self.assertEqual(self.replies(), [codec.SegmentCreated(2, TABLE)])
+        self.update(3)
+        self.store.release_all()
+        [updated] = self.replies()
+        self.assertIsInstance(updated, codec.TableEntriesUpdated)
+
+    def test_finished_table_still_exists(self):
+        """The retry's leniency is for an unmarked, empty log only."""
+        self.create_table()
+        self.send(codec.CreateTableSegment(2, TABLE, b""))
+        self.store.release_all()
+        [reply] = self.replies()
+        self.assertIsInstance(reply, codec.SegmentAlreadyExists)
+
+    def test_segment_of_that_name_still_exists(self):
+        self.create_segment(TABLE)
+        self.send(codec.CreateTableSegment(2, TABLE, b""))
+        self.store.release_all()
+        [reply] = self.replies()
+        self.assertIsInstance(reply, codec.SegmentAlreadyExists)
 
     def test_update_fails(self):
         self.create_table()
