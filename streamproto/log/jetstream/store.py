@@ -24,7 +24,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.base.clock import default_reactor
+from streamproto.base.clock import default_reactor, monotonic_seconds
 from streamproto.base.observer import SharedCall
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import CorruptLog, LogClosed, LogExists, LogNotFound
@@ -92,6 +92,8 @@ class JetStreamLogStore:
         after appends).
     @param io: the asyncio-side client (default a L{NatsIO}; tests pass a
         fake with the same coroutine methods).
+    @param monotonic: seconds on a clock no step of the wall clock moves,
+        for durations (default L{monotonic_seconds} of C{clock}).
     """
 
     def __init__(self, servers: str | Iterable[str], replicas: int | None = None,
@@ -100,7 +102,8 @@ class JetStreamLogStore:
                  bridge: AsyncioThreadBridge | None = None, cache_bytes: int = 64 << 20,
                  max_message_bytes: int = 1 << 20, retention_interval: float | None = 60.0,
                  read_ahead: int = 16, publish_timeout: float | None = None,
-                 connection_name: str = "streamproto", io: NatsIO | None = None) -> None:
+                 connection_name: str = "streamproto", io: NatsIO | None = None,
+                 monotonic: Callable[[], float] | None = None) -> None:
         from streamproto.log.bridge import AsyncioThreadBridge
         if isinstance(servers, str):
             servers = [servers]
@@ -108,6 +111,9 @@ class JetStreamLogStore:
         self.prefix = check_prefix(prefix)
         self.replicas = replicas if replicas is not None else (3 if len(self.servers) >= 3 else 1)
         self.clock = cast(IReactorTime, default_reactor(clock))
+        #: durations (append deadlines, ages, rate limits) are measured on
+        #: this, never on the wall clock that a clock step moves
+        self.monotonic = monotonic or monotonic_seconds(self.clock)
         # the reactor is also the IReactorFromThreads the bridge posts to
         self.bridge = bridge or AsyncioThreadBridge(cast(Any, self.clock))
         self.timeout = timeout

@@ -75,7 +75,7 @@ class Truncation(LogPart):
     @defer.inlineCallbacks
     def _truncate(self, position: int, offset: int) -> _Inline[int]:
         """A marker saying where the log starts, then the purge of what it hides."""
-        a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
+        a = _Append(lengths_array(), b"", None, self.store.monotonic() + self.store.timeout,
                     kind=MARKER, start=(position, offset))
         yield self._chain.enqueue(a)
         marker_seq = cast(int, a.last_seq)  # set once it is stored
@@ -100,7 +100,7 @@ class Truncation(LogPart):
 
     def due(self) -> bool:
         c = self._log.config
-        now = self._clock.seconds()
+        now = self.store.monotonic()
         if self._retention_running or now - self._last_retention < 1.0:
             return False
         kept = self._log.end_position - self._log.start_position
@@ -119,7 +119,7 @@ class Truncation(LogPart):
         if self._retention_running or self._log._closed:
             return self._log.start_position
         self._retention_running = True
-        self._last_retention = self._clock.seconds()
+        self._last_retention = self.store.monotonic()
         try:
             c = self._log.config
             cut = self._log.start_position
