@@ -32,7 +32,14 @@ PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime")}
 #: the rows of the matrix: (fault class, store, protocol)
 MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
                                                    "partition")]
-          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")])
+          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")]
+          # the network (namespaces) and the front-end's clock, on JetStream with
+          # sync_interval: always ("nats") and with nats-server's default ("nats-lazy")
+          + [(fault, store, "styx") for store in ("nats", "nats-lazy")
+             for fault in ("partition", "flap", "clock")])
+
+#: each JetStream store of the matrix: its nodes' sync_interval (2m is the default)
+SYNC_INTERVALS = {"nats": "always", "nats-lazy": "2m"}
 
 
 @dataclass
@@ -88,8 +95,12 @@ def make_target(reactor, fault, store, protocol):
     from test.faults.targets import StyxFileTarget, StyxNatsTarget
     if (store, protocol) == ("file", "styx"):
         return StyxFileTarget(reactor, clock=(fault == "clock"))
-    if (store, protocol) == ("nats", "styx"):
-        return StyxNatsTarget(reactor)
+    if store in SYNC_INTERVALS and protocol == "styx":
+        sync = SYNC_INTERVALS[store]
+        if fault in ("partition", "flap"):
+            from test.faults.nstargets import StyxPartitionTarget
+            return StyxPartitionTarget(reactor, sync_interval=sync)
+        return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
     raise ValueError(f"no target for {protocol} on {store}")
 
 

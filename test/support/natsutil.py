@@ -35,8 +35,8 @@ def nats_server_binary():
 
 NODE_CONFIG = """\
 server_name: {name}
-listen: 127.0.0.1:{port}
-http: 127.0.0.1:{http_port}
+listen: {host}:{port}
+http: {host}:{http_port}
 max_payload: {max_payload}
 jetstream {{
   store_dir: "{store}"
@@ -48,7 +48,7 @@ jetstream {{
 CLUSTER_CONFIG = """\
 cluster {{
   name: {cluster_name}
-  listen: 127.0.0.1:{cluster_port}
+  listen: {host}:{cluster_port}
   routes: [{routes}]
 }}
 """
@@ -78,14 +78,22 @@ class NatsCluster:
         self.tls = tls
         self.max_payload = max_payload
         self.processes = [None] * size
-        self.urls = [f"nats://127.0.0.1:{p}" for p in self.ports]
+        self.urls = [f"nats://{self.host(i)}:{p}" for i, p in enumerate(self.ports)]
         for i in range(size):
             self._write_config(i)
+
+    def host(self, i):
+        """The address node C{i} listens on (a subclass puts nodes elsewhere)."""
+        return "127.0.0.1"
+
+    def command(self, i):
+        """The argv that runs node C{i} (a subclass may wrap it)."""
+        return [self.binary, "-c", self._config_path(i)]
 
     @property
     def url(self):
         """The store URL naming every node (C{nats://h:p,h:p,...})."""
-        return "nats://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return "nats://" + ",".join(f"{self.host(i)}:{p}" for i, p in enumerate(self.ports))
 
     def _config_path(self, i):
         return os.path.join(self.directory, f"n{i}.conf")
@@ -93,12 +101,12 @@ class NatsCluster:
     def _write_config(self, i):
         cluster = ""
         if self.size > 1:
-            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in
+            routes = ", ".join(f"nats-route://{self.host(j)}:{p}" for j, p in
                                enumerate(self.cluster_ports) if j != i)
-            cluster = CLUSTER_CONFIG.format(cluster_name="streamproto-test",
+            cluster = CLUSTER_CONFIG.format(cluster_name="streamproto-test", host=self.host(i),
                                             cluster_port=self.cluster_ports[i], routes=routes)
         text = NODE_CONFIG.format(
-            name=f"n{i}", port=self.ports[i], http_port=self.http_ports[i],
+            name=f"n{i}", host=self.host(i), port=self.ports[i], http_port=self.http_ports[i],
             max_payload=self.max_payload, store=os.path.join(self.directory, f"n{i}"),
             sync_interval=self.sync_interval, cluster=cluster)
         if self.tls is not None:
@@ -156,7 +164,7 @@ class NatsCluster:
     def start_node(self, i, wait=True, timeout=30.0):
         log = open(os.path.join(self.directory, f"n{i}.log"), "ab")
         self.processes[i] = subprocess.Popen(
-            [self.binary, "-c", self._config_path(i)],
+            self.command(i),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         if wait:
@@ -176,9 +184,9 @@ class NatsCluster:
 
     def _healthy(self, i):
         try:
-            with socket.create_connection(("127.0.0.1", self.ports[i]), timeout=1):
+            with socket.create_connection((self.host(i), self.ports[i]), timeout=1):
                 pass
-            url = f"http://127.0.0.1:{self.http_ports[i]}/healthz"
+            url = f"http://{self.host(i)}:{self.http_ports[i]}/healthz"
             with urllib.request.urlopen(url, timeout=2) as response:
                 return response.status == 200
         except OSError:
@@ -204,7 +212,7 @@ class NatsCluster:
                 if self.processes[i] is None:
                     continue
                 try:
-                    url = f"http://127.0.0.1:{self.http_ports[i]}/jsz"
+                    url = f"http://{self.host(i)}:{self.http_ports[i]}/jsz"
                     with urllib.request.urlopen(url, timeout=2) as response:
                         meta = json.loads(response.read()).get("meta_cluster") or {}
                     if meta.get("leader"):
