@@ -25,7 +25,7 @@ L{Fabric.call}: a function run in a thread that has joined the router's
 namespace (C{setns(2)} is per thread for network namespaces), so its
 sockets are the router's, which routes to every member (its policy rules
 match forwarded packets only).  Processes run in a member's namespace
-through L{Fabric.prefix} (C{ip netns exec}, which execs: the pid is the
+through L{Fabric.prefix} (C{nsenter --net}, which execs: the pid is the
 process's own, for kill and SIGSTOP).
 """
 
@@ -58,6 +58,8 @@ def unavailable():
     """Why network namespaces cannot be made here, or C{None} when they can."""
     if shutil.which("ip") is None:
         return "no ip command (Debian package iproute2)"
+    if shutil.which("nsenter") is None:
+        return "no nsenter command (Debian package util-linux)"
     if os.geteuid() != 0:
         return "creating network namespaces needs root"
     name = f"faults-{os.getpid()}-probe"
@@ -123,8 +125,14 @@ class Fabric:
         return f"{SUBNET}.{self.index(member)}.2"
 
     def prefix(self, member):
-        """The argv prefix that runs a command in C{member}'s namespace."""
-        return [shutil.which("ip") or "ip", "netns", "exec", self.ns(member)]
+        """
+        The argv prefix that runs a command in C{member}'s namespace.
+        C{nsenter}, not C{ip netns exec}: that one also gives the command a
+        mount namespace of its own, whose copies of the lazy FS mounts keep
+        them busy after the harness unmounts them.
+        """
+        return [shutil.which("nsenter") or "nsenter",
+                f"--net={os.path.join(NETNS_DIR, self.ns(member))}", "--"]
 
     def build(self):
         LIVE.add(self)

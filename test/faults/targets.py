@@ -248,14 +248,13 @@ class StyxFileTarget:
         interrupted run (Ctrl-C, SIGTERM, a test's timeout).
         """
         from twisted.internet.error import ProcessExitedAlready
-        if self.client_transport is not None:
-            for name in ("CONT", "KILL"):
+        for signum in (signal.SIGCONT, signal.SIGKILL):
+            if self.client_transport is not None:
                 try:
-                    self.client_transport.signalProcess(name)
+                    self.client_transport.signalProcess(signum)
                 except ProcessExitedAlready:
                     pass
-        self.server.signal("CONT")
-        self.server.signal("KILL")
+            self.server.signal(signum)
         self.lazy.unmount()
         shutil.rmtree(self.work, True)
         LIVE.discard(self)
