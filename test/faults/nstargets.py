@@ -118,7 +118,7 @@ class StyxPartitionTarget(StyxNatsTarget):
     flapping links on top of the verbs of L{StyxNatsTarget}.
 
     @param sync_interval: the nodes' C{sync_interval} (C{always}, or
-        C{2m}: nats-server's default).
+        None: nats-server's default, 2 minutes).
     """
 
     def __init__(self, reactor, sync_interval="always", clock=False, log="faults"):

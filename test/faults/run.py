@@ -39,8 +39,9 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           + [(fault, store, "styx") for store in ("nats", "nats-lazy")
              for fault in ("partition", "flap", "clock")])
 
-#: each JetStream store of the matrix: its nodes' sync_interval (2m is the default)
-SYNC_INTERVALS = {"nats": "always", "nats-lazy": "2m"}
+#: each JetStream store of the matrix: its nodes' sync_interval (None: not
+#: set, nats-server's default of 2 minutes)
+SYNC_INTERVALS = {"nats": "always", "nats-lazy": None}
 
 
 @dataclass

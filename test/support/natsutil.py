@@ -40,8 +40,7 @@ http: {host}:{http_port}
 max_payload: {max_payload}
 jetstream {{
   store_dir: "{store}"
-  sync_interval: {sync_interval}
-}}
+{sync}}}
 {cluster}
 """
 
@@ -108,7 +107,8 @@ class NatsCluster:
         text = NODE_CONFIG.format(
             name=f"n{i}", host=self.host(i), port=self.ports[i], http_port=self.http_ports[i],
             max_payload=self.max_payload, store=os.path.join(self.directory, f"n{i}"),
-            sync_interval=self.sync_interval, cluster=cluster)
+            sync="" if self.sync_interval is None else
+            f"  sync_interval: \"{self.sync_interval}\"\n", cluster=cluster)
         if self.tls is not None:
             cert, key, ca = self.tls
             text += (f'tls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n'
