@@ -253,12 +253,11 @@ def _children():
     return pids
 
 
-def clean_up():
+def abort_targets():
     """
-    Synchronously end everything the runs started: the live targets
-    (servers, nats-server nodes, workload clients killed, lazy FS
-    unmounted), the network namespaces, and any child left (a node a
-    thread was starting meanwhile).
+    End the live targets and delete the namespaces, synchronously (an
+    interrupted run; a test's timeout, after which trial cancels the
+    pending calls the teardown would have waited for).
     """
     from test.faults import netns, targets
     for step in [targets.abort_all] + [fabric.teardown for fabric in list(netns.LIVE)]:
@@ -266,6 +265,16 @@ def clean_up():
             step()
         except Exception as e:   # noqa: BLE001 - clean up the rest all the same
             print(f"cleaning up: {e!r}", file=sys.stderr, flush=True)
+
+
+def clean_up():
+    """
+    Synchronously end everything the runs started: the live targets
+    (servers, nats-server nodes, workload clients killed, lazy FS
+    unmounted), the network namespaces, and any child left (a node a
+    thread was starting meanwhile).
+    """
+    abort_targets()
     for pid in _children():
         try:
             os.kill(pid, signal.SIGCONT)

@@ -122,6 +122,10 @@ class StyxFileTarget:
         finally:
             yield client.close()
 
+    def read_settled(self):
+        """The final read (L{read_back}), once the store is ready to serve it."""
+        return self.read_back()
+
     def client_prefix(self):
         """What the workload's argv is wrapped in (a namespace, for partitions)."""
         return []
@@ -221,7 +225,7 @@ class StyxFileTarget:
                 disk_error = f"the read-only reader failed on the disk: {e!r}"
                 self.notes.append(disk_error)
         yield self.server.start()
-        records = yield self.read_back()
+        records = yield self.read_settled()
         bad = suspicious_output(self.server.output_text())
         if bad:
             fd, path = tempfile.mkstemp(prefix="faults-server-", suffix=".log")
@@ -300,6 +304,27 @@ class StyxNatsTarget(StyxFileTarget):
         # creates: the strict model would lose the stream itself)
         for mount in self.node_lazy:
             mount.control("sync")
+
+    @defer.inlineCallbacks
+    def read_settled(self, patience=60.0):
+        """
+        The final read, asked again while it fails for up to C{patience}
+        seconds: nodes answer /healthz before the stream has elected its
+        leader again, and until then the front-end cannot read the log.
+        Each retry is noted in the run's report.
+        """
+        import time
+
+        from test.faults.nemesis import sleep
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return (yield self.read_back())
+            except Exception as e:   # noqa: BLE001 - noted, and raised at the deadline
+                if time.monotonic() > deadline:
+                    raise
+                self.notes.append(f"the final read failed, retried: {e!r}"[:300])
+                yield sleep(self.reactor, 1.0)
 
     def killable(self):
         return ["server", "n0", "n1", "n2"]
