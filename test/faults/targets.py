@@ -323,7 +323,9 @@ class StyxNatsTarget(StyxFileTarget):
             except Exception as e:   # noqa: BLE001 - noted, and raised at the deadline
                 if time.monotonic() > deadline:
                     raise
-                self.notes.append(f"the final read failed, retried: {e!r}"[:300])
+                last = (str(e).strip().splitlines() or [""])[-1]
+                self.notes.append(f"the final read failed, retried: {type(e).__name__}: "
+                                  f"{last[-300:]}")
                 yield sleep(self.reactor, 1.0)
 
     def killable(self):

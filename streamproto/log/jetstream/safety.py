@@ -1,8 +1,8 @@
 """
 Is the cluster run so that an acknowledgement means durable?  Checked once
 at start-up by the store (L{risks}), each risk a warning naming what is
-lost and the setting that avoids it (doc/reliability.rst, "JetStream: what
-the cluster must be set to").
+lost and the setting that avoids it (doc/scale-out.rst, "Selecting the
+store" and "What survives which failure").
 
 Two settings decide it, and the client protocol shows only one:
 
