@@ -381,6 +381,7 @@ class StyxNatsTarget(StyxFileTarget):
     def _keep_fatal_logs(self):
         """Copy the nodes' logs out of the doomed directory when one died."""
         logs = [os.path.join(self.cluster.directory, f"n{i}.log") for i in range(3)]
+        logs = [path for path in logs if os.path.exists(path)]   # never started: none
         fatal = False
         for path in logs:
             with open(path, errors="replace") as f:

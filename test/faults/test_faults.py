@@ -89,3 +89,21 @@ class FaultMatrixSubsetTests(TestCase):
             self.assertGreater(row.disk_anomalies, 0)
             self.assertFalse(row.valid)
         return self._deferred(go())
+
+
+class NoNamespacesTests(TestCase):
+    """Where network namespaces cannot be made, the partition rows say why."""
+
+    def test_row_says_why(self):
+        from test.faults import netns
+        self.patch(netns, "unavailable", lambda: "creating network namespaces needs root")
+
+        async def go():
+            row = await run.run_one(reactor, "partition", "nats", "styx", 5.0, SEED)
+            self.assertEqual(row.unavailable, "creating network namespaces needs root")
+            self.assertEqual(row.runs, 0)
+            self.assertIn("not run: creating network namespaces needs root",
+                          run.table([row], 1, SEED))
+            self.assertEqual(netns.ours(), [])
+        from twisted.internet.defer import Deferred
+        return Deferred.fromCoroutine(go())
