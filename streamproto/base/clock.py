@@ -9,9 +9,11 @@ imported when it is needed, never when a module is imported: twistd (or
 an application) installs the reactor it wants before that.
 """
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["default_reactor"]
+__all__ = ["default_reactor", "monotonic_seconds"]
 
 
 def default_reactor(reactor: Any = None) -> Any:
@@ -24,3 +26,22 @@ def default_reactor(reactor: Any = None) -> Any:
         from twisted.internet import reactor as installed
         return installed
     return reactor
+
+
+def monotonic_seconds(clock: Any) -> Callable[[], float]:
+    """
+    The time source for durations (deadlines, ages, rate limits) of code
+    whose timers run on C{clock}.
+
+    A real reactor's C{seconds()} is the wall clock (C{time.time}): an NTP
+    step or an operator setting the time moves it by minutes or hours, and
+    a deadline measured on it expires at once (forward) or an hour late
+    (back).  For such a clock this is C{time.monotonic}; any other clock
+    (a test's L{twisted.internet.task.Clock}) is its own monotonic time.
+
+    @param clock: an C{IReactorTime}.
+    """
+    seconds: Callable[[], float] = clock.seconds
+    if seconds is time.time:
+        return time.monotonic
+    return seconds

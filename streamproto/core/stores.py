@@ -27,8 +27,9 @@ Options = MutableMapping[str, Any]
 #: the store options every server takes (added to L{ServerOptions})
 STORE_PARAMETERS = [
     ["store", None, None,
-     "nats://HOST:PORT[,HOST:PORT...][?replicas=N&prefix=P] (tls://... over TLS): keep the "
-     "logs in a NATS JetStream cluster instead of under --data (doc/scale-out.rst)."],
+     "nats://HOST:PORT[,HOST:PORT...][?replicas=N&prefix=P&monitor=HOST:PORT,...] (tls://... "
+     "over TLS): keep the logs in a NATS JetStream cluster instead of under --data "
+     "(doc/scale-out.rst); monitor: the nodes' monitoring ports, to check sync_interval."],
     ["store-ca", None, None, "CA certificates (PEM) that verify the NATS servers (tls://)."],
     ["store-cert", None, None, "Client certificate (PEM) for NATS servers that require one."],
     ["store-key", None, None, "The private key (PEM) of --store-cert."],
@@ -110,7 +111,7 @@ def open_log_store(options: Options, reactor: Any = None, **kwargs: Any) -> ILog
         return open_store(options["data"], **kwargs)
     from streamproto.log.jetstream import JetStreamLogStore
     return JetStreamLogStore(url.servers, replicas=url.replicas, prefix=url.prefix,
-                             tls=store_tls_context(options), clock=reactor)
+                             tls=store_tls_context(options), clock=reactor, monitor=url.monitor)
 
 
 def describe_store(options: Options) -> str:

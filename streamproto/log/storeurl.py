@@ -1,5 +1,5 @@
 """
-The store URL: C{nats://HOST:PORT[,HOST:PORT...][?replicas=N&prefix=P]}
+The store URL: C{nats://HOST:PORT[,HOST:PORT...][?replicas=N&prefix=P&monitor=M]}
 (C{tls://} for TLS), the one spelling every server plugin, C{twistd
 streamproto} and the Spark data source take for a JetStream store.
 Pure parsing, no I/O.
@@ -29,12 +29,16 @@ class StoreURL:
         default, 3 with three or more servers, else 1).
     @ivar prefix: the streams' prefix.
     @ivar tls: whether the scheme is C{tls}.
+    @ivar monitor: C{http(s)://host:port} of the servers' monitoring
+        endpoints, where start-up reads their JetStream settings (the
+        client protocol does not show C{sync_interval}); empty: not checked.
     """
 
     servers: tuple[str, ...]
     replicas: int | None = None
     prefix: str = DEFAULT_PREFIX
     tls: bool = False
+    monitor: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         hosts = ",".join(s.split("://", 1)[1] for s in self.servers)
@@ -43,6 +47,8 @@ class StoreURL:
             query.append(f"replicas={self.replicas}")
         if self.prefix != DEFAULT_PREFIX:
             query.append(f"prefix={self.prefix}")
+        if self.monitor:
+            query.append(f"monitor={','.join(self.monitor)}")
         scheme = "tls" if self.tls else "nats"
         return f"{scheme}://{hosts}" + (f"?{'&'.join(query)}" if query else "")
 
@@ -77,10 +83,11 @@ def parse_store_url(text: str) -> StoreURL:
             servers.append(server)
     replicas: int | None = None
     prefix = DEFAULT_PREFIX
+    monitor: list[str] = []
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
-        raise StoreURLError(f"{text!r}: the query must be replicas=N&prefix=P")
+        raise StoreURLError(f"{text!r}: the query must be replicas=N&prefix=P&monitor=M")
     for key, value in pairs:
         if key == "replicas":
             if not value.isdigit() or not 1 <= int(value) <= MAX_REPLICAS:
@@ -92,7 +99,20 @@ def parse_store_url(text: str) -> StoreURL:
                 raise StoreURLError(f"{text!r}: prefix must be 1 to 32 letters and digits, "
                                     f"not {value!r}")
             prefix = value
+        elif key == "monitor":
+            monitor = [_monitor_url(text, m) for m in value.split(",")]
         else:
             raise StoreURLError(f"{text!r}: unknown parameter {key!r} "
-                                "(replicas and prefix are known)")
-    return StoreURL(tuple(servers), replicas, prefix, scheme == "tls")
+                                "(replicas, prefix and monitor are known)")
+    return StoreURL(tuple(servers), replicas, prefix, scheme == "tls", tuple(monitor))
+
+
+def _monitor_url(text: str, value: str) -> str:
+    """C{HOST:PORT} or C{http(s)://HOST:PORT} of a monitoring endpoint, as a URL."""
+    scheme, _, hostport = value.strip().rpartition("://")
+    if scheme not in ("", "http", "https"):
+        raise StoreURLError(f"{text!r}: monitor {value!r} is not [http(s)://]HOST:PORT")
+    m = _HOST.match(hostport.rstrip("/"))
+    if m is None or m.group(2) is None or not 0 < int(m.group(2)) < 65536:
+        raise StoreURLError(f"{text!r}: monitor {value!r} is not [http(s)://]HOST:PORT")
+    return f"{scheme or 'http'}://{m.group(1)}:{m.group(2)}"

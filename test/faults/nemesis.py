@@ -114,26 +114,61 @@ class ClockJump(Fault):
 
 
 class Partition(Fault):
-    """Cut a process off the network (a link set down in its namespace)."""
+    """
+    Cut the network (L{test.faults.netns}: silent drops at the router
+    between namespaces) one of the target's ways, drawn by the target
+    (the front-end from the cluster, the stream leader from the other
+    nodes, a 1|2 split, a bridge), for 3-12 s: long enough for elections.
+    """
 
     name = "partition"
+
+    def __init__(self, low=3.0, high=12.0):
+        self.low, self.high = low, high
 
     def unavailable(self, target):
         return target.partition_unavailable()
 
     @defer.inlineCallbacks
     def inject(self, reactor, rng, target):
-        side = rng.choice(target.partitionable())
-        length = rng.uniform(2.0, 8.0)
-        target.partition(side, True)
+        length = rng.uniform(self.low, self.high)
         try:
+            what = yield target.draw_partition(rng)
             yield sleep(reactor, length)
         finally:
-            target.partition(side, False)
-        return f"partition {side} for {length:.2f} s"
+            target.heal_partition()
+        return f"partition {what} for {length:.2f} s"
 
 
-FAULTS = {f.name: f for f in (Kill9(), PowerLoss(), Pause(), ClockJump(), Partition())}
+class Flap(Fault):
+    """
+    A flapping link: one member's link down and up every 0.2-1.5 s for
+    2-8 s, then up.
+    """
+
+    name = "flap"
+
+    def unavailable(self, target):
+        return target.partition_unavailable()
+
+    @defer.inlineCallbacks
+    def inject(self, reactor, rng, target):
+        member = rng.choice(target.flappable())
+        length = rng.uniform(2.0, 8.0)
+        start = time.monotonic()
+        flips = 0
+        try:
+            while time.monotonic() - start < length:
+                target.set_link(member, flips % 2 == 1)
+                flips += 1
+                yield sleep(reactor, rng.uniform(0.2, 1.5))
+        finally:
+            target.set_link(member, True)
+        return f"link of {member} flapped {flips} times in {length:.2f} s"
+
+
+FAULTS = {f.name: f for f in (Kill9(), PowerLoss(), Pause(), ClockJump(), Partition(),
+                                Flap())}
 
 
 class Nemesis:

@@ -16,6 +16,7 @@ is a row that says why.
 import argparse
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -32,7 +33,15 @@ PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime")}
 #: the rows of the matrix: (fault class, store, protocol)
 MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
                                                    "partition")]
-          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")])
+          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")]
+          # the network (namespaces) and the front-end's clock, on JetStream with
+          # sync_interval: always ("nats") and with nats-server's default ("nats-lazy")
+          + [(fault, store, "styx") for store in ("nats", "nats-lazy")
+             for fault in ("partition", "flap", "clock")])
+
+#: each JetStream store of the matrix: its nodes' sync_interval (None: not
+#: set, nats-server's default of 2 minutes)
+SYNC_INTERVALS = {"nats": "always", "nats-lazy": None}
 
 
 @dataclass
@@ -88,8 +97,12 @@ def make_target(reactor, fault, store, protocol):
     from test.faults.targets import StyxFileTarget, StyxNatsTarget
     if (store, protocol) == ("file", "styx"):
         return StyxFileTarget(reactor, clock=(fault == "clock"))
-    if (store, protocol) == ("nats", "styx"):
-        return StyxNatsTarget(reactor)
+    if store in SYNC_INTERVALS and protocol == "styx":
+        sync = SYNC_INTERVALS[store]
+        if fault in ("partition", "flap"):
+            from test.faults.nstargets import StyxPartitionTarget
+            return StyxPartitionTarget(reactor, sync_interval=sync)
+        return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
     raise ValueError(f"no target for {protocol} on {store}")
 
 
@@ -112,6 +125,7 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
         yield target.teardown()
         return row
     history_path = tempfile.mktemp(prefix="faults-history-", suffix=".jsonl")
+    _progress["history"] = history_path
     try:
         yield target.setup()
         if lying_disk:
@@ -190,6 +204,11 @@ def run_matrix(reactor, args):
     per_run = max(5.0, min(args.run_seconds, budget / max(1, len(rows))))
     deadline = time.monotonic() + budget
     results = {key: Row(*key) for key in rows}
+    _progress.update(results=results, args=args)
+    install_interrupt_handlers()
+    # again once the reactor runs: it installs its own (SIGTERM) after
+    # this first call
+    reactor.callLater(0, install_interrupt_handlers)
     repetition = 0
     while True:
         for key in rows:
@@ -199,6 +218,7 @@ def run_matrix(reactor, args):
             # a row's runs depend on its own key and repetition only, so
             # that --only reproduces them
             seed = f"{args.seed}.{repetition}"
+            print(f"starting {'/'.join(key)} seed {seed}", file=sys.stderr, flush=True)
             yield run_one(reactor, *key, per_run, seed, row)
             status = ("UNAVAILABLE: " + row.unavailable if row.unavailable else
                       "ok" if row.valid else "ANOMALIES")
@@ -212,6 +232,81 @@ def run_matrix(reactor, args):
     print(table(list(results.values()), args.minutes, args.seed))
     if any(r.verdicts and not r.valid for r in results.values()):
         raise SystemExit(1)   # task.react exits with its code
+
+
+#: the matrix under way, for the table of an interrupted run
+_progress = {}
+
+
+def _children():
+    """The pids of this process's living children."""
+    me = str(os.getpid())
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def abort_targets():
+    """
+    End the live targets and delete the namespaces, synchronously (an
+    interrupted run; a test's timeout, after which trial cancels the
+    pending calls the teardown would have waited for).
+    """
+    from test.faults import netns, targets
+    for step in [targets.abort_all] + [fabric.teardown for fabric in list(netns.LIVE)]:
+        try:
+            step()
+        except Exception as e:   # noqa: BLE001 - clean up the rest all the same
+            print(f"cleaning up: {e!r}", file=sys.stderr, flush=True)
+
+
+def clean_up():
+    """
+    Synchronously end everything the runs started: the live targets
+    (servers, nats-server nodes, workload clients killed, lazy FS
+    unmounted), the network namespaces, and any child left (a node a
+    thread was starting meanwhile).
+    """
+    abort_targets()
+    for pid in _children():
+        try:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    history = _progress.get("history")
+    if history and os.path.exists(history):
+        os.unlink(history)
+
+
+def _interrupted(signum, frame):
+    name = signal.Signals(signum).name
+    print(f"interrupted by {name}: killing the servers, unmounting, deleting the "
+          "namespaces", file=sys.stderr, flush=True)
+    try:
+        clean_up()
+    finally:
+        results, args = _progress.get("results"), _progress.get("args")
+        if results:
+            print(f"(interrupted by {name}: the runs finished so far)")
+            print(table(list(results.values()), args.minutes, args.seed))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # threads may be blocked on the processes just killed: leave now
+        os._exit(128 + signum)
+
+
+def install_interrupt_handlers():
+    """Ctrl-C and SIGTERM clean up and print the partial table (replacing the reactor's)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _interrupted)
 
 
 def main(argv=None):

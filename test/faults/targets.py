@@ -15,6 +15,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import weakref
 
 from twisted.internet import defer, protocol
 
@@ -27,6 +28,17 @@ FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 
 #: small segments, so that faults land on rolls and index writes too
 SEGMENT_MAX_SIZE = 65536
+
+
+#: targets set up and not torn down yet: L{abort_all} ends them (Ctrl-C, a
+#: test's timeout, whose pending calls trial cancels before the teardown ran)
+LIVE = weakref.WeakSet()
+
+
+def abort_all():
+    """End every live target at once, synchronously (see L{StyxFileTarget.abort})."""
+    for target in list(LIVE):
+        target.abort()
 
 
 def faketime_unavailable():
@@ -86,25 +98,48 @@ class StyxFileTarget:
 
     @defer.inlineCallbacks
     def setup(self):
+        LIVE.add(self)
         self.lazy.mount()
         yield self.server.start()
-        client = StyxClient(self.url, reactor=self.reactor)
-        try:
-            yield client.create_log(self.log, segment_max_size=SEGMENT_MAX_SIZE)
-        finally:
-            yield client.close()
+        yield self.create_log(segment_max_size=SEGMENT_MAX_SIZE)
         # the log and its directory are durable before the workload starts
         self.lazy.control("sync")
 
+    @defer.inlineCallbacks
+    def create_log(self, **config):
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            yield client.create_log(self.log, **config)
+        finally:
+            yield client.close()
+
+    @defer.inlineCallbacks
+    def read_back(self):
+        """The whole log, read by a client of the harness's own."""
+        client = StyxClient(self.url, reactor=self.reactor)
+        try:
+            return (yield client.read_records(self.log))
+        finally:
+            yield client.close()
+
+    def read_settled(self):
+        """The final read (L{read_back}), once the store is ready to serve it."""
+        return self.read_back()
+
+    def client_prefix(self):
+        """What the workload's argv is wrapped in (a namespace, for partitions)."""
+        return []
+
     def start_client(self, history, duration, producers=3, timeout=3.0):
         """Spawn the workload process (L{test.faults.workload})."""
-        argv = [sys.executable, "-m", "test.faults.workload", "styx", "--url", self.url,
-                "--log", self.log, "--history", history, "--duration", str(duration),
-                "--producers", str(producers), "--timeout", str(timeout)]
+        argv = self.client_prefix() + [
+            sys.executable, "-m", "test.faults.workload", "styx", "--url", self.url,
+            "--log", self.log, "--history", history, "--duration", str(duration),
+            "--producers", str(producers), "--timeout", str(timeout)]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         self.client = _ClientProtocol()
         self.client_transport = self.reactor.spawnProcess(
-            self.client, sys.executable, argv, env=env, path=ROOT)
+            self.client, argv[0], argv, env=env, path=ROOT)
         return self.client.ended
 
     # -- the verbs of the fault classes ---------------------------------
@@ -152,8 +187,8 @@ class StyxFileTarget:
             f.write(f"{offset:+.0f}\n")
 
     def partition_unavailable(self):
-        return ("not built yet for this target: the front-end and its client share "
-                "127.0.0.1 (network namespaces with veth pairs are the plan)")
+        return ("one file-store server has no peers to be cut from: partitions run "
+                "against the JetStream cluster (the nats rows)")
 
     # -- the end ---------------------------------------------------------
 
@@ -190,11 +225,7 @@ class StyxFileTarget:
                 disk_error = f"the read-only reader failed on the disk: {e!r}"
                 self.notes.append(disk_error)
         yield self.server.start()
-        client = StyxClient(self.url, reactor=self.reactor)
-        try:
-            records = yield client.read_records(self.log)
-        finally:
-            yield client.close()
+        records = yield self.read_settled()
         bad = suspicious_output(self.server.output_text())
         if bad:
             fd, path = tempfile.mkstemp(prefix="faults-server-", suffix=".log")
@@ -212,6 +243,25 @@ class StyxFileTarget:
         yield self.server.kill()
         self.lazy.unmount()
         shutil.rmtree(self.work, True)
+        LIVE.discard(self)
+
+    def abort(self):
+        """
+        The teardown, synchronous and without the reactor: SIGKILL the
+        client and the server, unmount, remove the work directory.  For an
+        interrupted run (Ctrl-C, SIGTERM, a test's timeout).
+        """
+        from twisted.internet.error import ProcessExitedAlready
+        for signum in (signal.SIGCONT, signal.SIGKILL):
+            if self.client_transport is not None:
+                try:
+                    self.client_transport.signalProcess(signum)
+                except ProcessExitedAlready:
+                    pass
+            self.server.signal(signum)
+        self.lazy.unmount()
+        shutil.rmtree(self.work, True)
+        LIVE.discard(self)
 
 
 class StyxNatsTarget(StyxFileTarget):
@@ -225,34 +275,58 @@ class StyxNatsTarget(StyxFileTarget):
 
     store = "nats"
 
-    def __init__(self, reactor, clock=False, log="faults"):
-        from test.support.natsutil import NatsCluster
+    def __init__(self, reactor, clock=False, log="faults", sync_interval="always"):
+        self.sync_interval = sync_interval
         super().__init__(reactor, clock=clock, log=log)
-        self.cluster = NatsCluster(3)
+        self.cluster = self.make_cluster()
         self.node_lazy = [
             lazyfs.LazyMount(os.path.join(self.work, f"n{i}-disk"),
                              os.path.join(self.cluster.directory, f"n{i}"))
             for i in range(3)]
         self.server.args += ["--store", self.cluster.url + "?replicas=3"]
 
+    def make_cluster(self):
+        from test.support.natsutil import NatsCluster
+        return NatsCluster(3, sync_interval=self.sync_interval)
+
     @defer.inlineCallbacks
     def setup(self):
         from twisted.internet import threads
+        LIVE.add(self)
         for mount in self.node_lazy:
             mount.mount()
         yield threads.deferToThread(self.cluster.start)
         os.makedirs(self.server.data_dir, exist_ok=True)
         yield self.server.start()
-        client = StyxClient(self.url, reactor=self.reactor)
-        try:
-            yield client.create_log(self.log)
-        finally:
-            yield client.close()
+        yield self.create_log()
         # the stream is durable before the workload starts, as the file
         # target's log is (nats-server does not fsync the directories it
         # creates: the strict model would lose the stream itself)
         for mount in self.node_lazy:
             mount.control("sync")
+
+    @defer.inlineCallbacks
+    def read_settled(self, patience=60.0):
+        """
+        The final read, asked again while it fails for up to C{patience}
+        seconds: nodes answer /healthz before the stream has elected its
+        leader again, and until then the front-end cannot read the log.
+        Each retry is noted in the run's report.
+        """
+        import time
+
+        from test.faults.nemesis import sleep
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                return (yield self.read_back())
+            except Exception as e:   # noqa: BLE001 - noted, and raised at the deadline
+                if time.monotonic() > deadline:
+                    raise
+                last = (str(e).strip().splitlines() or [""])[-1]
+                self.notes.append(f"the final read failed, retried: {type(e).__name__}: "
+                                  f"{last[-300:]}")
+                yield sleep(self.reactor, 1.0)
 
     def killable(self):
         return ["server", "n0", "n1", "n2"]
@@ -301,11 +375,13 @@ class StyxNatsTarget(StyxFileTarget):
         return threads.deferToThread(self.cluster.wait_ready, 60.0)
 
     def clock_unavailable(self):
-        return "not built for the JetStream target yet"
+        # the front-end's clock (libfaketime): the nodes keep true time
+        return super().clock_unavailable()
 
     def _keep_fatal_logs(self):
         """Copy the nodes' logs out of the doomed directory when one died."""
         logs = [os.path.join(self.cluster.directory, f"n{i}.log") for i in range(3)]
+        logs = [path for path in logs if os.path.exists(path)]   # never started: none
         fatal = False
         for path in logs:
             with open(path, errors="replace") as f:
@@ -338,3 +414,12 @@ class StyxNatsTarget(StyxFileTarget):
             mount.unmount()
         self.cluster.stop()
         yield super().teardown()
+
+    def abort(self):
+        for i in range(3):
+            self.signal(f"n{i}", signal.SIGCONT)
+            self.cluster.kill(i)
+        for mount in self.node_lazy:
+            mount.unmount()
+        self.cluster.stop()
+        super().abort()

@@ -1,11 +1,12 @@
 """
 The CI subset of the fault matrix: one short seeded run of each fault class
 the harness implements, against a real styx-server on the file store whose
-data is on the lazy FS, and kill -9 and pauses on the JetStream store (3
+data is on the lazy FS, and kill -9, pauses, a partition (network
+namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes), judged by the checker (python -m test.faults.run
-runs the full matrix).  Needs root, /dev/fuse, libfuse2, mfusepy and
-libfaketime (.ci/run installs them): without them the runs fail and say
-why.
+runs the full matrix).  Needs root, /dev/fuse, libfuse2, mfusepy,
+libfaketime and iproute2 (.ci/run installs them): without them the runs
+fail and say why.
 """
 
 from twisted.internet import reactor
@@ -20,8 +21,13 @@ SEED = 20261128
 class FaultMatrixSubsetTests(TestCase):
     timeout = 120
 
-    async def check_class(self, fault, store="file"):
-        row = await run.run_one(reactor, fault, store, "styx", SECONDS, SEED)
+    def setUp(self):
+        # after a timeout trial cancels the calls the teardown waits for:
+        # end the servers, nodes, mounts and namespaces all the same
+        self.addCleanup(run.abort_targets)
+
+    async def check_class(self, fault, store="file", seconds=SECONDS):
+        row = await run.run_one(reactor, fault, store, "styx", seconds, SEED)
         self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
         self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
@@ -56,6 +62,18 @@ class FaultMatrixSubsetTests(TestCase):
         """SIGSTOP of the front-end, of the client or of a nats-server node."""
         return self._deferred(self.check_class("pause", "nats"))
 
+    def test_nats_partition(self):
+        """
+        A partition of the JetStream cluster (the front-end from the nodes,
+        the stream leader from the others, a 1|2 split or a bridge), each
+        process in a network namespace of its own.
+        """
+        return self._deferred(self.check_class("partition", "nats", seconds=15.0))
+
+    def test_nats_clock_jump(self):
+        """The wall clock of a front-end on JetStream jumps forward and back."""
+        return self._deferred(self.check_class("clock", "nats"))
+
     def test_lying_disk_is_caught(self):
         """
         The harness can fail: with a disk that ignores fsync, a power cut
@@ -71,3 +89,21 @@ class FaultMatrixSubsetTests(TestCase):
             self.assertGreater(row.disk_anomalies, 0)
             self.assertFalse(row.valid)
         return self._deferred(go())
+
+
+class NoNamespacesTests(TestCase):
+    """Where network namespaces cannot be made, the partition rows say why."""
+
+    def test_row_says_why(self):
+        from test.faults import netns
+        self.patch(netns, "unavailable", lambda: "creating network namespaces needs root")
+
+        async def go():
+            row = await run.run_one(reactor, "partition", "nats", "styx", 5.0, SEED)
+            self.assertEqual(row.unavailable, "creating network namespaces needs root")
+            self.assertEqual(row.runs, 0)
+            self.assertIn("not run: creating network namespaces needs root",
+                          run.table([row], 1, SEED))
+            self.assertEqual(netns.ours(), [])
+        from twisted.internet.defer import Deferred
+        return Deferred.fromCoroutine(go())

@@ -67,9 +67,15 @@ def read_history(path):
 
 
 def classify(failure):
-    """The outcome of a failed request: C{failed} for a 4xx refusal, else C{unknown}."""
+    """
+    The outcome of a failed request: C{failed} for a 4xx refusal, else
+    C{unknown}.  C{log_not_available} is a 400 (the reference's status) but
+    not a refusal: on JetStream it also answers an append the quorum did
+    not acknowledge in time, which it may still store.
+    """
     from streamproto.styx.api_client import StyxAPIError
-    if failure.check(StyxAPIError) and 400 <= failure.value.status < 500:
+    if failure.check(StyxAPIError) and 400 <= failure.value.status < 500 \
+            and failure.value.code != "log_not_available":
         return FAILED
     return UNKNOWN
 

