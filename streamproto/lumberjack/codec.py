@@ -226,8 +226,8 @@ def validate_run(run: PayloadRun) -> None:
         except Exception:  # noqa: BLE001 - not sure: one by one below
             pass
         else:
-            sizes = lengths_array(map(len, elements))
-            if sizes.pop() == 1 and sizes == run.lengths:
+            sizes = list(map(len, elements))
+            if sizes.pop() == 1 and sizes == run.lengths.tolist():
                 return
     for payload in run:
         validate_json(payload)

@@ -126,6 +126,9 @@ class LumberjackServerState:
 
     log = Logger()
     _machine = MethodicalMachine()
+    _INPUTS = ("budget_freed", "connection_lost", "_window_opened", "_window_throttled",
+               "_empty_window", "_denied", "_part_filled", "_batch_filled", "_stored",
+               "_store_failed", "_bad_input", "_idle_expired", "_keepalive_due")
 
     def __init__(self, connection, decoder, clock, idle_timeout=60.0, keepalive_interval=5.0,
                  flush_bytes=4 * 1048576, metrics=None):
@@ -167,6 +170,11 @@ class LumberjackServerState:
         self._idle = IdleTimeout(clock, idle_timeout, self._idle_expired)
         self._keepalive_call = None
         self._shutting_down = False
+        # automat builds a new function (copying its code object) at every
+        # access to an input: bound once here, several per batch cost a
+        # tenth of the server's Python time per batch
+        for name in self._INPUTS:
+            setattr(self, name, getattr(self, name))
 
     @property
     def closed(self):
