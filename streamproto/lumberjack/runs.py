@@ -46,12 +46,15 @@ class PayloadRun(Sequence[bytes]):
     handles the run whole.
     """
 
-    __slots__ = ("data", "lengths", "_offsets")
+    __slots__ = ("data", "lengths", "_offsets", "_pieces")
 
-    def __init__(self, data: bytes = b"", lengths: array[int] | None = None) -> None:
+    def __init__(self, data: bytes = b"", lengths: array[int] | None = None,
+                 pieces: list[BytesLike] | None = None) -> None:
         self.data = data
         self.lengths = lengths_array() if lengths is None else lengths
         self._offsets: list[int] | None = None
+        # the payloads one by one, kept where the pure-Python path has them
+        self._pieces = pieces
 
     @classmethod
     def of(cls, payloads: Sequence[BytesLike]) -> PayloadRun:
@@ -103,6 +106,15 @@ class PayloadRun(Sequence[bytes]):
             raise IndexError("run index out of range")
         return self.data[starts[index]:starts[index + 1]]
 
+    def pieces(self) -> list[BytesLike]:
+        """The payloads as a list of bytes-likes (the pure-Python path's
+        way to splice; made once a run)."""
+        if self._pieces is None:
+            view = memoryview(self.data)
+            self._pieces = [view[end - n:end]
+                            for n, end in zip(self.lengths, accumulate(self.lengths))]
+        return self._pieces
+
     def __iter__(self) -> Iterator[bytes]:
         data = self.data
         start = 0
@@ -142,14 +154,25 @@ def scan_json_py(buf: BytesLike, start: int, version: int, max_frame: int,
     C{lumberjack_json} returns them (see L{OTHER}, L{INCOMPLETE},
     L{TOO_LARGE}; C{max_events} <= 0: no limit).
     """
-    seqs, lengths = lengths_array(), lengths_array()
-    view = memoryview(buf)
-    parts: list[memoryview] = []
+    seqs, lengths, parts, end, status, need = _scan_json_parts(buf, start, version, max_frame,
+                                                               max_events)
+    return (lengths_array(seqs).tobytes(), lengths_array(lengths).tobytes(), b"".join(parts),
+            end, status, need)
+
+
+def _scan_json_parts(buf: BytesLike, start: int, version: int, max_frame: int,
+                     max_events: int
+                     ) -> tuple[list[int], list[int], list[BytesLike], int, int, int]:
+    seqs: list[int] = []
+    lengths: list[int] = []
+    parts: list[BytesLike] = []
+    add_seq, add_length, add_part = seqs.append, lengths.append, parts.append
+    json_type = _JSON
     end = len(buf)
     pos = start
-    status = need = 0
+    status = need = count = 0
     unpack = _seq_size.unpack_from
-    while end - pos >= 2 and buf[pos] == version and buf[pos + 1] == _JSON:
+    while end - pos >= 2 and buf[pos] == version and buf[pos + 1] == json_type:
         if end - pos < 10:
             status, need = INCOMPLETE, -1
             break
@@ -157,16 +180,18 @@ def scan_json_py(buf: BytesLike, start: int, version: int, max_frame: int,
         if size > max_frame:
             status, need = TOO_LARGE, size
             break
-        if end - pos - 10 < size:
-            status, need = INCOMPLETE, pos + 10 + size
+        stop = pos + 10 + size
+        if stop > end:
+            status, need = INCOMPLETE, stop
             break
-        seqs.append(seq)
-        lengths.append(size)
-        parts.append(view[pos + 10:pos + 10 + size])
-        pos += 10 + size
-        if 0 < max_events == len(lengths):
+        add_seq(seq)
+        add_length(size)
+        add_part(buf[pos + 10:stop])
+        pos = stop
+        count += 1
+        if count == max_events:
             break
-    return seqs.tobytes(), lengths.tobytes(), b"".join(parts), pos, status, need
+    return seqs, lengths, parts, pos, status, need
 
 
 def splice_py(lengths: array[int], data: BytesLike, head: bytes, prefix: bytes,
@@ -178,16 +203,18 @@ def splice_py(lengths: array[int], data: BytesLike, head: bytes, prefix: bytes,
     """
     if sum(lengths) != len(data):
         raise ValueError("lengths do not add up to the data size")
-    view = memoryview(data)
-    parts: list[BytesLike] = [head]
-    start = 0
-    for n in lengths:
-        parts += (prefix, view[start:start + n], suffix)
-        start += n
-    parts.append(tail)
+    return _splice_pieces(PayloadRun(bytes(data), lengths).pieces(), lengths, head, prefix,
+                          suffix, tail)
+
+
+def _splice_pieces(pieces: list[BytesLike], lengths: array[int], head: bytes, prefix: bytes,
+                   suffix: bytes, tail: bytes) -> tuple[bytes, bytes]:
     extra = len(prefix) + len(suffix)
-    out_lengths = lengths_array(n + extra for n in lengths)
-    return b"".join(parts), out_lengths.tobytes()
+    out_lengths = lengths_array(map(extra.__add__, lengths))
+    if not pieces:
+        return head + tail, out_lengths.tobytes()
+    joined = (suffix + prefix).join(pieces)
+    return b"".join((head, prefix, joined, suffix, tail)), out_lengths.tobytes()
 
 
 def scan_json(buf: BytesLike, start: int, version: int, max_frame: int,
@@ -196,12 +223,15 @@ def scan_json(buf: BytesLike, start: int, version: int, max_frame: int,
     Consecutive JSON frames of C{version} from C{buf[start:]}: (seqs,
     payloads, end, status, need); see L{scan_json_py}.
     """
-    if _speedups is not None:
-        raw_seqs, raw_lengths, data, end, status, need = _speedups.lumberjack_json(
+    if _speedups is None:
+        # the pieces are kept: the run is spliced from them (twice) without cutting it again
+        seq_list, length_list, parts, end, status, need = _scan_json_parts(
             buf, start, version, max_frame, max_events)
-    else:
-        raw_seqs, raw_lengths, data, end, status, need = scan_json_py(
-            buf, start, version, max_frame, max_events)
+        lengths = lengths_array(length_list)
+        return (lengths_array(seq_list), PayloadRun(b"".join(parts), lengths, parts), end,
+                status, need)
+    raw_seqs, raw_lengths, data, end, status, need = _speedups.lumberjack_json(
+        buf, start, version, max_frame, max_events)
     seqs, lengths = array("I"), array("I")
     seqs.frombytes(raw_seqs)
     lengths.frombytes(raw_lengths)
@@ -215,7 +245,8 @@ def splice(run: PayloadRun, head: bytes, prefix: bytes, suffix: bytes,
     if _speedups is not None:
         data, raw = _speedups.splice(run.lengths, run.data, head, prefix, suffix, tail)
     else:
-        data, raw = splice_py(run.lengths, run.data, head, prefix, suffix, tail)
+        # the run's pieces are cut once, for the validation's splice and the records'
+        data, raw = _splice_pieces(run.pieces(), run.lengths, head, prefix, suffix, tail)
     lengths = array("I")
     lengths.frombytes(raw)
     return data, lengths

@@ -88,6 +88,20 @@ class AcceleratorTests(SynchronousTestCase):
         self.assertEqual(list(array("I", lengths)),
                          [len(p) + len(prefix) + len(suffix) for p in payloads])
 
+    @given(st.lists(st.binary(max_size=30), max_size=20), st.binary(max_size=5))
+    @settings(max_examples=100, deadline=None)
+    def test_scanned_runs_splice_the_same_either_way(self, payloads, prefix):
+        # the pure-Python scan keeps its pieces for splicing: they must be the run's
+        frames = encode_json_frames(payloads)
+        accelerated = runs.scan_json(frames, 0, VERSION_2, 64, -1)
+        self.patch(runs, "_speedups", None)
+        seqs, run, end, status, need = runs.scan_json(frames, 0, VERSION_2, 64, -1)
+        self.assertEqual((seqs, run, end, status, need), accelerated)
+        spliced = runs.splice(run, b"[", prefix, b"}", b"]")
+        self.assertEqual(spliced[0], b"[" + b"".join(prefix + p + b"}" for p in payloads) + b"]")
+        self.assertEqual(spliced, runs.splice(PayloadRun(run.data, run.lengths), b"[", prefix,
+                                              b"}", b"]"))
+
     def test_splice_refuses_lengths_not_matching(self):
         for name, splice in SPLICERS:
             self.assertRaises(ValueError, splice, array("I", [3]), b"ab", b"", b"", b"", b"")
