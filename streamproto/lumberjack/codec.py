@@ -200,6 +200,8 @@ def validate_json(payload: bytes) -> None:
 
 
 _array_of_raw = _msgspec.json.Decoder(list[_msgspec.Raw]).decode
+#: events validated in one parse, at most (a batch of Filebeat's is 2048)
+VALIDATE_CHUNK = 8192
 
 
 def validate_run(run: PayloadRun) -> None:
@@ -216,6 +218,12 @@ def validate_run(run: PayloadRun) -> None:
     whitespace around it, is checked payload by payload.
     """
     if not run.lengths:
+        return
+    if len(run) > VALIDATE_CHUNK:
+        # one compressed frame may hold millions of tiny events: an object
+        # per element for a part of them at a time only
+        for start in range(0, len(run), VALIDATE_CHUNK):
+            validate_run(run[start:start + VALIDATE_CHUNK])
         return
     if fast_check is CHECKERS["msgspec"]:
         text, _ = runs.splice(run, b"[", b"", b",", b"0]")

@@ -194,6 +194,14 @@ class ValidateRunTests(SynchronousTestCase):
         self.assertRaises(MalformedJSON, codec.validate_run,
                           PayloadRun.of([b'"\xc3', b'\xa9"']))
 
+    def test_long_runs_in_parts(self):
+        self.patch(codec, "VALIDATE_CHUNK", 3)
+        codec.validate_run(PayloadRun.of([b"1"] * 10))
+        for bad in range(10):
+            payloads = [b"1"] * 10
+            payloads[bad] = b"[1"
+            self.assertRaises(MalformedJSON, codec.validate_run, PayloadRun.of(payloads))
+
     def test_stdlib_extensions_accepted(self):
         # NaN is the stdlib's (msgspec refuses it): the stdlib has the last word
         codec.validate_run(PayloadRun.of([b"1", b"NaN", b"[Infinity]"]))
