@@ -1,7 +1,9 @@
 """
 What running without the C accelerator costs: record framing and scanning
-(the per-record work of every Styx produce and consume) by the accelerator
-and by the pure-Python fallback, on the same batch, in the same run.
+(the per-record work of every Styx produce and consume) and Lumberjack's
+JSON frames scanned and spliced into log records (the per-event work of
+every Lumberjack batch) by the accelerator and by the pure-Python
+fallback, on the same batch, in the same run.
 
     python bench/accel_cost.py                 # 1000 records of 100 B
     python bench/accel_cost.py --records 100 --size 1000
@@ -23,6 +25,8 @@ measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from streamproto import _speedups  # noqa: E402
 from streamproto.core import framing  # noqa: E402
+from streamproto.lumberjack import runs  # noqa: E402
+from streamproto.lumberjack.codec import encode_json_frames  # noqa: E402
 
 PREFIX = b"\x00\x01"    # styx/0's record message type
 
@@ -54,6 +58,21 @@ def main(argv=None):
         ("scan (produce's decode)",
          lambda: _speedups.scan_frames(wire, 0, PREFIX, max_size, -1),
          lambda: framing.scan_frames_py(wire, 0, PREFIX, max_size, -1)),
+    ]
+    # a Lumberjack batch of as many JSON events of the same size
+    event = b'{"message":"' + b"x" * max(0, args.size - 14) + b'"}'
+    events = [event] * args.records
+    lj_wire = encode_json_frames(events)
+    lj_lengths = array("I", map(len, events))
+    lj_data = b"".join(events)
+    meta = b'{"peer":"10.0.0.7:51234","event":'
+    cases += [
+        ("Lumberjack JSON frames scan",
+         lambda: _speedups.lumberjack_json(lj_wire, 0, 0x32, max_size, -1),
+         lambda: runs.scan_json_py(lj_wire, 0, 0x32, max_size, -1)),
+        ("Lumberjack events spliced into records",
+         lambda: _speedups.splice(lj_lengths, lj_data, b"", meta, b"}", b""),
+         lambda: runs.splice_py(lj_lengths, lj_data, b"", meta, b"}", b"")),
     ]
     print(f"batch of {args.records} records of {args.size} B (shared machine: ratios, not "
           "times, are what holds)")

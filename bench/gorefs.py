@@ -224,51 +224,96 @@ def cpu_seconds(pid):
 
 
 class SendRun:
-    """One C{tst-send} run: events acked per second, and per CPU-second of each side."""
+    """
+    One measured run of C{tst-send} (one or more at once): events acked per
+    second (the sum of their C{ACKed} counters, the figure a user reads at
+    C{http://ADDRESS/debug/vars}), and per CPU-second of each side.
+    """
 
-    def __init__(self, rate, server_cpu, sender_cpu, seconds):
-        self.rate = rate
+    def __init__(self, acked, server_cpu, sender_cpu, seconds, senders=1, log=()):
+        self.acked = acked
+        self.seconds = seconds
+        self.senders = senders
+        self.rate = acked / seconds
+        self.server_cpu = server_cpu
         #: events acked per CPU-second the server spent
-        self.server_efficiency = rate * seconds / server_cpu if server_cpu else float("inf")
-        #: share of one core the sender (tst-send) used: near 1.0, it is the bottleneck
+        self.server_efficiency = acked / server_cpu if server_cpu else float("inf")
+        #: cores the senders (tst-send) used: near 1.0 on a core of their
+        #: own, they are the bottleneck
         self.sender_load = sender_cpu / seconds
+        #: what the senders printed besides their start-up lines (errors)
+        self.log = list(log)
 
     def __repr__(self):
         return (f"{self.rate:,.0f}/s (server {self.server_efficiency:,.0f}/cpu-s, "
-                f"sender {self.sender_load:.0%})")
+                f"senders {self.sender_load:.0%})")
 
 
-def tst_send_rate(tst_send, port, seconds, pipeline=0, server_pid=None, cpu=None):
-    """Go-lumber's C{tst-send} against the server on PORT, measured over
-    SECONDS after a two-second start (its expvar count of acked events, and
-    the CPU both processes used meanwhile): a L{SendRun}."""
-    vars_port = free_port()
-    proc = subprocess.Popen([*pinned(cpu), tst_send, "-c", f"127.0.0.1:{port}",
-                             "-httpprof", f"127.0.0.1:{vars_port}",
-                             "-pipeline", str(pipeline)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+#: what tst-send prints when it starts: anything else is an error it met
+_STARTUP = re.compile(r"(Listening: |connect to: )")
+
+
+def tst_send_command(tst_send, port, vars_port, pipeline=0):
+    """The command line of one C{tst-send} against 127.0.0.1:PORT, its
+    expvar page on VARS_PORT (C{-httpprof})."""
+    return [tst_send, "-c", f"127.0.0.1:{port}", "-httpprof", f"127.0.0.1:{vars_port}",
+            "-pipeline", str(pipeline)]
+
+
+def tst_send_rate(tst_send, port, seconds, pipeline=0, server_pid=None, cpu=None, senders=1):
+    """
+    SENDERS of go-lumber's C{tst-send} at once against the server on PORT,
+    measured over SECONDS after a two-second start: the sum of their expvar
+    counts of acked events (C{ACKed} at C{/debug/vars}, what a user running
+    C{tst-send} by hand reads), and the CPU the server and they used
+    meanwhile, from /proc: a L{SendRun}.
+    """
+    procs, vars_ports = [], []
     try:
-        wait_port(vars_port)
+        for _ in range(senders):
+            vars_ports.append(free_port())
+            procs.append(subprocess.Popen(
+                [*pinned(cpu), *tst_send_command(tst_send, port, vars_ports[-1], pipeline)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for vars_port in vars_ports:
+            wait_port(vars_port)
         time.sleep(2)
         s0 = cpu_seconds(server_pid) if server_pid else 0.0
-        c0 = cpu_seconds(proc.pid)
-        t0, a0 = time.monotonic(), _acked(vars_port)
+        c0 = sum(cpu_seconds(p.pid) for p in procs)
+        t0, a0 = time.monotonic(), sum(_acked(v) for v in vars_ports)
         time.sleep(seconds)
-        t1, a1 = time.monotonic(), _acked(vars_port)
+        t1, a1 = time.monotonic(), sum(_acked(v) for v in vars_ports)
         s1 = cpu_seconds(server_pid) if server_pid else 0.0
-        c1 = cpu_seconds(proc.pid)
-        return SendRun((a1 - a0) / (t1 - t0), s1 - s0, c1 - c0, t1 - t0)
+        c1 = sum(cpu_seconds(p.pid) for p in procs)
     finally:
-        stop(proc)
+        for proc in procs:
+            stop(proc)
+    log = [line.rstrip() for proc in procs for line in proc.stderr
+           if line.strip() and not _STARTUP.search(line)]
+    for proc in procs:
+        proc.stderr.close()
+    return SendRun(a1 - a0, s1 - s0, c1 - c0, t1 - t0, senders, log)
 
 
-def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0, pin=False):
+def lumberjack_commands(tst_send, tst_lj, pipeline=0, pin=False):
+    """The commands L{compare_lumberjack} runs, as a user would type them."""
+    server, sender = ("taskset -c 1 ", "taskset -c 0 ") if pin else ("", "")
+    return [f"{server}{tst_lj} -bind 127.0.0.1:PORT -v2",
+            f"{server}twistd -n lumberjack-server --port tcp:PORT:interface=127.0.0.1 "
+            "--data DIR",
+            f"{sender}{' '.join(tst_send_command(tst_send, 'PORT', 'VARSPORT', pipeline))}"
+            "   (then ACKed at http://127.0.0.1:VARSPORT/debug/vars)"]
+
+
+def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0, pin=False,
+                       senders=1):
     """
-    Alternate C{tst-send} between go-lumber's C{tst-lj -v2} (acks without
-    storing) and C{twistd lumberjack-server} (file store, acks after
-    fsync); return (go runs, our runs), lists of L{SendRun}.
+    Alternate C{tst-send} (SENDERS of them at once) between go-lumber's
+    C{tst-lj -v2} (acks without storing) and C{twistd lumberjack-server}
+    (file store, acks after fsync); return (go runs, our runs), lists of
+    L{SendRun}.
 
-    @param pin: run each server on CPU 1 only and C{tst-send} on CPU 0
+    @param pin: run each server on CPU 1 only and the senders on CPU 0
         only: each side gets one core of its own, and the servers the same.
     """
     tmp = tempfile.mkdtemp(prefix="lumberjack-go-compare-")
@@ -284,9 +329,10 @@ def compare_lumberjack(tst_send, tst_lj, seconds=8, rounds=3, pipeline=0, pin=Fa
         wait_port(our_port)
         g, o = [], []
         for _ in range(rounds):
-            g.append(tst_send_rate(tst_send, go_port, seconds, pipeline, go.pid, sender_cpu))
+            g.append(tst_send_rate(tst_send, go_port, seconds, pipeline, go.pid, sender_cpu,
+                                   senders))
             o.append(tst_send_rate(tst_send, our_port, seconds, pipeline, ours.pid,
-                                   sender_cpu))
+                                   sender_cpu, senders))
         return g, o
     finally:
         stop(go)

@@ -18,10 +18,14 @@ server events per server CPU-second, client events per client CPU-second.
 Against go-lumber (built outside this repository), give its test sender
 and test server: C{tst-send} then runs against C{tst-lj -v2} (which acks
 without storing anything) and against C{twistd lumberjack-server} (file
-store, acks after fsync), alternately, and the medians of the acked
-events/s are printed as a ratio::
+store, acks after fsync), alternately (C{--senders N}: N of them at once);
+it prints the commands, each round's acked events/s (the senders'
+C{ACKed} counters at C{/debug/vars}, what a user running C{tst-send} by
+hand reads) and events per server CPU-second (/proc), and the per-round
+ratios' median and spread::
 
     python bench/lumberjack_bench.py --go-send /path/to/tst-send --go-server /path/to/tst-lj
+    python bench/lumberjack_bench.py --go-send ... --go-server ... --pin --senders 4
     python bench/lumberjack_bench.py --events 2000000 --connections 2
 
 With C{--loadbalance}, two server processes (each its own file store) and
@@ -302,6 +306,49 @@ def compare_loadbalance(args):
         raise SystemExit("event count mismatch")
 
 
+def compare_with_go(args):
+    """
+    C{--go-send}: tst-send against tst-lj and against ours, alternately;
+    prints the commands, every run (what the senders' C{ACKed} counters
+    and /proc say), the medians and the spread of the per-round ratios.
+    """
+    from bench.gorefs import compare_lumberjack, lumberjack_commands
+    rounds = max(args.rounds, 3)
+    median = statistics.median
+    print("commands (PORT, VARSPORT, DIR: the bench's):")
+    for command in lumberjack_commands(args.go_send, args.go_server, args.go_pipeline,
+                                       args.pin):
+        print(f"  {command}")
+    print(f"{args.senders} tst-send at once (batches of 2048, zlib 3, pipeline "
+          f"{args.go_pipeline}); {rounds} alternated rounds of {args.seconds:g} s"
+          + ("; each server on CPU 1, the senders on CPU 0" if args.pin else ""))
+    g, o = compare_lumberjack(args.go_send, args.go_server, args.seconds, rounds,
+                              args.go_pipeline, args.pin, args.senders)
+    print("round  tst-lj events/s  per server CPU-s | ours events/s  per server CPU-s | "
+          "ours/tst-lj: events/s  CPU-s per event")
+    rate_ratios, cpu_ratios = [], []
+    for i, (a, b) in enumerate(zip(g, o), 1):
+        rate_ratios.append(b.rate / a.rate)
+        cpu_ratios.append(b.server_efficiency / a.server_efficiency)
+        print(f"{i:5d}  {a.rate:>15,.0f}  {a.server_efficiency:>16,.0f} | {b.rate:>13,.0f}  "
+              f"{b.server_efficiency:>16,.0f} | {rate_ratios[-1]:>20.2f}x  "
+              f"{cpu_ratios[-1]:>6.2f}x fewer")
+    for side, runs in (("tst-lj", g), ("ours", o)):
+        for line in sorted({line for r in runs for line in r.log}):
+            print(f"  tst-send against {side} said: {line}")
+    print(f"medians: tst-lj (acks, stores nothing) {median(r.rate for r in g):,.0f} events/s, "
+          f"{median(r.server_efficiency for r in g):,.0f} per server CPU-second; "
+          f"twistd lumberjack-server (fsync, then ack) {median(r.rate for r in o):,.0f} "
+          f"events/s, {median(r.server_efficiency for r in o):,.0f} per server CPU-second")
+    print(f"ours / tst-lj per round: events/s {median(rate_ratios):.2f}x "
+          f"(spread {min(rate_ratios):.2f}-{max(rate_ratios):.2f}), server CPU-seconds per "
+          f"event {median(cpu_ratios):.2f}x fewer (spread {min(cpu_ratios):.2f}-"
+          f"{max(cpu_ratios):.2f})")
+    print(f"senders' load: {median(r.sender_load for r in g):.0%} of a core against tst-lj, "
+          f"{median(r.sender_load for r in o):.0%} against ours (near 100% on their core: "
+          "the senders bound events/s, not the server)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200000)
@@ -323,6 +370,8 @@ def main():
                         help="tst-send's -pipeline (0: its synchronous client)")
     parser.add_argument("--pin", action="store_true",
                         help="with --go-send: each server on CPU 1 only, tst-send on CPU 0")
+    parser.add_argument("--senders", type=int, default=1,
+                        help="with --go-send: this many tst-send at once (1)")
     parser.add_argument("--serve", metavar="DATA_DIR")
     parser.add_argument("--loadbalance", action="store_true",
                         help="two servers: failover against load-balancing client")
@@ -333,26 +382,7 @@ def main():
     if args.go_send or args.go_server:
         if not (args.go_send and args.go_server):
             parser.error("--go-send and --go-server go together")
-        from bench.gorefs import compare_lumberjack
-        rounds = max(args.rounds, 3)
-        g, o = compare_lumberjack(args.go_send, args.go_server, args.seconds,
-                                  rounds, args.go_pipeline, args.pin)
-        median = statistics.median
-        go, ours = median(r.rate for r in g), median(r.rate for r in o)
-        go_eff = median(r.server_efficiency for r in g)
-        our_eff = median(r.server_efficiency for r in o)
-        print(f"go-lumber tst-send (batches of 2048, zlib 3, pipeline {args.go_pipeline}), "
-              f"{rounds} alternated runs of {args.seconds:g} s, medians"
-              + ("; each server on CPU 1, tst-send on CPU 0" if args.pin else ""))
-        print(f"  tst-lj (acks, stores nothing):               {go:>10,.0f} events/s, "
-              f"{go_eff:>10,.0f} per server CPU-second  {g}")
-        print(f"  twistd lumberjack-server (fsync, then ack):  {ours:>10,.0f} events/s, "
-              f"{our_eff:>10,.0f} per server CPU-second  {o}")
-        print(f"  ours / go-lumber: {ours / go:.2f} events/s, {our_eff / go_eff:.2f} events per "
-              "server CPU-second")
-        print(f"  tst-send's own load: {median(r.sender_load for r in g):.0%} of a core against "
-              f"tst-lj, {median(r.sender_load for r in o):.0%} against ours (near 100%: the "
-              "sender bounds events/s, not the server)")
+        compare_with_go(args)
         return
     if args.serve:
         serve(args.serve)

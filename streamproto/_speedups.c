@@ -1,7 +1,8 @@
 /*
  * Optional C accelerator for the per-record loops that profiles showed to
  * dominate: framing records as [prefix][u32 BE size][payload] and scanning
- * such frames back.  streamproto.core.framing holds the pure-Python
+ * such frames back, and Lumberjack's JSON frames scanned and their events
+ * spliced into log records.  streamproto.core.framing holds the pure-Python
  * versions, with identical behaviour, and uses these when they build.
  */
 #define PY_SSIZE_T_CLEAN
@@ -114,6 +115,133 @@ done:
     Py_XDECREF(data_obj);
     PyBuffer_Release(&buf);
     PyBuffer_Release(&prefix);
+    return result;
+}
+
+/*
+ * lumberjack_json(buf, start, version, max_frame, max_events)
+ *   -> (seqs, lengths, data, end, status, need)
+ * Consecutive Lumberjack JSON frames [version]['J'][u32 BE seq][u32 BE size]
+ * [payload] from buf[start:]: their sequence numbers and sizes (bytes of
+ * native uint32) and payloads concatenated, the index after the last one.
+ * status: 0 = stopped before fewer than 2 bytes, a frame of another type
+ *             or version, or after max_events frames (max_events <= 0: no
+ *             limit);
+ *         1 = the buffer ends inside a JSON frame: need is the index its
+ *             end needs, or -1 when its header is cut;
+ *         2 = a size above max_frame: end is where that frame starts, need
+ *             is the size.
+ * streamproto.lumberjack.runs.scan_json_py is the same in Python.
+ */
+static PyObject *lumberjack_json(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t start, max_events;
+    int version;
+    unsigned long long max_frame;
+    if (!PyArg_ParseTuple(args, "y*niKn", &buf, &start, &version, &max_frame, &max_events))
+        return NULL;
+    PyObject *result = NULL, *seqs_obj = NULL, *lens_obj = NULL, *data_obj = NULL;
+    const unsigned char *b = (const unsigned char *)buf.buf;
+    Py_ssize_t len = buf.len, pos = start, count = 0, data_len = 0, need = 0;
+    int status = 0;
+    if (start < 0 || start > len) {
+        PyErr_SetString(PyExc_ValueError, "start out of range");
+        goto done;
+    }
+    /* first pass: count frames and payload bytes */
+    for (;;) {
+        if (len - pos < 2 || b[pos] != version || b[pos + 1] != 'J') break;
+        if (len - pos < 10) { status = 1; need = -1; break; }
+        uint32_t sz = get_be32(b + pos + 6);
+        if ((unsigned long long)sz > max_frame) { status = 2; need = sz; break; }
+        if (len - pos - 10 < (Py_ssize_t)sz) { status = 1; need = pos + 10 + sz; break; }
+        pos += 10 + sz; data_len += sz; count++;
+        if (max_events > 0 && count == max_events) break;
+    }
+    seqs_obj = PyBytes_FromStringAndSize(NULL, count * 4);
+    lens_obj = PyBytes_FromStringAndSize(NULL, count * 4);
+    data_obj = PyBytes_FromStringAndSize(NULL, data_len);
+    if (!seqs_obj || !lens_obj || !data_obj) goto done;
+    uint32_t *sw = (uint32_t *)PyBytes_AS_STRING(seqs_obj);
+    uint32_t *lw = (uint32_t *)PyBytes_AS_STRING(lens_obj);
+    unsigned char *dw = (unsigned char *)PyBytes_AS_STRING(data_obj);
+    Py_ssize_t p = start;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint32_t sz = get_be32(b + p + 6);
+        sw[i] = get_be32(b + p + 2);
+        lw[i] = sz;
+        memcpy(dw, b + p + 10, sz);
+        dw += sz; p += 10 + sz;
+    }
+    result = Py_BuildValue("(OOOnin)", seqs_obj, lens_obj, data_obj, pos, status, need);
+done:
+    Py_XDECREF(seqs_obj);
+    Py_XDECREF(lens_obj);
+    Py_XDECREF(data_obj);
+    PyBuffer_Release(&buf);
+    return result;
+}
+
+/*
+ * splice(lengths, data, head, prefix, suffix, tail) -> (out, out_lengths)
+ * out = head + (prefix + record + suffix for each record) + tail, the
+ * records being data cut at lengths (native uint32); out_lengths: each
+ * record's size plus len(prefix) + len(suffix), as bytes of native uint32.
+ * streamproto.lumberjack.runs.splice_py is the same in Python.
+ */
+static PyObject *splice(PyObject *self, PyObject *args) {
+    Py_buffer lengths, data, head, prefix, suffix, tail;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*", &lengths, &data, &head, &prefix, &suffix,
+                          &tail))
+        return NULL;
+    PyObject *out = NULL, *lens_obj = NULL, *result = NULL;
+    if (lengths.len % 4) {
+        PyErr_SetString(PyExc_ValueError, "lengths must hold uint32 values");
+        goto done;
+    }
+    Py_ssize_t n = lengths.len / 4;
+    const uint32_t *lens = (const uint32_t *)lengths.buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) total += lens[i];
+    if (total != data.len) {
+        PyErr_SetString(PyExc_ValueError, "lengths do not add up to the data size");
+        goto done;
+    }
+    Py_ssize_t extra = prefix.len + suffix.len;
+    if (extra > 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "prefix and suffix too long");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((unsigned long long)lens[i] + (unsigned long long)extra > 0xFFFFFFFFULL) {
+            PyErr_SetString(PyExc_ValueError, "a record would exceed 4 GiB");
+            goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(NULL, head.len + data.len + n * extra + tail.len);
+    lens_obj = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (!out || !lens_obj) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    uint32_t *lw = (uint32_t *)PyBytes_AS_STRING(lens_obj);
+    const unsigned char *r = (const unsigned char *)data.buf;
+    if (head.len) { memcpy(w, head.buf, head.len); w += head.len; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (prefix.len) { memcpy(w, prefix.buf, prefix.len); w += prefix.len; }
+        memcpy(w, r, lens[i]); w += lens[i]; r += lens[i];
+        if (suffix.len) { memcpy(w, suffix.buf, suffix.len); w += suffix.len; }
+        lw[i] = (uint32_t)(lens[i] + extra);
+    }
+    if (tail.len) memcpy(w, tail.buf, tail.len);
+    result = PyTuple_Pack(2, out, lens_obj);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(lens_obj);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&suffix);
+    PyBuffer_Release(&tail);
     return result;
 }
 
@@ -297,6 +425,11 @@ static PyMethodDef methods[] = {
      "send_frames(fd, lengths, data, prefix, index, skip) -> (index, skip, sent)"},
     {"scan_frames", scan_frames, METH_VARARGS,
      "scan_frames(buf, start, prefix, max_size, max_records) -> (lengths, data, end, status)"},
+    {"lumberjack_json", lumberjack_json, METH_VARARGS,
+     "lumberjack_json(buf, start, version, max_frame, max_events)"
+     " -> (seqs, lengths, data, end, status, need)"},
+    {"splice", splice, METH_VARARGS,
+     "splice(lengths, data, head, prefix, suffix, tail) -> (out, out_lengths)"},
 #if defined(RWF_NOWAIT)
     {"pread_cached", pread_cached, METH_VARARGS,
      "pread_cached(fd, n, offset) -> bytes from the page cache, or BlockingIOError"},

@@ -24,6 +24,7 @@ from streamproto.core.observer import SharedCall
 from streamproto.log.batch import RecordBatch, lengths_array
 from streamproto.log.config import LogConfig
 from streamproto.log.interfaces import ILog, ILogStore
+from streamproto.lumberjack.runs import PayloadRun, splice
 
 
 class IEventSink(Interface):
@@ -34,7 +35,9 @@ class IEventSink(Interface):
         Persist C{events}.
 
         @param connection: the L{ConnectionInfo} of the sender.
-        @param events: a list of bytes, each one UTF-8 JSON document.
+        @param events: a sequence of bytes, each one UTF-8 JSON document
+            (from the server: a L{streamproto.lumberjack.runs.PayloadRun},
+            the whole run in one buffer).
         @return: a Deferred firing once every event is durable; a failure
             makes the server close the connection without acking (the
             client sends them again).
@@ -74,15 +77,13 @@ class ConnectionInfo:
 def make_records(connection: ConnectionInfo, events: Sequence[bytes]) -> RecordBatch:
     """
     The log records for C{events}: metadata spliced around the raw JSON, as
-    one L{RecordBatch} (one join for all the bytes, no object per record:
+    one L{RecordBatch} (one call for all the bytes, no object per record:
     the store appends it as it is).
     """
-    prefix = connection.record_prefix()
-    if not events:
+    run = PayloadRun.of(events)
+    if not run:
         return RecordBatch(0, lengths_array(), b"")
-    extra = len(prefix) + 1
-    lengths = lengths_array([n + extra for n in map(len, events)])
-    data = b"".join((prefix, (b"}" + prefix).join(events), b"}"))
+    data, lengths = splice(run, b"", connection.record_prefix(), b"}", b"")
     return RecordBatch(0, lengths, data)
 
 

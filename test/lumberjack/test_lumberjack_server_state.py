@@ -122,6 +122,17 @@ class InterfaceTests(SynchronousTestCase):
         factory = LumberjackServerFactory(object(), clock=Clock())
         verifyObject(ILumberjackConnection, factory.buildProtocol(None))
 
+    def test_every_input_bound_once(self):
+        # the machine's inputs are bound in __init__ (automat rebuilds one
+        # at every access): an input left out of _INPUTS would still work,
+        # only slower, so the list is checked against the machine here
+        inputs = {name for name, value in vars(LumberjackServerState).items()
+                  if type(value).__name__ == "MethodicalInput"}
+        self.assertEqual(set(LumberjackServerState._INPUTS), inputs)
+        state = LumberjackServerState(RecordingConnection(), FrameDecoder(), Clock())
+        for name in inputs:
+            self.assertIs(getattr(state, name), getattr(state, name))
+
 
 class BatchTests(StateTestCase):
     def test_window_then_events_stored_then_acked(self):
