@@ -134,20 +134,24 @@ class Segment:
 
     def seek_position(self, position: int) -> Cursor:
         """(position, offset, file_pos) of a batch at or before C{position}."""
-        i = bisect.bisect_right(self.idx_pos, position) - 1
-        best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
-            (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
-        c = self.cursor
-        if c is not None and best[0] <= c[0] <= position:
-            return c
-        return best
+        return self._seek(0, self.idx_pos, position)
 
     def seek_offset(self, offset: int) -> Cursor:
-        i = bisect.bisect_right(self.idx_off, offset) - 1
+        """(position, offset, file_pos) of a batch at or before C{offset}."""
+        return self._seek(1, self.idx_off, offset)
+
+    def _seek(self, key: int, column: array[int], value: int) -> Cursor:
+        """
+        The nearest known batch start at or before C{value} (item C{key} of
+        a L{Cursor}, looked up in the index C{column}): the sparse index's
+        entry, or the last read's cursor when that is nearer (a consumer
+        reading on needs no rescan from the index entry).
+        """
+        i = bisect.bisect_right(column, value) - 1
         best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
             (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
         c = self.cursor
-        if c is not None and best[1] <= c[1] <= offset:
+        if c is not None and best[key] <= c[key] <= value:
             return c
         return best
 

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, TypeAlias
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 
-from streamproto.log.batch import RecordBatch, empty_batch
+from streamproto.log.batch import RecordBatch
+from streamproto.log.gate import check_range, read_shortcut
 from streamproto.log.errors import CorruptLog, LogClosed, PositionOutOfRange
 from streamproto.log.jetstream.common import LogPart, _Inline
 from streamproto.log.msgindex import BodyEntry, holds
@@ -53,19 +54,13 @@ class MessageReader(LogPart):
     def _check(self, position: int) -> None:
         if self._log._closed:
             raise LogClosed(self.name)
-        if not self._log.start_position <= position <= self._log.end_position:
-            raise PositionOutOfRange(
-                f"position {position} outside "
-                f"[{self._log.start_position}, {self._log.end_position}]")
+        check_range("position", position, self._log.start_position, self._log.end_position)
 
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
-        try:
-            self._check(position)
-        except Exception as e:
-            return fail(e)
-        if position == self._log.end_position or max_records == 0:
-            return succeed(empty_batch(position))
+        answered = read_shortcut(self._check, position, self._log.end_position, max_records)
+        if answered is not None:
+            return answered
         found = self._cached("position", position)
         if found is not None:
             return succeed(self._slice(found[0], found[1], position, max_records, max_bytes))
