@@ -86,7 +86,6 @@ class JetStreamLog(GatedLog):
         self.end_offset = 0
         self._attributes: dict[str, int] = {}
         self._end_seq = 0
-        self._last_id: str | None = None
         self._first_seq = 1
         self._index = MessageIndex()
         self._waiters = Waiters(self._clock)
@@ -173,7 +172,6 @@ class JetStreamLog(GatedLog):
         if newest.seq <= self._end_seq:
             return
         self._end_seq = newest.seq
-        self._last_id = newest.msg_id
         self.end_position = newest.end_position
         self.end_offset = newest.end_offset
         if snap is not None:
@@ -244,7 +242,6 @@ class JetStreamLog(GatedLog):
                 f"{info.offset}, the log ends at {self.end_position}/{self.end_offset}"))
             return
         self._end_seq = info.seq
-        self._last_id = info.msg_id
         self.end_position = info.end_position
         self.end_offset = info.end_offset
         if info.attributes is not None:

@@ -81,7 +81,6 @@ class LogView(Protocol):
     end_offset: int
     _attributes: dict[str, int]
     _end_seq: int
-    _last_id: str | None
     _first_seq: int
     _index: MessageIndex
 
