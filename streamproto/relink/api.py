@@ -113,7 +113,30 @@ def _epoch_now(clock):
     return max(1, int(clock.seconds() * 1_000_000))
 
 
-class RelinkEndpoint:
+class _LinkTerms:
+    """
+    What both ends of a link agree on, kept alike by the listener's
+    L{RelinkEndpoint} and the L{Connector}: the endpoint's name and handler,
+    each side's channel id size and transaction support (the handshake's
+    terms, named from the connector's and listener's side), the link
+    configuration and the clock.
+    """
+
+    def _agree(self, name: str, handler: IChannelHandler, connector_id_size: int,
+               listener_id_size: int, connector_transactions: bool,
+               listener_transactions: bool, config: LinkConfig | None,
+               clock: IReactorTime) -> None:
+        self.name = name
+        self.handler = IChannelHandler(handler)
+        self.connector_id_size = connector_id_size
+        self.listener_id_size = listener_id_size
+        self.connector_transactions = connector_transactions
+        self.listener_transactions = listener_transactions
+        self.config = config or LinkConfig()
+        self.clock = clock
+
+
+class RelinkEndpoint(_LinkTerms):
     """
     A named service on a listener: the handshake parameters it accepts, its
     handler, and the links of its connectors.
@@ -135,14 +158,8 @@ class RelinkEndpoint:
                  listener_transactions: bool = False, config: LinkConfig | None = None,
                  clock: IReactorTime | None = None, first_link_id: int | None = None) -> None:
         clock = default_reactor(clock)
-        self.name = name
-        self.handler = IChannelHandler(handler)
-        self.connector_id_size = connector_id_size
-        self.listener_id_size = listener_id_size
-        self.connector_transactions = connector_transactions
-        self.listener_transactions = listener_transactions
-        self.config = config or LinkConfig()
-        self.clock = clock
+        self._agree(name, handler, connector_id_size, listener_id_size, connector_transactions,
+                    listener_transactions, config, clock)
         self.epoch = _epoch_now(clock)
         self.links: dict[int, _ListenerLink] = {}
         if first_link_id is None:
@@ -331,7 +348,7 @@ class Relinked(NamedTuple):
     channels: int
 
 
-class Connector:
+class Connector(_LinkTerms):
     """
     The connecting peer of one link, reconnecting and resuming it.
 
@@ -366,15 +383,9 @@ class Connector:
         # (link, its peer_consumed_total) when the current connection linked:
         # whether the connection brought progress, for the back-off
         self._mark: tuple[Link | None, int] = (None, 0)
-        self.name = name
-        self.handler = IChannelHandler(handler or ChannelHandler())
-        self.connector_id_size = connector_id_size
-        self.listener_id_size = listener_id_size
-        self.connector_transactions = connector_transactions
-        self.listener_transactions = listener_transactions
+        self._agree(name, handler or ChannelHandler(), connector_id_size, listener_id_size,
+                    connector_transactions, listener_transactions, config, clock)
         self.require_old_link = require_old_link
-        self.config = config or LinkConfig()
-        self.clock = clock
         self.link = self._new_link()
         self._linked_waiters: Observers[Link] = Observers()
         # the connection's driver while started; while stopping, the one

@@ -388,11 +388,7 @@ class ListenerState(_ConnectionState):
     """
 
     def __init__(self, factory, effects, clock):
-        """
-        @param factory: see C{factory}.
-        @param effects: the L{IConnectionEffects} of this connection.
-        @param clock: an C{IReactorTime} for the handshake timeout.
-        """
+        """C{effects} and C{clock} as L{_ConnectionState}'s."""
         _ConnectionState.__init__(self, effects, clock)
         self.factory = factory
 
@@ -509,11 +505,7 @@ class ConnectorState(_ConnectionState):
     """
 
     def __init__(self, owner, effects, clock):
-        """
-        @param owner: see C{owner}.
-        @param effects: the L{IConnectionEffects} of this connection.
-        @param clock: an C{IReactorTime} for the handshake timeout.
-        """
+        """C{effects} and C{clock} as L{_ConnectionState}'s."""
         _ConnectionState.__init__(self, effects, clock)
         self.owner = owner
 

@@ -43,6 +43,7 @@ from streamproto.styx.codec import (
 )
 from streamproto.styx.errors import APIError
 from streamproto.styx.follow import LogFollower
+from streamproto.styx.params import read_start
 from streamproto.styx.upgrading import (  # named here too: the stream's public API
     PROTOCOL_NAME as PROTOCOL_NAME,
     TIMEOUT_HEADER as TIMEOUT_HEADER,
@@ -673,11 +674,8 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
                                   **{k: v for k, v in options.items()
                                      if k == "max_pending_bytes"})
     elif request.method == b"GET":
-        if params is None:
-            from streamproto.styx.params import ReadParams
-            params = ReadParams()
         try:
-            position = params.start_in(log)
+            params, position = read_start(params, log)
         except APIError as e:
             return _error_response(request, e)
         stream_options = {k: v for k, v in options.items()

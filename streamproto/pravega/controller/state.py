@@ -201,6 +201,13 @@ class ControllerState:
     def stream(self, scope: str, stream: str) -> dict[str, Any] | None:
         return self.scopes.get(scope, {}).get(stream)
 
+    def _find(self, scope: str, stream: str) -> dict[str, Any] | str:
+        """The stream's info, or what a request on it answers: SCOPE_NOT_FOUND, STREAM_NOT_FOUND."""
+        if scope not in self.scopes:
+            return "SCOPE_NOT_FOUND"
+        info = self.stream(scope, stream)
+        return "STREAM_NOT_FOUND" if info is None else info
+
     def layout(self, scope: str, stream: str) -> Layout | None:
         """The L{Layout} of an existing stream, or None."""
         if self.stream(scope, stream) is None:
@@ -274,11 +281,9 @@ class ControllerState:
         """Record a new configuration: "SUCCESS", "SCOPE_NOT_FOUND", "STREAM_NOT_FOUND" or "STREAM_SEALED"."""
         @defer.inlineCallbacks
         def update():
-            if scope not in self.scopes:
-                return "SCOPE_NOT_FOUND"
-            info = self.stream(scope, stream)
-            if info is None:
-                return "STREAM_NOT_FOUND"
+            info = self._find(scope, stream)
+            if isinstance(info, str):
+                return info
             if info["sealed"]:
                 return "STREAM_SEALED"
             self.layouts[f"{scope}/{stream}"]["config"] = config
@@ -291,11 +296,9 @@ class ControllerState:
     def seal_stream(self, scope: str, stream: str) -> defer.Deferred[str]:
         @defer.inlineCallbacks
         def seal():
-            if scope not in self.scopes:
-                return "SCOPE_NOT_FOUND"
-            info = self.stream(scope, stream)
-            if info is None:
-                return "STREAM_NOT_FOUND"
+            info = self._find(scope, stream)
+            if isinstance(info, str):
+                return info
             for seg_id, _, _ in self._layout(scope, stream).active():
                 try:
                     seg = yield self.segments.get(name_of(scope, stream, seg_id))
