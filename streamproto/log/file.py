@@ -49,7 +49,9 @@ from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
     CorruptLog, LogClosed, LogFailed, PositionOutOfRange, WriteFailed, skip_conflict,
 )
-from streamproto.log.gate import AppendRequest, GatedLog, check_range, read_shortcut
+from streamproto.log.gate import (
+    AppendRequest, GatedLog, read_bytes_shortcut, read_shortcut,
+)
 from streamproto.log.format import (
     MAX_BATCH_DATA, encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
 )
@@ -497,10 +499,6 @@ class FileLog(GatedLog):
         if self.corrupt is not None:
             raise CorruptLog(self.corrupt)
 
-    def _check_position(self, position: int) -> None:
-        self._check_open()
-        check_range("position", position, self._start_position, self.end_position)
-
     def _run_on_segment(self, seg: Segment, f: Callable[..., _T], *args: Any) -> Deferred[_T]:
         seg.refs += 1
 
@@ -560,13 +558,9 @@ class FileLog(GatedLog):
         return failure
 
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        try:
-            self._check_open()
-            check_range("offset", offset, self._start_offset, self.end_offset)
-        except Exception as e:
-            return fail(e)
-        if offset == self.end_offset or max_bytes <= 0:
-            return succeed(b"")
+        answered = read_bytes_shortcut(self._check_offset, offset, self.end_offset, max_bytes)
+        if answered is not None:
+            return answered
         seg = self._segments[self._segment_index(1, offset)]
         stop = min(self.end_offset, seg.end_offset)
         return self._read_segment(seg, max_bytes, read_payload, offset, stop,
@@ -711,16 +705,8 @@ class FileLog(GatedLog):
             status = "tainted"
         else:
             status = "ok"
-        return {
-            "name": self.name,
-            "status": status,
-            "record_count": self.end_position - self._start_position,
-            "file_size": sum(s.size for s in self._segments),
-            "start_position": self._start_position,
-            "end_position": self.end_position,
-            "start_offset": self._start_offset,
-            "end_offset": self.end_offset,
-        }
+        return self._info(status, self.end_position - self._start_position,
+                          sum(s.size for s in self._segments))
 
     def _close(self, error: BaseException | None = None) -> None:
         """Fail what is pending and release the files (sync first via L{sync})."""

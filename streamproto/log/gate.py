@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
 
@@ -49,6 +49,22 @@ def read_shortcut(check: Callable[[int], object], position: int, end_position: i
         return fail(e)
     if position == end_position or max_records == 0:
         return succeed(empty_batch(position))
+    return None
+
+
+def read_bytes_shortcut(check: Callable[[int], object], offset: int, end_offset: int,
+                        max_bytes: int) -> Deferred[bytes] | None:
+    """
+    What L{ILog.read_bytes} answers without reading: the failure of
+    C{check(offset)}, or no bytes at the end or for C{max_bytes} 0; None
+    when the store must read.
+    """
+    try:
+        check(offset)
+    except Exception as e:
+        return fail(e)
+    if offset == end_offset or max_bytes <= 0:
+        return succeed(b"")
     return None
 
 
@@ -167,6 +183,40 @@ class GatedLog:
         if refused is not None:
             return fail(refused)
         return self._offset_waiters.wait(offset, lambda: cast(ILog, self).end_offset, timeout)
+
+    def _check_open(self) -> None:
+        """@raise Exception: why this log cannot be read (closed; a store adds its own)."""
+        if self._closed:
+            raise LogClosed(f"log {self.name} is closed")
+
+    def _check_position(self, position: int) -> None:
+        """@raise Exception: why C{position} cannot be read."""
+        self._check_open()
+        log = cast(ILog, self)
+        check_range("position", position, log.start_position, log.end_position)
+
+    def _check_offset(self, offset: int) -> None:
+        """@raise Exception: why payload byte C{offset} cannot be read."""
+        self._check_open()
+        log = cast(ILog, self)
+        check_range("offset", offset, log.start_offset, log.end_offset)
+
+    def _info(self, status: str, record_count: int, file_size: int) -> dict[str, Any]:
+        """
+        L{ILog.info}: every store reports the same keys; it says only its
+        status, its record count and its size.
+        """
+        log = cast(ILog, self)
+        return {
+            "name": self.name,
+            "status": status,
+            "record_count": record_count,
+            "file_size": file_size,
+            "start_position": log.start_position,
+            "end_position": log.end_position,
+            "start_offset": log.start_offset,
+            "end_offset": log.end_offset,
+        }
 
     def _wait_refusal(self) -> Exception | None:
         """Why a wait fails at once: a closed log never grows."""

@@ -21,7 +21,9 @@ from streamproto.log.errors import (
     LogClosed, LogExists, LogNotFound, PositionOutOfRange,
     skip_conflict,
 )
-from streamproto.log.gate import AppendRequest, GatedLog, check_range, read_shortcut
+from streamproto.log.gate import (
+    AppendRequest, GatedLog, read_bytes_shortcut, read_shortcut,
+)
 from streamproto.log.interfaces import ILog, ILogStore, StoreHealth
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
@@ -100,14 +102,6 @@ class MemoryLog(GatedLog):
             del self._start_offset
 
     # -- reading ---------------------------------------------------------
-    def _check_open(self) -> None:
-        if self._closed:
-            raise LogClosed(self.name)
-
-    def _check_position(self, position: int) -> None:
-        self._check_open()
-        check_range("position", position, self.start_position, self.end_position)
-
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
         answered = read_shortcut(self._check_position, position, self.end_position, max_records)
@@ -123,11 +117,9 @@ class MemoryLog(GatedLog):
         return succeed(RecordBatch(position, lengths_array(map(len, chunk)), b"".join(chunk)))
 
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        try:
-            self._check_open()
-            check_range("offset", offset, self.start_offset, self.end_offset)
-        except Exception as e:
-            return fail(e)
+        answered = read_bytes_shortcut(self._check_offset, offset, self.end_offset, max_bytes)
+        if answered is not None:
+            return answered
         out: list[bytes] = []
         remaining = max_bytes
         i = bisect.bisect_right(self._offsets, offset) - 1
@@ -189,16 +181,8 @@ class MemoryLog(GatedLog):
         return succeed(self.start_offset)
 
     def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": "ok" if self.failed is None else "corrupt",
-            "record_count": len(self._records),
-            "file_size": self.end_offset - self._offsets[0],
-            "start_position": self.start_position,
-            "end_position": self.end_position,
-            "start_offset": self.start_offset,
-            "end_offset": self.end_offset,
-        }
+        return self._info("ok" if self.failed is None else "corrupt", len(self._records),
+                          self.end_offset - self._offsets[0])
 
     def _close(self) -> None:
         self._closed = True

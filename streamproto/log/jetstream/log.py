@@ -416,16 +416,8 @@ class JetStreamLog(GatedLog):
             status = "corrupt"
         else:
             status = "failed"
-        return {
-            "name": self.name,
-            "status": status,
-            "record_count": self.end_position - self.start_position,
-            "file_size": self.end_offset - self.start_offset,
-            "start_position": self.start_position,
-            "end_position": self.end_position,
-            "start_offset": self.start_offset,
-            "end_offset": self.end_offset,
-        }
+        return self._info(status, self.end_position - self.start_position,
+                          self.end_offset - self.start_offset)
 
     def sync(self) -> Deferred[int]:
         pending = [a.deferred for a in self._chain.pending]

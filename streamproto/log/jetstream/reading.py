@@ -25,7 +25,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 
 from streamproto.log.batch import RecordBatch
-from streamproto.log.gate import check_range, read_shortcut
+from streamproto.log.gate import read_bytes_shortcut, read_shortcut
 from streamproto.log.errors import CorruptLog, LogClosed, PositionOutOfRange
 from streamproto.log.jetstream.common import LogPart, _Inline
 from streamproto.log.msgindex import BodyEntry, holds
@@ -51,14 +51,9 @@ class MessageReader(LogPart):
         super().__init__(log)
         self._index = log._index
 
-    def _check(self, position: int) -> None:
-        if self._log._closed:
-            raise LogClosed(self.name)
-        check_range("position", position, self._log.start_position, self._log.end_position)
-
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
-        answered = read_shortcut(self._check, position, self._log.end_position, max_records)
+        answered = read_shortcut(self._log._check_position, position, self._log.end_position, max_records)
         if answered is not None:
             return answered
         found = self._cached("position", position)
@@ -178,13 +173,10 @@ class MessageReader(LogPart):
                 self._fetch_body(seq).addErrback(lambda f: None)
 
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        if self._log._closed:
-            return fail(LogClosed(self.name))
-        if not self._log.start_offset <= offset <= self._log.end_offset:
-            return fail(PositionOutOfRange(
-                f"offset {offset} outside [{self._log.start_offset}, {self._log.end_offset}]"))
-        if offset == self._log.end_offset or max_bytes <= 0:
-            return succeed(b"")
+        answered = read_bytes_shortcut(self._log._check_offset, offset, self._log.end_offset,
+                                       max_bytes)
+        if answered is not None:
+            return answered
 
         def cut(found: _Found) -> bytes:
             info, entry = found
@@ -217,7 +209,7 @@ class MessageReader(LogPart):
     def offset_of_position(self, position: int) -> Deferred[int]:
         """Where record C{position} starts (L{ILog.offset_of_position})."""
         try:
-            self._check(position)
+            self._log._check_position(position)
         except Exception as e:
             return fail(e)
         if position == self._log.end_position:
