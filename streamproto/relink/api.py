@@ -135,6 +135,15 @@ class _LinkTerms:
         self.config = config or LinkConfig()
         self.clock = clock
 
+    def _link_terms(self, role: str) -> dict[str, Any]:
+        """The terms as the L{Link} of side C{role} ("connector" or "listener") holds them."""
+        sizes = (self.connector_id_size, self.listener_id_size)
+        transactions = (self.connector_transactions, self.listener_transactions)
+        mine = 0 if role == "connector" else 1
+        return dict(role=role, own_id_size=sizes[mine], peer_id_size=sizes[1 - mine],
+                    own_transactions=transactions[mine],
+                    peer_transactions=transactions[1 - mine], config=self.config)
+
 
 class RelinkEndpoint(_LinkTerms):
     """
@@ -213,12 +222,8 @@ class RelinkEndpoint(_LinkTerms):
         if len(self.links) >= self.config.max_links:
             raise ProtocolError("too many links")
         link_id = next(self._ids)
-        link = _ListenerLink(self, self.handler, self.clock, role="listener",
-                             own_id_size=self.listener_id_size,
-                             peer_id_size=self.connector_id_size,
-                             own_transactions=self.listener_transactions,
-                             peer_transactions=self.connector_transactions,
-                             config=self.config, link_id=link_id, epoch=self.epoch)
+        link = _ListenerLink(self, self.handler, self.clock, **self._link_terms("listener"),
+                             link_id=link_id, epoch=self.epoch)
         self.links[link_id] = link
         self._connections[link_id] = connection
         return link, False
@@ -397,10 +402,7 @@ class Connector(_LinkTerms):
         self.protocol: ConnectorProtocol | None = None
 
     def _new_link(self):
-        return Link(self.handler, self.clock, role="connector",
-                    own_id_size=self.connector_id_size, peer_id_size=self.listener_id_size,
-                    own_transactions=self.connector_transactions,
-                    peer_transactions=self.listener_transactions, config=self.config)
+        return Link(self.handler, self.clock, **self._link_terms("connector"))
 
     # -- life cycle ----------------------------------------------------------
     def start(self) -> "Connector":
