@@ -494,8 +494,7 @@ class FileLog(GatedLog):
         return lo
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise LogClosed(f"log {self.name} is closed")
+        super()._check_open()
         if self.corrupt is not None:
             raise CorruptLog(self.corrupt)
 
