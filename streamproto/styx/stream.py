@@ -26,6 +26,7 @@ from zope.interface import implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
+from streamproto.core.machine import ignore
 from streamproto.core.idle import IdleTimeout
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import set_read_size
@@ -233,17 +234,14 @@ class _StyxStream(Protocol):
         self.closed.callback(None)
 
     streaming.upon(end, enter=draining, outputs=[_stop_input])
-    streaming.upon(drained, enter=streaming, outputs=[])
+    ignore(streaming, drained)
     streaming.upon(lost, enter=closed, outputs=[_release])
-    draining.upon(end, enter=draining, outputs=[])
+    ignore(draining, end)
     draining.upon(drained, enter=closing, outputs=[_send_last_and_close])
     draining.upon(lost, enter=closed, outputs=[_release])
-    closing.upon(end, enter=closing, outputs=[])
-    closing.upon(drained, enter=closing, outputs=[])
+    ignore(closing, end, drained)
     closing.upon(lost, enter=closed, outputs=[_release])
-    closed.upon(end, enter=closed, outputs=[])
-    closed.upon(drained, enter=closed, outputs=[])
-    closed.upon(lost, enter=closed, outputs=[])
+    ignore(closed, end, drained, lost)
 
     # hooks for the subclasses
     def _on_end(self):
