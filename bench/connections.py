@@ -42,16 +42,11 @@ measured()   # which streamproto and path this measures (bench/benchenv.py)
 from twisted.internet import defer  # noqa: E402
 
 from bench import gorefs  # noqa: E402
-from bench.latency import PLANNED, histogram, open_loop, summary, task_sleep  # noqa: E402
+from bench.latency import (  # noqa: E402
+    PLANNED, histogram, open_loop, run_reactor, start_ours, summary, task_sleep,
+)
 from streamproto.core.fdlimit import raise_open_files_limit  # noqa: E402
-
-
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+from test.support.torture_harness import rss_kib  # noqa: E402
 
 
 def hold_idle(reactor, port, args):
@@ -229,38 +224,18 @@ def main(argv=None):
     print(f"this client's open files limit: {now} (was {before}); the idle connections "
           "are held by another process", file=out)
     directory = args.data or tempfile.mkdtemp(prefix="connections-bench-")
-    port = gorefs.free_port()
-    log_path = os.path.join(directory, "server.log")
-    with open(log_path, "wb") as log:
-        server = gorefs.twistd("styx-server", "--data", os.path.join(directory, "store"),
-                               "--port", f"tcp:{port}:interface=127.0.0.1", log=log)
-    result = {}
+    server, port = start_ours(directory, None)
     try:
-        gorefs.wait_port(port)
-        from twisted.internet import reactor
-
-        def done(refused):
-            result["refused"] = refused
-            reactor.stop()
-
-        def failed(f):
-            result["error"] = f
-            reactor.stop()
-
-        reactor.callWhenRunning(
-            lambda: run(reactor, port, server.pid, args, out).addCallbacks(done, failed))
-        reactor.run()
+        refused = run_reactor(lambda reactor: run(reactor, port, server.pid, args, out))
     finally:
         gorefs.stop(server)
-        with open(log_path, "rb") as f:
+        with open(os.path.join(directory, "styx-server.log"), "rb") as f:
             for line in f.read().decode("utf-8", "replace").splitlines():
                 if "open files limit" in line or "accelerator" in line:
                     print("  server:", line.split(" ", 2)[-1], file=out)
         if not args.data:
             shutil.rmtree(directory, ignore_errors=True)
-    if "error" in result:
-        result["error"].raiseException()
-    return 1 if result.get("refused") else 0
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":

@@ -378,25 +378,34 @@ def task_sleep(reactor, seconds):
     return task.deferLater(reactor, seconds, lambda: None)
 
 
-def measure(port, args, out):
-    """Run L{run_styx} in a fresh reactor (a child process: one reactor per run)."""
+def run_reactor(start):
+    """
+    Run the reactor until the Deferred of C{start(reactor)} fires (a bench
+    runs one reactor a process).
+
+    @return: its result; its failure is raised.
+    """
     from twisted.internet import reactor
     result = {}
 
-    def finished(rows):
-        result["rows"] = rows
+    def finished(value):
+        result["value"] = value
         reactor.stop()
 
     def failed(f):
         result["error"] = f
         reactor.stop()
 
-    reactor.callWhenRunning(lambda: run_styx(reactor, port, args, out).addCallbacks(
-        finished, failed))
+    reactor.callWhenRunning(lambda: start(reactor).addCallbacks(finished, failed))
     reactor.run()
     if "error" in result:
         result["error"].raiseException()
-    return result["rows"]
+    return result["value"]
+
+
+def measure(port, args, out):
+    """Run L{run_styx} in a fresh reactor (a child process: one reactor per run)."""
+    return run_reactor(lambda reactor: run_styx(reactor, port, args, out))
 
 
 def print_rows(title, rows, fsync_p50_ms, out):
@@ -415,6 +424,11 @@ def print_rows(title, rows, fsync_p50_ms, out):
 
 
 def start_ours(directory, store, plugin="styx-server", *extra):
+    """
+    Start our C{plugin} server (C{twistd}) on a free port of 127.0.0.1, its
+    data under C{directory} (or in C{store}, a C{--store} URL), its output
+    in C{directory/PLUGIN.log}; @return: C{(process, port)} once it listens.
+    """
     port = gorefs.free_port()
     storage = ["--store", store] if store else ["--data", os.path.join(directory, "ours")]
     log = open(os.path.join(directory, f"{plugin}.log"), "wb")

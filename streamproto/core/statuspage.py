@@ -252,6 +252,26 @@ function cell(row, value, digits, cls) {
   return td;
 }
 
+// A rate in MB/s (none yet: no figure).
+function megabytes(bytes) {
+  return bytes === undefined ? null : bytes / 1e6;
+}
+
+// The table #id, emptied, then one row a name (sorted, marked data-<kind>
+// for the tests): its name, then what fill(row, now, rates) adds from its
+// current figures and its rates (empty before the second sample).
+function fillTable(id, kind, now, rates, fill) {
+  const body = document.querySelector("#" + id + " tbody");
+  body.textContent = "";
+  for (const name of Object.keys(now).sort()) {
+    const row = body.insertRow();
+    row.dataset[kind] = name;
+    cell(row, name);
+    fill(row, now[name], rates[name] || {});
+  }
+  return body;
+}
+
 function svg(tag, attrs, parent) {
   const e = document.createElementNS(SVGNS, tag);
   for (const k in attrs) e.setAttribute(k, attrs[k]);
@@ -317,30 +337,17 @@ function render(s) {
   accel.hidden = s.accelerated !== false;
   accel.textContent = s.accelerated === false ?
     "This server runs without its C accelerator (pure Python): " + s.accelerator_cost + "." : "";
-  const servers = document.querySelector("#servers tbody");
-  servers.textContent = "";
-  for (const name of Object.keys(s.servers).sort()) {
-    const v = s.servers[name], rv = r.servers[name] || {};
-    const row = servers.insertRow();
-    row.dataset.server = name;
-    cell(row, name);
+  fillTable("servers", "server", s.servers, r.servers, (row, v, rv) => {
     cell(row, v.open); cell(row, v.connections);
     cell(row, rv.records_in); cell(row, rv.records_out);
-    cell(row, rv.bytes_in === undefined ? null : rv.bytes_in / 1e6, 2);
-    cell(row, rv.bytes_out === undefined ? null : rv.bytes_out / 1e6, 2);
+    cell(row, megabytes(rv.bytes_in), 2); cell(row, megabytes(rv.bytes_out), 2);
     cell(row, v.errors); cell(row, rv.pauses, 1);
-  }
-  const logs = document.querySelector("#logs tbody");
-  logs.textContent = "";
-  for (const name of Object.keys(s.logs).sort()) {
-    const v = s.logs[name], rv = r.logs[name] || {};
-    const row = logs.insertRow();
-    row.dataset.log = name;
-    cell(row, name);
+  });
+  const logs = fillTable("logs", "log", s.logs, r.logs, (row, v, rv) => {
     cell(row, v.records); cell(row, v.end); cell(row, v.size / 1e6, 2);
-    cell(row, rv.records); cell(row, rv.bytes === undefined ? null : rv.bytes / 1e6, 2);
+    cell(row, rv.records); cell(row, megabytes(rv.bytes), 2);
     if (v.failed) cell(row, "FAILED", 0, "failed"); else cell(row, "ok");
-  }
+  });
   const internal = s.internal_logs;
   if (internal && internal.count) {
     const row = logs.insertRow();

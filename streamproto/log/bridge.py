@@ -102,6 +102,50 @@ class _Loop:
             loop.close()
 
 
+class _CallQueue:
+    """
+    The calls queued for one side of the bridge, coalesced: the first call
+    queued asks C{wake} (that side's thread-safe scheduler) to run the queue
+    once, and every call queued before it runs rides on that one wake-up.
+
+    @ivar queued: how many calls were queued.
+    @ivar wakeups: how many times the queue was run (queued per wake-up is
+        the coalescing factor the bench reports).
+    """
+
+    def __init__(self, side: str, lock: threading.Lock) -> None:
+        self.side = side
+        self._lock = lock
+        self.calls: deque[_Call] = deque()
+        self._scheduled = False
+        self.queued = 0
+        self.wakeups = 0
+
+    def put(self, f: Callable[..., object], args: tuple[Any, ...],
+            wake: Callable[[Callable[[], None]], object]) -> None:
+        """Queue C{f(*args)}; wake the other side unless a wake-up is on its way."""
+        with self._lock:
+            self.calls.append((f, args))
+            self.queued += 1
+            if self._scheduled:
+                return
+            self._scheduled = True
+        wake(self.run)
+
+    def run(self) -> None:
+        """On the queue's side: run every call queued so far, in order."""
+        self.wakeups += 1
+        with self._lock:
+            batch, self.calls = self.calls, deque()
+            self._scheduled = False
+        for f, args in batch:
+            try:
+                f(*args)
+            except Exception:
+                from twisted.logger import Logger
+                Logger().failure("nats bridge: a {side} call failed", side=self.side)
+
+
 class AsyncioThreadBridge:
     """
     An asyncio loop in its own thread, and the two coalesced queues between
@@ -117,13 +161,17 @@ class AsyncioThreadBridge:
         self._reactor = cast(IReactorFromThreads, default_reactor(reactor))
         self._loop = _Loop(name)
         self._lock = threading.Lock()
-        self._to_loop: deque[_Call] = deque()
-        self._loop_scheduled = False
-        self._to_reactor: deque[_Call] = deque()
-        self._reactor_scheduled = False
+        self._to_loop = _CallQueue("loop", self._lock)
+        self._to_reactor = _CallQueue("reactor", self._lock)
         self._stopped = False
-        self.wakeups = {"loop": 0, "reactor": 0}
-        self.calls = {"loop": 0, "reactor": 0}
+
+    @property
+    def wakeups(self) -> dict[str, int]:
+        return {"loop": self._to_loop.wakeups, "reactor": self._to_reactor.wakeups}
+
+    @property
+    def calls(self) -> dict[str, int]:
+        return {"loop": self._to_loop.queued, "reactor": self._to_reactor.queued}
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -137,26 +185,7 @@ class AsyncioThreadBridge:
         """Run C{f(*args)} on the loop thread, after every earlier call_soon."""
         if self._stopped:
             raise BridgeClosed("store closed")
-        loop = self.loop
-        with self._lock:
-            self._to_loop.append((f, args))
-            self.calls["loop"] += 1
-            if self._loop_scheduled:
-                return
-            self._loop_scheduled = True
-        loop.call_soon_threadsafe(self._run_loop_queue)
-
-    def _run_loop_queue(self) -> None:
-        self.wakeups["loop"] += 1
-        with self._lock:
-            batch, self._to_loop = self._to_loop, deque()
-            self._loop_scheduled = False
-        for f, args in batch:
-            try:
-                f(*args)
-            except Exception:
-                from twisted.logger import Logger
-                Logger().failure("nats bridge: a loop call failed")
+        self._to_loop.put(f, args, self.loop.call_soon_threadsafe)
 
     def call(self, coroutine_function: Callable[_P, Coroutine[Any, Any, _T]],
              *args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
@@ -179,25 +208,7 @@ class AsyncioThreadBridge:
     # loop -> reactor ----------------------------------------------------
     def post(self, f: Callable[..., object], *args: Any) -> None:
         """From the loop thread: run C{f(*args)} on the reactor thread."""
-        with self._lock:
-            self._to_reactor.append((f, args))
-            self.calls["reactor"] += 1
-            if self._reactor_scheduled:
-                return
-            self._reactor_scheduled = True
-        self._reactor.callFromThread(self._run_reactor_queue)
-
-    def _run_reactor_queue(self) -> None:
-        self.wakeups["reactor"] += 1
-        with self._lock:
-            batch, self._to_reactor = self._to_reactor, deque()
-            self._reactor_scheduled = False
-        for f, args in batch:
-            try:
-                f(*args)
-            except Exception:
-                from twisted.logger import Logger
-                Logger().failure("nats bridge: a reactor call failed")
+        self._to_reactor.put(f, args, self._reactor.callFromThread)
 
     # work the synchronous bridge waits for ------------------------------
     def begin(self) -> None:
@@ -276,15 +287,15 @@ class SynchronousBridge(AsyncioThreadBridge):
 
     def post(self, f: Callable[..., object], *args: Any) -> None:
         with self._lock:
-            self._to_reactor.append((f, args))
+            self._to_reactor.calls.append((f, args))
 
     def drain(self) -> None:
         """Run what the loop posted, on this thread."""
         while True:
             with self._lock:
-                if not self._to_reactor:
+                if not self._to_reactor.calls:
                     return
-                f, args = self._to_reactor.popleft()
+                f, args = self._to_reactor.calls.popleft()
             f(*args)
 
     def begin(self) -> None:

@@ -1,12 +1,19 @@
 """Per-log configuration; names and defaults follow the Styx reference."""
 
+import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+from twisted.internet.defer import Deferred, fail
 
 from streamproto.log.errors import InvalidLogName
+
+_S = TypeVar("_S")
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_NAME_LENGTH = 200
@@ -21,6 +28,29 @@ def validate_name(name: object) -> str:
             or not NAME_PATTERN.match(name):
         raise InvalidLogName(f"invalid log name: {name!r}")
     return name
+
+
+def name_checked(check: Callable[[Any, str], object]) -> Callable[
+        [Callable[Concatenate[_S, str, _P], Deferred[_T]]],
+        Callable[Concatenate[_S, str, _P], Deferred[_T]]]:
+    """
+    Decorate a store method whose first argument is a log name so that
+    C{check(store, name)} runs first: a name it refuses (L{InvalidLogName})
+    is a failed Deferred, as L{ILogStore} promises, and the method never
+    runs.  Why a decorator: a store checks the same name on every call that
+    can create or open a log, and a call that forgot would be a hole.
+    """
+    def decorate(method: Callable[Concatenate[_S, str, _P], Deferred[_T]],
+                 ) -> Callable[Concatenate[_S, str, _P], Deferred[_T]]:
+        @functools.wraps(method)
+        def checked(self: _S, name: str, /, *args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
+            try:
+                check(self, name)
+            except InvalidLogName as e:
+                return fail(e)
+            return method(self, name, *args, **kwargs)
+        return checked
+    return decorate
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ import time
 import uuid
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from itertools import accumulate
 from typing import Any, Protocol, TypeVar, cast
 
@@ -44,10 +44,13 @@ from zope.interface import implementer
 from streamproto.base import durable
 from streamproto.base.durable import write_all
 from streamproto.log import metrics
-from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import BytesLike, RecordBatch
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
-    CorruptLog, LogClosed, LogFailed, PositionOutOfRange, RecordTooLarge, WriteFailed, append_conflict, skip_conflict,
+    CorruptLog, LogClosed, LogFailed, PositionOutOfRange, WriteFailed, skip_conflict,
+)
+from streamproto.log.gate import (
+    AppendRequest, GatedLog, read_bytes_shortcut, read_shortcut,
 )
 from streamproto.log.format import (
     MAX_BATCH_DATA, encode_batch, encode_index, encode_segment_header, index_file_name, segment_file_name,
@@ -117,7 +120,7 @@ class _Pending:
 
 
 @implementer(ILog)
-class FileLog:
+class FileLog(GatedLog):
     """One log: a directory of segment files.  Build it through L{FileLogStore}."""
 
     log = Logger()
@@ -245,46 +248,17 @@ class FileLog:
             start = stop
         return chunks
 
-    def append(
-        self,
-        records: Sequence[BytesLike] | RecordBatch,
-        attributes: Mapping[str, int] | None = None,
-        expected_position: int | None = None,
-        expected_attributes: Mapping[str, int | None] | None = None,
-    ) -> Deferred[AppendResult]:
-        if self._closed:
-            return fail(LogClosed(f"log {self.name} is closed"))
-        if self.failed is not None:
-            return fail(LogFailed(f"log {self.name} fail-stopped: {self.failed}"))
-        # against what is written (synced or not): appends are issued in order
-        conflict = append_conflict(self.name, self._w_pos, expected_position,
-                                   self._attrs_written, expected_attributes)
-        if conflict is not None:
-            return fail(conflict)
-        data: BytesLike
-        if isinstance(records, RecordBatch):
-            # already lengths + one buffer (a decoder's output): no per-record work
-            lengths, data = records.lengths, records.data
-        else:
-            if not isinstance(records, list):
-                records = list(records)
-            lengths = lengths_array(map(len, records))
-            data = b"".join(records)
-        if len(lengths):
-            biggest = max(lengths)
-            if biggest > self.config.max_record_size:
-                return fail(RecordTooLarge(
-                    f"record of {biggest} bytes exceeds max_record_size "
-                    f"{self.config.max_record_size}"))
-        if attributes:
-            for k, v in attributes.items():
-                if not isinstance(k, str) or not isinstance(v, int) or isinstance(v, bool):
-                    return fail(TypeError("attributes map str -> int"))
+    def _written(self) -> tuple[int, Mapping[str, int]]:
+        # what is written (synced or not): appends are issued in order
+        return self._w_pos, self._attrs_written
+
+    def _append(self, request: AppendRequest) -> Deferred[AppendResult]:
+        lengths, attributes = request.lengths, request.attributes
         first = self._w_pos
         undo = (self._segments[-1], self._segments[-1].size, self._w_pos, self._w_off,
                 len(self._segments))
         try:
-            chunks = self._chunks(lengths, data)
+            chunks = self._chunks(lengths, request.data)
             for i, (chunk_lengths, chunk_data) in enumerate(chunks):
                 self._write_batch(chunk_lengths, chunk_data,
                                   attributes if i == len(chunks) - 1 else None)
@@ -339,10 +313,9 @@ class FileLog:
         return LogFailed(f"log {self.name}: write failed: {error}")
 
     def sync(self) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(f"log {self.name} is closed"))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
+        refused = self.refusal()
+        if refused is not None:
+            return fail(refused)
         if self._synced_seq == self._wseq and not self._syncing:
             return succeed(self.end_position)
         d: Deferred[AppendResult] = Deferred()
@@ -521,8 +494,7 @@ class FileLog:
         return lo
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise LogClosed(f"log {self.name} is closed")
+        super()._check_open()
         if self.corrupt is not None:
             raise CorruptLog(self.corrupt)
 
@@ -563,16 +535,9 @@ class FileLog:
 
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
-        try:
-            self._check_open()
-            if not self._start_position <= position <= self.end_position:
-                raise PositionOutOfRange(
-                    f"position {position} outside [{self._start_position}, "
-                    f"{self.end_position}]")
-        except Exception as e:
-            return fail(e)
-        if position == self.end_position or max_records == 0:
-            return succeed(empty_batch(position))
+        answered = read_shortcut(self._check_position, position, self.end_position, max_records)
+        if answered is not None:
+            return answered
         seg = self._segments[self._segment_index(0, position)]
         stop = min(self.end_position, seg.end_position)
         d = self._read_segment(seg, max_bytes, read_records, position, stop, max_records,
@@ -592,15 +557,9 @@ class FileLog:
         return failure
 
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        try:
-            self._check_open()
-            if not self._start_offset <= offset <= self.end_offset:
-                raise PositionOutOfRange(
-                    f"offset {offset} outside [{self._start_offset}, {self.end_offset}]")
-        except Exception as e:
-            return fail(e)
-        if offset == self.end_offset or max_bytes <= 0:
-            return succeed(b"")
+        answered = read_bytes_shortcut(self._check_offset, offset, self.end_offset, max_bytes)
+        if answered is not None:
+            return answered
         seg = self._segments[self._segment_index(1, offset)]
         stop = min(self.end_offset, seg.end_offset)
         return self._read_segment(seg, max_bytes, read_payload, offset, stop,
@@ -619,19 +578,9 @@ class FileLog:
         seg = self._segments[self._segment_index(1, offset)]
         return self._run_on_segment(seg, position_in_segment, offset)
 
-    def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(f"log {self.name} is closed"))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
-        return self._waiters.wait(position, lambda: self.end_position, timeout)
-
-    def wait_offset(self, offset: int, timeout: float | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(f"log {self.name} is closed"))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
-        return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
+    def _wait_refusal(self) -> Exception | None:
+        # a fail-stopped log never grows either, until the store is reopened
+        return self.refusal()
 
     # -- maintenance -----------------------------------------------------
     def _maintain(self, f: Callable[..., None], *args: Any) -> Deferred[None]:
@@ -672,20 +621,15 @@ class FileLog:
 
     def offset_of_position(self, position: int) -> Deferred[int]:
         try:
-            self._check_open()
-            if not self._start_position <= position <= self.end_position:
-                raise PositionOutOfRange(
-                    f"position {position} outside [{self._start_position}, "
-                    f"{self.end_position}]")
+            self._check_position(position)
         except Exception as e:
             return fail(e)
         return self.position_offset(position)
 
     def skip_to(self, position: int, offset: int) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(f"log {self.name} is closed"))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
+        refused = self.refusal()
+        if refused is not None:
+            return fail(refused)
         conflict = skip_conflict(self.name, self._start_position, self._w_pos, self._w_off,
                                  position, offset)
         if conflict is None and self._w_pos != self.end_position:
@@ -760,16 +704,8 @@ class FileLog:
             status = "tainted"
         else:
             status = "ok"
-        return {
-            "name": self.name,
-            "status": status,
-            "record_count": self.end_position - self._start_position,
-            "file_size": sum(s.size for s in self._segments),
-            "start_position": self._start_position,
-            "end_position": self.end_position,
-            "start_offset": self._start_offset,
-            "end_offset": self.end_offset,
-        }
+        return self._info(status, self.end_position - self._start_position,
+                          sum(s.size for s in self._segments))
 
     def _close(self, error: BaseException | None = None) -> None:
         """Fail what is pending and release the files (sync first via L{sync})."""

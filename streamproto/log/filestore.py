@@ -25,7 +25,7 @@ from streamproto.log.format import SEGMENT_HEADER_SIZE, SEGMENT_MAGIC
 from streamproto.log.file import (
     CONFIG_FILE, FileLog, RunBlocking, thread_runner, write_file_atomically,
 )
-from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, log_problems
+from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, StoreHealth
 from streamproto.log.segments import FileIO
 from streamproto.log.versions import (
     LOG_FILES_VERSION, SEGMENT_VERSION, check, check_mapping,
@@ -39,7 +39,7 @@ def _errno_name(code: int | None) -> str | int | None:
 
 
 @implementer(ILogStore, ILogDirectories)
-class FileLogStore:
+class FileLogStore(StoreHealth):
     """
     A directory of logs, one subdirectory each.  Logs are opened (and
     recovered) on first use.
@@ -161,12 +161,7 @@ class FileLogStore:
         durable.replace_durably(self._io, path, doomed)
         return self._run_blocking(durable.remove_tree, self._io, doomed)
 
-    def open_logs(self) -> list[ILog]:
-        return list(self._logs.values())
-
-    def problems(self) -> list[str]:
-        if self.closed:
-            return ["store closed"]
+    def _store_problems(self) -> list[str]:
         found: list[str] = []
         probe = os.path.join(self.path, f".ready-probe-{os.getpid()}")
         try:
@@ -177,7 +172,6 @@ class FileLogStore:
         except OSError as e:
             found.append(f"data directory {self.path} cannot be written: "
                          f"{e.strerror or e} ({_errno_name(e.errno)})")
-        found += log_problems(self._logs.values())
         return found
 
     def close(self) -> Deferred[None]:

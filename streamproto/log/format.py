@@ -41,6 +41,7 @@ import json
 import struct
 from array import array
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from crc32c import crc32c
@@ -135,21 +136,18 @@ def _swapped(lengths: array[int]) -> bytes:
 _LITTLE = array("I", [1]).tobytes() == b"\x01\x00\x00\x00"
 
 
+@dataclass(slots=True, eq=False)
 class BatchHeader:
     """A decoded batch header, with where the batch sits in its buffer."""
 
-    __slots__ = ("crc", "position", "offset", "count", "data_len", "attrs_len", "start", "lag")
-
-    def __init__(self, crc: int, position: int, offset: int, count: int, data_len: int,
-                 attrs_len: int, start: int, lag: int = 0) -> None:
-        self.lag = lag
-        self.crc = crc
-        self.position = position
-        self.offset = offset
-        self.count = count
-        self.data_len = data_len
-        self.attrs_len = attrs_len
-        self.start = start
+    crc: int
+    position: int
+    offset: int
+    count: int
+    data_len: int
+    attrs_len: int
+    start: int
+    lag: int = 0
 
     @property
     def size(self) -> int:

@@ -323,3 +323,27 @@ def log_problems(logs: Iterable[ILog]) -> list[str]:
             cause = getattr(log, "failed", None) or getattr(log, "unavailable", None)
             found.append(f"log {log.name}: {status}" + (f": {cause}" if cause else ""))
     return found
+
+
+class StoreHealth:
+    """
+    L{ILogStore.open_logs} and L{ILogStore.problems} for a store that keeps
+    its open logs in C{_logs}: every store reports the same way on
+    C{/ready} (closed, then its own trouble, then its unusable logs), and a
+    store writes only its own lines, in L{_store_problems}.
+    """
+
+    closed: bool
+    _logs: Mapping[str, Any]
+
+    def open_logs(self) -> list[ILog]:
+        return list(self._logs.values())
+
+    def problems(self) -> list[str]:
+        if self.closed:
+            return ["store closed"]
+        return self._store_problems() + log_problems(self._logs.values())
+
+    def _store_problems(self) -> list[str]:
+        """What is wrong with the store itself (its disk, its servers)."""
+        return []

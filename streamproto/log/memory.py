@@ -7,7 +7,7 @@ fire their Deferreds only after the records are visible, like the file store.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -15,19 +15,22 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from streamproto.base.clock import default_reactor
-from streamproto.log.batch import BytesLike, RecordBatch, empty_batch, lengths_array
+from streamproto.log.batch import RecordBatch, lengths_array
 from streamproto.log.config import LogConfig, validate_name
 from streamproto.log.errors import (
-    LogClosed, LogExists, LogFailed, LogNotFound, PositionOutOfRange,
-    RecordTooLarge, append_conflict, skip_conflict,
+    LogClosed, LogExists, LogNotFound, PositionOutOfRange,
+    skip_conflict,
 )
-from streamproto.log.interfaces import ILog, ILogStore, log_problems
+from streamproto.log.gate import (
+    AppendRequest, GatedLog, read_bytes_shortcut, read_shortcut,
+)
+from streamproto.log.interfaces import ILog, ILogStore, StoreHealth
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
 
 
 @implementer(ILog)
-class MemoryLog:
+class MemoryLog(GatedLog):
     #: set by L{truncate_offset} inside the first record; absent otherwise
     _start_offset: int
 
@@ -61,29 +64,11 @@ class MemoryLog:
         return dict(self._attributes)
 
     # -- writing ---------------------------------------------------------
-    def append(
-        self,
-        records: Sequence[BytesLike] | RecordBatch,
-        attributes: Mapping[str, int] | None = None,
-        expected_position: int | None = None,
-        expected_attributes: Mapping[str, int | None] | None = None,
-    ) -> Deferred[AppendResult]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
-        conflict = append_conflict(self.name, self.end_position, expected_position,
-                                   self._attributes, expected_attributes)
-        if conflict is not None:
-            return fail(conflict)
-        if isinstance(records, RecordBatch):
-            copies = records.records()
-        else:
-            copies = [bytes(r) for r in records]
-        limit = self.config.max_record_size
-        for r in copies:
-            if len(r) > limit:
-                return fail(RecordTooLarge(f"record of {len(r)} bytes exceeds {limit}"))
+    def _written(self) -> tuple[int, Mapping[str, int]]:
+        return self.end_position, self._attributes
+
+    def _append(self, request: AppendRequest) -> Deferred[AppendResult]:
+        copies, attributes = request.records(), request.attributes
         first = self.end_position
         for r in copies:
             self._records.append(r)
@@ -117,23 +102,13 @@ class MemoryLog:
             del self._start_offset
 
     # -- reading ---------------------------------------------------------
-    def _check_position(self, position: int) -> None:
-        if self._closed:
-            raise LogClosed(self.name)
-        if not self.start_position <= position <= self.end_position:
-            raise PositionOutOfRange(
-                f"position {position} outside [{self.start_position}, {self.end_position}]")
-
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
-        try:
-            self._check_position(position)
-        except Exception as e:
-            return fail(e)
+        answered = read_shortcut(self._check_position, position, self.end_position, max_records)
+        if answered is not None:
+            return answered
         i = position - self.start_position
         stop = len(self._records) if max_records < 0 else min(len(self._records), i + max_records)
-        if i >= stop:
-            return succeed(empty_batch(position))
         # at least one record, then whole records while within max_bytes
         limit = self._offsets[i] + max(max_bytes, 0)
         j = bisect.bisect_right(self._offsets, limit, i + 1, stop + 1) - 1
@@ -142,11 +117,9 @@ class MemoryLog:
         return succeed(RecordBatch(position, lengths_array(map(len, chunk)), b"".join(chunk)))
 
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if not self.start_offset <= offset <= self.end_offset:
-            return fail(PositionOutOfRange(
-                f"offset {offset} outside [{self.start_offset}, {self.end_offset}]"))
+        answered = read_bytes_shortcut(self._check_offset, offset, self.end_offset, max_bytes)
+        if answered is not None:
+            return answered
         out: list[bytes] = []
         remaining = max_bytes
         i = bisect.bisect_right(self._offsets, offset) - 1
@@ -189,16 +162,6 @@ class MemoryLog:
         self._offset_waiters.advance(self.end_offset)
         return succeed(self.end_position)
 
-    def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        return self._waiters.wait(position, lambda: self.end_position, timeout)
-
-    def wait_offset(self, offset: int, timeout: float | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
-
     # -- maintenance -----------------------------------------------------
     def truncate(self, position: int | None = None) -> Deferred[int]:
         if position is None or position > self.end_position:
@@ -218,16 +181,8 @@ class MemoryLog:
         return succeed(self.start_offset)
 
     def info(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "status": "ok" if self.failed is None else "corrupt",
-            "record_count": len(self._records),
-            "file_size": self.end_offset - self._offsets[0],
-            "start_position": self.start_position,
-            "end_position": self.end_position,
-            "start_offset": self.start_offset,
-            "end_offset": self.end_offset,
-        }
+        return self._info("ok" if self.failed is None else "corrupt", len(self._records),
+                          self.end_offset - self._offsets[0])
 
     def _close(self) -> None:
         self._closed = True
@@ -236,7 +191,7 @@ class MemoryLog:
 
 
 @implementer(ILogStore)
-class MemoryLogStore:
+class MemoryLogStore(StoreHealth):
     """Logs kept in a dict.  C{clock} (an IReactorTime) times L{ILog.wait}."""
 
     def __init__(self, clock: IReactorTime | None = None) -> None:
@@ -277,14 +232,6 @@ class MemoryLogStore:
             return fail(LogNotFound(f"log {name!r} not found"))
         log._close()
         return succeed(None)
-
-    def open_logs(self) -> list[ILog]:
-        return list(self._logs.values())
-
-    def problems(self) -> list[str]:
-        if self.closed:
-            return ["store closed"]
-        return log_problems(self._logs.values())
 
     def close(self) -> Deferred[None]:
         self.closed = True

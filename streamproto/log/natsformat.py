@@ -40,6 +40,7 @@ import re
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from crc32c import crc32c
 
@@ -98,6 +99,7 @@ def kind_of(subject_name: str) -> str:
     return subject_name.rsplit(".", 1)[-1]
 
 
+@dataclass(slots=True, eq=False)
 class BatchInfo:
     """
     What a message's headers say (C{headers_only} is enough).
@@ -109,22 +111,16 @@ class BatchInfo:
     @ivar msg_id: its C{Nats-Msg-Id}.
     """
 
-    __slots__ = ("seq", "kind", "position", "offset", "count", "nbytes", "crc",
-                 "attributes", "start", "msg_id")
-
-    def __init__(self, seq: int, kind: str, position: int, offset: int, count: int, nbytes: int,
-                 crc: int = 0, attributes: dict[str, int] | None = None,
-                 start: tuple[int, int] | None = None, msg_id: str | None = None) -> None:
-        self.seq = seq
-        self.kind = kind
-        self.position = position
-        self.offset = offset
-        self.count = count
-        self.nbytes = nbytes
-        self.crc = crc
-        self.attributes = attributes
-        self.start = start
-        self.msg_id = msg_id
+    seq: int
+    kind: str
+    position: int
+    offset: int
+    count: int
+    nbytes: int
+    crc: int = 0
+    attributes: dict[str, int] | None = None
+    start: tuple[int, int] | None = None
+    msg_id: str | None = None
 
     @property
     def end_position(self) -> int:

@@ -67,6 +67,12 @@ class _Session:
     def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
         return self.loop.run_until_complete(coroutine)
 
+    def __enter__(self) -> _Session:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.loop.is_closed():
             return
@@ -107,11 +113,8 @@ class JetStreamReader:
 
     def names(self) -> list[str]:
         """The logs of this prefix, sorted."""
-        session = self._session()
-        try:
+        with self._session() as session:
             streams = session.run(session.io.stream_names(f"{self.prefix}.>"))
-        finally:
-            session.close()
         return sorted(n for n in (log_name(self.prefix, s) for s in streams) if n)
 
     def bounds(self, name: str) -> tuple[int, int]:
@@ -120,11 +123,8 @@ class JetStreamReader:
             quorum acknowledged.
         @raise LogNotFound: there is no such log.
         """
-        session = self._session()
-        try:
+        with self._session() as session:
             return session.run(self._bounds(session.io, name))
-        finally:
-            session.close()
 
     async def _bounds(self, io: NatsIO, name: str) -> tuple[int, int]:
         stream = stream_name(self.prefix, name)
@@ -151,11 +151,8 @@ class JetStreamReader:
 
     def attributes(self, name: str) -> dict[str, int]:
         """The log's attribute map (Pravega's writer state, seals...)."""
-        session = self._session()
-        try:
+        with self._session() as session:
             return session.run(self._attributes(session.io, name))
-        finally:
-            session.close()
 
     async def _attributes(self, io: NatsIO, name: str) -> dict[str, int]:
         stream = stream_name(self.prefix, name)
@@ -196,8 +193,7 @@ class JetStreamReader:
         """
         if start_position >= end_position:
             return
-        session = self._session()
-        try:
+        with self._session() as session:
             io = session.io
             stream = stream_name(self.prefix, name)
             info = session.run(io.stream_info(stream))
@@ -237,8 +233,6 @@ class JetStreamReader:
             if position < end_position:
                 raise PositionOutOfRange(f"log {name!r}: ends at {position}, "
                                          f"before {end_position}")
-        finally:
-            session.close()
 
     async def _locate(self, io: NatsIO, stream: str, name: str, first_seq: int, last_seq: int,
                       position: int) -> int:

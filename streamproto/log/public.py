@@ -20,7 +20,7 @@ from typing import Any, cast
 from twisted.internet.defer import Deferred, fail
 from zope.interface import alsoProvides, implementer
 
-from streamproto.log.config import LogConfig
+from streamproto.log.config import LogConfig, name_checked
 from streamproto.log.errors import InvalidLogName, LogNotFound
 from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore
 
@@ -65,18 +65,12 @@ class PublicLogStore:
     def names(self) -> list[str]:
         return [name for name in self.store.names() if not is_internal(name)]
 
+    @name_checked(lambda self, name: check_public_name(name))
     def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
-        try:
-            check_public_name(name)
-        except InvalidLogName as e:
-            return fail(e)
         return self.store.create(name, config)
 
+    @name_checked(lambda self, name: check_public_name(name))
     def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
-        try:
-            check_public_name(name)
-        except InvalidLogName as e:
-            return fail(e)
         return self.store.get_or_create(name, config)
 
     def get(self, name: str) -> Deferred[ILog]:

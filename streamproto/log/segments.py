@@ -134,20 +134,24 @@ class Segment:
 
     def seek_position(self, position: int) -> Cursor:
         """(position, offset, file_pos) of a batch at or before C{position}."""
-        i = bisect.bisect_right(self.idx_pos, position) - 1
-        best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
-            (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
-        c = self.cursor
-        if c is not None and best[0] <= c[0] <= position:
-            return c
-        return best
+        return self._seek(0, self.idx_pos, position)
 
     def seek_offset(self, offset: int) -> Cursor:
-        i = bisect.bisect_right(self.idx_off, offset) - 1
+        """(position, offset, file_pos) of a batch at or before C{offset}."""
+        return self._seek(1, self.idx_off, offset)
+
+    def _seek(self, key: int, column: array[int], value: int) -> Cursor:
+        """
+        The nearest known batch start at or before C{value} (item C{key} of
+        a L{Cursor}, looked up in the index C{column}): the sparse index's
+        entry, or the last read's cursor when that is nearer (a consumer
+        reading on needs no rescan from the index entry).
+        """
+        i = bisect.bisect_right(column, value) - 1
         best = (self.position, self.offset, SEGMENT_HEADER_SIZE) if i < 0 else \
             (self.idx_pos[i], self.idx_off[i], self.idx_file[i])
         c = self.cursor
-        if c is not None and best[1] <= c[1] <= offset:
+        if c is not None and best[key] <= c[key] <= value:
             return c
         return best
 
@@ -321,25 +325,37 @@ def read_payload(io: FileIO, seg: Segment, offset: int, stop_offset: int,
 
 def position_in_segment(io: FileIO, seg: Segment, offset: int) -> int:
     """Blocking: the position of the record holding payload byte C{offset}."""
-    start_pos, start_off, file_pos = seg.seek_offset(offset)
-    for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
-                                  verify=False):
-        if h.end_offset > offset:
-            lens = batch_lengths(buf, h)
-            offs = list(accumulate(lens, initial=h.offset))
-            return h.position + bisect.bisect_right(offs, offset) - 1
-    return seg.end_position
+    found = _batch_reaching(io, seg, seg.seek_offset(offset), lambda h: h.end_offset > offset)
+    if found is None:
+        return seg.end_position
+    h, lens = found
+    return h.position + bisect.bisect_right(list(accumulate(lens, initial=h.offset)), offset) - 1
 
 
 def offset_in_segment(io: FileIO, seg: Segment, position: int) -> int:
     """Blocking: the payload offset at which record C{position} starts."""
-    start_pos, start_off, file_pos = seg.seek_position(position)
+    found = _batch_reaching(io, seg, seg.seek_position(position),
+                            lambda h: h.end_position > position)
+    if found is None:
+        return seg.end_offset
+    h, lens = found
+    return h.offset + sum(lens[:position - h.position])
+
+
+def _batch_reaching(io: FileIO, seg: Segment, start: Cursor,
+                    reaches: Callable[[BatchHeader], bool],
+                    ) -> tuple[BatchHeader, array[int]] | None:
+    """
+    Blocking: the first batch of C{seg} from C{start} (a seek's cursor)
+    that C{reaches} past the record or byte looked for, with its record
+    lengths; None when none does (it is past the segment's end).
+    """
+    start_pos, start_off, file_pos = start
     for buf, h, _ in iter_batches(io, seg.fd, file_pos, start_pos, start_off, seg.size,
                                   verify=False):
-        if h.end_position > position:
-            lens = batch_lengths(buf, h)
-            return h.offset + sum(lens[:position - h.position])
-    return seg.end_offset
+        if reaches(h):
+            return h, batch_lengths(buf, h)
+    return None
 
 
 def recover_segment(

@@ -32,6 +32,7 @@ from zope.interface import Interface
 
 from streamproto.core import metrics as core_metrics
 from streamproto.core.errors import log_failure
+from streamproto.core.machine import ignore
 from streamproto.core.idle import IdleTimeout
 from streamproto.lumberjack.codec import VERSION_2, Ack, Events, ProtocolError, UnexpectedFrame, Window
 from streamproto.lumberjack.runs import PayloadRun
@@ -564,11 +565,7 @@ class LumberjackServerState:
         _state.upon(_bad_input, enter=_done, outputs=[_log_bad_input, _disconnect])
         _state.upon(connection_lost, enter=_done, outputs=[_shut])
     # after the end: storage finishing late changes nothing (no ack to a closed connection)
-    _done.upon(_stored, enter=_done, outputs=[])
     _done.upon(_store_failed, enter=_done, outputs=[_log_store_failure])
     _done.upon(connection_lost, enter=_done, outputs=[_shut])
-    _done.upon(_bad_input, enter=_done, outputs=[])
-    _done.upon(_idle_expired, enter=_done, outputs=[])
-    _done.upon(_keepalive_due, enter=_done, outputs=[])
-    _done.upon(budget_freed, enter=_done, outputs=[])
+    ignore(_done, _stored, _bad_input, _idle_expired, _keepalive_due, budget_freed)
     del _state

@@ -36,6 +36,7 @@ from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.observer import Observers
+from streamproto.core.machine import ignore
 from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
 from streamproto.pravega import codec
 from streamproto.pravega.blocks import MAX_EVENT_SIZE, EventChunk, event_frames, pack_blocks
@@ -253,9 +254,6 @@ class SegmentWriter:
         self.block_size = block_size
         self.window_events = window_events
         self.window_bytes = window_bytes
-        self.max_retries = max_retries
-        self.retry_delay = retry_delay
-        self.max_retry_delay = max_retry_delay
         self.token = token
         self.keepalive_interval = keepalive_interval
         self._keepalive = None
@@ -417,9 +415,7 @@ class SegmentWriter:
     setting_up.upon(stop, enter=stopped, outputs=[_halt])
     ready.upon(connection_lost, enter=dialing, outputs=[_redial])
     ready.upon(stop, enter=stopped, outputs=[_halt])
-    stopped.upon(setup_done, enter=stopped, outputs=[])
-    stopped.upon(connection_lost, enter=stopped, outputs=[])
-    stopped.upon(stop, enter=stopped, outputs=[])
+    ignore(stopped, setup_done, connection_lost, stop)
 
     # -- called by the protocol ------------------------------------------
     def lost(self, proto, reason):

@@ -325,33 +325,35 @@ class JetStreamSessionStore:
         return self._submit(uuid, _op(left, writes=True)).addCallback(armed)
 
     def put(self, uuid, transformer):
-        self._disarm(uuid)
-
         def put(image):
             _, message = self._with_table(image, uuid, self._table.put, transformer)
             image.left = None
             return message, image
-        return self._submit(uuid, _op(put, writes=True))
+        return self._in_use(uuid, put, writes=True)
 
     def after(self, uuid, message_id):
-        self._disarm(uuid)
-
         def after(image):
             result = self._with_table(image, uuid, self._table.after, message_id)
             if image.left is not None:
                 image = _copy(image)       # taken up again: the bucket says so too
                 image.left = None
             return result, image
-        return self._submit(uuid, _op(after, writes=False))
+        return self._in_use(uuid, after, writes=False)
 
     def ack(self, uuid, message_id):
-        self._disarm(uuid)
-
         def ack(image):
             self._with_table(image, uuid, self._table.ack, message_id)
             image.left = None
             return None, image
-        return self._submit(uuid, _op(ack, writes=True))
+        return self._in_use(uuid, ack, writes=True)
+
+    def _in_use(self, uuid, op, writes):
+        """
+        Queue C{op} for session C{uuid}, which its client is using: it does
+        not expire meanwhile (its timer is disarmed before the op runs).
+        """
+        self._disarm(uuid)
+        return self._submit(uuid, _op(op, writes=writes))
 
     def __contains__(self, uuid):
         return uuid in self._known

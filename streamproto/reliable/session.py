@@ -205,22 +205,29 @@ class _SessionTable:
         session.messages.append(message)
         return session, message
 
-    def after(self, uuid, message_id):
+    def _get_at(self, uuid, message_id):
+        """
+        Session C{uuid}, where C{message_id} may be acknowledged or read
+        after: not past its last message, not before its acknowledged one.
+
+        @raise UnknownMessageID: C{message_id} was never sent.
+        @raise OutOfOrderAck: C{message_id} is before the acknowledged one.
+        """
         session = self._get(uuid)
         if message_id > session.last_id:
             raise UnknownMessageID(message_id)
         if message_id < session.acked:
             raise OutOfOrderAck(message_id)
+        return session
+
+    def after(self, uuid, message_id):
+        session = self._get_at(uuid, message_id)
         if message_id == session.last_id:
             return None
         return session.messages[message_id - session.acked]
 
     def ack(self, uuid, message_id):
-        session = self._get(uuid)
-        if message_id > session.last_id:
-            raise UnknownMessageID(message_id)
-        if message_id < session.acked:
-            raise OutOfOrderAck(message_id)
+        session = self._get_at(uuid, message_id)
         messages = session.messages
         while messages and messages[0].id <= message_id:
             messages.popleft()

@@ -113,7 +113,39 @@ def _epoch_now(clock):
     return max(1, int(clock.seconds() * 1_000_000))
 
 
-class RelinkEndpoint:
+class _LinkTerms:
+    """
+    What both ends of a link agree on, kept alike by the listener's
+    L{RelinkEndpoint} and the L{Connector}: the endpoint's name and handler,
+    each side's channel id size and transaction support (the handshake's
+    terms, named from the connector's and listener's side), the link
+    configuration and the clock.
+    """
+
+    def _agree(self, name: str, handler: IChannelHandler, connector_id_size: int,
+               listener_id_size: int, connector_transactions: bool,
+               listener_transactions: bool, config: LinkConfig | None,
+               clock: IReactorTime) -> None:
+        self.name = name
+        self.handler = IChannelHandler(handler)
+        self.connector_id_size = connector_id_size
+        self.listener_id_size = listener_id_size
+        self.connector_transactions = connector_transactions
+        self.listener_transactions = listener_transactions
+        self.config = config or LinkConfig()
+        self.clock = clock
+
+    def _link_terms(self, role: str) -> dict[str, Any]:
+        """The terms as the L{Link} of side C{role} ("connector" or "listener") holds them."""
+        sizes = (self.connector_id_size, self.listener_id_size)
+        transactions = (self.connector_transactions, self.listener_transactions)
+        mine = 0 if role == "connector" else 1
+        return dict(role=role, own_id_size=sizes[mine], peer_id_size=sizes[1 - mine],
+                    own_transactions=transactions[mine],
+                    peer_transactions=transactions[1 - mine], config=self.config)
+
+
+class RelinkEndpoint(_LinkTerms):
     """
     A named service on a listener: the handshake parameters it accepts, its
     handler, and the links of its connectors.
@@ -135,14 +167,8 @@ class RelinkEndpoint:
                  listener_transactions: bool = False, config: LinkConfig | None = None,
                  clock: IReactorTime | None = None, first_link_id: int | None = None) -> None:
         clock = default_reactor(clock)
-        self.name = name
-        self.handler = IChannelHandler(handler)
-        self.connector_id_size = connector_id_size
-        self.listener_id_size = listener_id_size
-        self.connector_transactions = connector_transactions
-        self.listener_transactions = listener_transactions
-        self.config = config or LinkConfig()
-        self.clock = clock
+        self._agree(name, handler, connector_id_size, listener_id_size, connector_transactions,
+                    listener_transactions, config, clock)
         self.epoch = _epoch_now(clock)
         self.links: dict[int, _ListenerLink] = {}
         if first_link_id is None:
@@ -196,12 +222,8 @@ class RelinkEndpoint:
         if len(self.links) >= self.config.max_links:
             raise ProtocolError("too many links")
         link_id = next(self._ids)
-        link = _ListenerLink(self, self.handler, self.clock, role="listener",
-                             own_id_size=self.listener_id_size,
-                             peer_id_size=self.connector_id_size,
-                             own_transactions=self.listener_transactions,
-                             peer_transactions=self.connector_transactions,
-                             config=self.config, link_id=link_id, epoch=self.epoch)
+        link = _ListenerLink(self, self.handler, self.clock, **self._link_terms("listener"),
+                             link_id=link_id, epoch=self.epoch)
         self.links[link_id] = link
         self._connections[link_id] = connection
         return link, False
@@ -331,7 +353,7 @@ class Relinked(NamedTuple):
     channels: int
 
 
-class Connector:
+class Connector(_LinkTerms):
     """
     The connecting peer of one link, reconnecting and resuming it.
 
@@ -366,15 +388,9 @@ class Connector:
         # (link, its peer_consumed_total) when the current connection linked:
         # whether the connection brought progress, for the back-off
         self._mark: tuple[Link | None, int] = (None, 0)
-        self.name = name
-        self.handler = IChannelHandler(handler or ChannelHandler())
-        self.connector_id_size = connector_id_size
-        self.listener_id_size = listener_id_size
-        self.connector_transactions = connector_transactions
-        self.listener_transactions = listener_transactions
+        self._agree(name, handler or ChannelHandler(), connector_id_size, listener_id_size,
+                    connector_transactions, listener_transactions, config, clock)
         self.require_old_link = require_old_link
-        self.config = config or LinkConfig()
-        self.clock = clock
         self.link = self._new_link()
         self._linked_waiters: Observers[Link] = Observers()
         # the connection's driver while started; while stopping, the one
@@ -386,10 +402,7 @@ class Connector:
         self.protocol: ConnectorProtocol | None = None
 
     def _new_link(self):
-        return Link(self.handler, self.clock, role="connector",
-                    own_id_size=self.connector_id_size, peer_id_size=self.listener_id_size,
-                    own_transactions=self.connector_transactions,
-                    peer_transactions=self.listener_transactions, config=self.config)
+        return Link(self.handler, self.clock, **self._link_terms("connector"))
 
     # -- life cycle ----------------------------------------------------------
     def start(self) -> "Connector":

@@ -164,22 +164,23 @@ class OutChannel:
         part sequences; all are accepted or none (L{ChannelBusy}).
         """
         messages = [tuple(m) for m in messages]
-        self._admit(len(messages))
-        self._extend(messages, map(message_size, messages))
-        self.assigned += len(messages)
-        self.link._want_transmit(self)
-        if ack is not None:
-            return self._waiter(ack, self.assigned)
-        return None
+        return self._send_all(messages, map(message_size, messages), ack)
 
     def send_payloads(self, payloads, ack=CONSUMED):
         """
         The fastest bulk path: one-part messages given as a list of bytes
         (nothing is copied or wrapped per message).  Like L{send_many}.
         """
-        self._admit(len(payloads))
-        self._extend(payloads, map(len, payloads))
-        self.assigned += len(payloads)
+        return self._send_all(payloads, map(len, payloads), ack)
+
+    def _send_all(self, entries, sizes, ack):
+        """
+        The bulk paths' one way in: admit every entry or none, queue them,
+        and wait (at level C{ack}, unless None) for the last one only.
+        """
+        self._admit(len(entries))
+        self._extend(entries, sizes)
+        self.assigned += len(entries)
         self.link._want_transmit(self)
         if ack is not None:
             return self._waiter(ack, self.assigned)

@@ -26,6 +26,7 @@ from twisted.internet.defer import succeed
 from twisted.logger import Logger
 from zope.interface import Interface
 
+from streamproto.core.machine import ignore
 from streamproto.relink import codec
 from streamproto.relink.codec import ProtocolError
 from streamproto.relink.errors import LinkLost
@@ -331,13 +332,12 @@ class _ConnectionState:
     linked.upon(refused, enter=closed, outputs=[_close])
     linked.upon(lost, enter=closed, outputs=[_forget])
     linked.upon(drained, enter=closed, outputs=[_close_drained])
-    closed.upon(packets, enter=closed, outputs=[])
-    closed.upon(refused, enter=closed, outputs=[])
+    ignore(closed, packets, refused)
     # a refused handshake's connection that does not close (the peer reads
     # nothing, so the farewell is never sent) is aborted at the timeout
     closed.upon(timed_out, enter=closed, outputs=[_abort])
     closed.upon(lost, enter=closed, outputs=[_forget])
-    closed.upon(drained, enter=closed, outputs=[])
+    ignore(closed, drained)
 
     # -- role hooks -----------------------------------------------------------
     def _handshake_timeout(self):
@@ -388,11 +388,7 @@ class ListenerState(_ConnectionState):
     """
 
     def __init__(self, factory, effects, clock):
-        """
-        @param factory: see C{factory}.
-        @param effects: the L{IConnectionEffects} of this connection.
-        @param clock: an C{IReactorTime} for the handshake timeout.
-        """
+        """C{effects} and C{clock} as L{_ConnectionState}'s."""
         _ConnectionState.__init__(self, effects, clock)
         self.factory = factory
 
@@ -509,11 +505,7 @@ class ConnectorState(_ConnectionState):
     """
 
     def __init__(self, owner, effects, clock):
-        """
-        @param owner: see C{owner}.
-        @param effects: the L{IConnectionEffects} of this connection.
-        @param clock: an C{IReactorTime} for the handshake timeout.
-        """
+        """C{effects} and C{clock} as L{_ConnectionState}'s."""
         _ConnectionState.__init__(self, effects, clock)
         self.owner = owner
 

@@ -197,6 +197,16 @@ def _get(options, key):
     return lowered.get(key.lower())
 
 
+def _not_both(given, other, one, another):
+    """
+    Refuse a read that gives two options meaning the same thing (an option
+    and its older name, or two ways of naming the logs): which one wins
+    would be a guess.  C{one} and C{another} name them in the message.
+    """
+    if given is not None and other is not None:
+        raise OptionError(f"give {one} or {another}, not both")
+
+
 def _positive_int(options, key, default, minimum=1):
     raw = _get(options, key)
     if raw is None or str(raw).strip() == "":
@@ -313,10 +323,8 @@ def parse_source_options(options):
     fleet = path is None and len(urls) > 1
     starting = parse_offsets(_get(options, "startingOffsets"), "startingOffsets", fleet)
     legacy = _get(options, "startingPosition")
+    _not_both(starting, legacy, "'startingOffsets'", "its older name 'startingPosition'")
     if legacy is not None:
-        if starting is not None:
-            raise OptionError("give 'startingOffsets' or its older name 'startingPosition', "
-                              "not both")
         starting = str(legacy).strip().lower()
         if starting not in ("earliest", "latest"):
             raise OptionError(f"option 'startingPosition' must be earliest or latest, "
@@ -324,10 +332,8 @@ def parse_source_options(options):
     ending = parse_offsets(_get(options, "endingOffsets"), "endingOffsets", fleet)
 
     pattern = _get(options, "logsPattern")
+    _not_both(logs, pattern, "'logs' (names)", "'logsPattern' (a regular expression)")
     if pattern is not None:
-        if logs is not None:
-            raise OptionError("give 'logs' (names) or 'logsPattern' (a regular expression), "
-                              "not both")
         try:
             re.compile(str(pattern))
         except re.error as e:

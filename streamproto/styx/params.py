@@ -58,6 +58,19 @@ class ReadParams:
         return position
 
 
+def read_start(params, log):
+    """
+    The parameters of a consume request (the defaults when it gave none)
+    and the position its stream starts at in C{log}: what the styx/0 and
+    WebSocket upgrades both decide before they take the connection over.
+
+    @raise APIError: see L{ReadParams.start_in}.
+    """
+    if params is None:
+        params = ReadParams()
+    return params, params.start_in(log)
+
+
 def _first(args, name):
     """C{args} maps bytes or str keys to lists of bytes or str values."""
     for key in (name, name.encode("ascii")):

@@ -26,6 +26,7 @@ from zope.interface import implementer
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
+from streamproto.core.machine import ignore
 from streamproto.core.idle import IdleTimeout
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import set_read_size
@@ -43,6 +44,7 @@ from streamproto.styx.codec import (
 )
 from streamproto.styx.errors import APIError
 from streamproto.styx.follow import LogFollower
+from streamproto.styx.params import read_start
 from streamproto.styx.upgrading import (  # named here too: the stream's public API
     PROTOCOL_NAME as PROTOCOL_NAME,
     TIMEOUT_HEADER as TIMEOUT_HEADER,
@@ -232,17 +234,14 @@ class _StyxStream(Protocol):
         self.closed.callback(None)
 
     streaming.upon(end, enter=draining, outputs=[_stop_input])
-    streaming.upon(drained, enter=streaming, outputs=[])
+    ignore(streaming, drained)
     streaming.upon(lost, enter=closed, outputs=[_release])
-    draining.upon(end, enter=draining, outputs=[])
+    ignore(draining, end)
     draining.upon(drained, enter=closing, outputs=[_send_last_and_close])
     draining.upon(lost, enter=closed, outputs=[_release])
-    closing.upon(end, enter=closing, outputs=[])
-    closing.upon(drained, enter=closing, outputs=[])
+    ignore(closing, end, drained)
     closing.upon(lost, enter=closed, outputs=[_release])
-    closed.upon(end, enter=closed, outputs=[])
-    closed.upon(drained, enter=closed, outputs=[])
-    closed.upon(lost, enter=closed, outputs=[])
+    ignore(closed, end, drained, lost)
 
     # hooks for the subclasses
     def _on_end(self):
@@ -673,11 +672,8 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
                                   **{k: v for k, v in options.items()
                                      if k == "max_pending_bytes"})
     elif request.method == b"GET":
-        if params is None:
-            from streamproto.styx.params import ReadParams
-            params = ReadParams()
         try:
-            position = params.start_in(log)
+            params, position = read_start(params, log)
         except APIError as e:
             return _error_response(request, e)
         stream_options = {k: v for k, v in options.items()

@@ -42,6 +42,7 @@ from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.observer import OneShotObserver
 from streamproto.styx.errors import APIError
 from streamproto.styx.follow import LogFollower
+from streamproto.styx.params import read_start
 from streamproto.styx.stream import _early_bytes, take_over
 
 _log = Logger()
@@ -537,11 +538,8 @@ def upgrade(request, log, params=None, timeout=DEFAULT_TIMEOUT, clock=None, metr
         protocol = ProduceProtocol(log, clock, metrics, timeout, **{
             k: v for k, v in options.items() if k == "max_pending_bytes"})
     elif request.method == b"GET":
-        if params is None:
-            from streamproto.styx.params import ReadParams
-            params = ReadParams()
         try:
-            position = params.start_in(log)
+            params, position = read_start(params, log)
         except APIError as e:
             return _error_response(request, e)
         protocol = ConsumeProtocol(log, position, params.count, params.follow, clock, metrics,

@@ -188,6 +188,16 @@ class StoreBehaviour:
             self.failureResultOf(self.store.create(bad), InvalidLogName)
             self.failureResultOf(self.store.get(bad), InvalidLogName)
 
+    def test_attributes_must_map_names_to_integers(self):
+        """
+        Every store refuses an attribute map that is not str -> int (a bool
+        or a string value, a non-string key) before anything is written.
+        """
+        log = self.log()
+        for bad in ({"writer": True}, {"writer": "1"}, {1: 1}):
+            self.failureResultOf(log.append([b"a"], bad), TypeError)
+        self.assertEqual((log.end_position, log.attributes), (0, {}))
+
     def test_attributes_persist(self):
         log = self.log()
         self.successResultOf(log.append([b"a"], {"writer": 1}))

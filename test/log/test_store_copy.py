@@ -68,6 +68,21 @@ class DigestTests(unittest.SynchronousTestCase):
         self.assertNotEqual(whole, other)   # the same bytes, other boundaries
 
 
+def temp_file_store(case, clock, **options):
+    """
+    A file store (synchronous, no retention rounds) in a fresh temporary
+    directory, closed and removed after C{case}.
+
+    @return: C{(path, store)}.
+    """
+    path = tempfile.mkdtemp(prefix="streamproto-copy-")
+    case.addCleanup(shutil.rmtree, path, True)
+    store = FileLogStore(path, reactor=clock, run_blocking=synchronous, retention_interval=None,
+                         **options)
+    case.addCleanup(store.close)
+    return path, store
+
+
 class CopyTestsMixin:
     """The engine between two stores made by C{make_store}."""
 
@@ -251,31 +266,18 @@ class FileToMemoryCopyTests(CopyTestsMixin, unittest.SynchronousTestCase):
     def make_store(self, name):
         if name == "dst":
             return MemoryLogStore(self.clock)
-        path = tempfile.mkdtemp(prefix="streamproto-copy-")
-        self.addCleanup(shutil.rmtree, path, True)
-        store = FileLogStore(path, reactor=self.clock, run_blocking=synchronous,
-                             retention_interval=None)
-        self.addCleanup(store.close)
-        return store
+        return temp_file_store(self, self.clock)[1]
 
 
 class MemoryToFileCopyTests(CopyTestsMixin, unittest.SynchronousTestCase):
     def make_store(self, name):
         if name == "src":
             return MemoryLogStore(self.clock)
-        path = tempfile.mkdtemp(prefix="streamproto-copy-")
-        self.addCleanup(shutil.rmtree, path, True)
-        store = FileLogStore(path, reactor=self.clock, run_blocking=synchronous,
-                             retention_interval=None)
-        self.addCleanup(store.close)
-        return store
+        return temp_file_store(self, self.clock)[1]
 
     def test_corrupt_file_source(self):
         """A damaged byte in a file store source stops the copy naming the log."""
-        path = tempfile.mkdtemp(prefix="streamproto-copy-")
-        self.addCleanup(shutil.rmtree, path, True)
-        src = FileLogStore(path, reactor=self.clock, run_blocking=synchronous,
-                           retention_interval=None, inline_reads=False)
+        path, src = temp_file_store(self, self.clock, inline_reads=False)
         log = self.successResultOf(src.create("events", LogConfig(segment_max_count=10)))
         for i in range(5):
             self.successResultOf(log.append(records(10, tag=b"%d" % i)))
@@ -305,11 +307,7 @@ class LiveFileSourceTests(unittest.SynchronousTestCase):
     def setUp(self):
         from streamproto.log.copy.readonly import open_read_only, reopening_store
         self.clock = Clock()
-        self.path = tempfile.mkdtemp(prefix="streamproto-copy-")
-        self.addCleanup(shutil.rmtree, self.path, True)
-        self.server = FileLogStore(self.path, reactor=self.clock, run_blocking=synchronous,
-                                   retention_interval=None)
-        self.addCleanup(self.server.close)
+        self.path, self.server = temp_file_store(self, self.clock)
         self.log = self.successResultOf(self.server.create("events"))
         self.successResultOf(self.log.append(records(10)))
         self.view = open_read_only(self.path, self.clock, run_blocking=synchronous)

@@ -31,6 +31,18 @@ def records(n, size, tag=b""):
     return [(tag + b"%d:" % i).ljust(size, b".") for i in range(n)]
 
 
+def poll_until(value, target, deadline):
+    """
+    Poll C{value()} until it reaches C{target} or the monotonic clock
+    passes C{deadline} (a copy running in another process).
+
+    @return: its last value.
+    """
+    while value() < target and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value()
+
+
 def run_copy(*argv, wait=True):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-m", "streamproto", "store", *argv], cwd=ROOT,
@@ -180,14 +192,10 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
             except Exception:
                 return -1
         deadline = time.monotonic() + 60
-        while copied() < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(copied(), 100)
+        self.assertEqual(poll_until(copied, 100, deadline), 100)
         for i in range(5):
             self.successResultOf(log.append(records(10, 50, tag=b"late%d" % i)))
-        while copied() < 150 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(copied(), 150)
+        self.assertEqual(poll_until(copied, 150, deadline), 150)
         self.successResultOf(log.append([b"just before the stop"], attributes={"w": 1}))
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
@@ -215,13 +223,9 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
             except Exception:
                 return -1
         deadline = time.monotonic() + 60
-        while copied() < 100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(copied(), 100)
+        self.assertEqual(poll_until(copied, 100, deadline), 100)
         self.successResultOf(log.append(records(20, 50, tag=b"late")))
-        while copied() < 120 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        self.assertEqual(copied(), 120)
+        self.assertEqual(poll_until(copied, 120, deadline), 120)
         self.successResultOf(log.append([b"last"], attributes={"w": 121}))
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)

@@ -5,7 +5,6 @@ The server's endpoints in memory: echo, and the bridge to the log store
 
 import gc
 
-from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
 from streamproto.log import MemoryLogStore
@@ -13,6 +12,7 @@ from streamproto.relink.config import LinkConfig
 from streamproto.relink.endpoints import EchoHandler, LogBridgeHandler
 from streamproto.relink.errors import LinkLost
 from test.relink.test_relink_support import Pair, Recorder
+from test.support.heldstore import HeldStore
 
 
 def fired(d):
@@ -21,37 +21,9 @@ def fired(d):
     return results
 
 
-class HeldStore:
-    """A store whose appends are held until the test says they are durable."""
-
-    def __init__(self, store):
-        self.store = store
-        self.held = []
-        self.appends = []
-
-    def get_or_create(self, name, config=None):
-        return self.store.get_or_create(name, config).addCallback(HeldLog, self)
-
-
-class HeldLog:
-    def __init__(self, log, store):
-        self.log = log
-        self.store = store
-
-    def append(self, records, attributes=None):
-        self.store.appends.append(list(records))
-        d = Deferred()
-        self.store.held.append((self.log, list(records), d))
-        return d
-
-    @classmethod
-    def sync_all(cls, store, fail=None):
-        held, store.held = store.held, []
-        for log, records, d in held:
-            if fail is not None:
-                d.errback(fail)
-            else:
-                log.append(records).chainDeferred(d)
+def appends_held(store=None):
+    """A store over C{store} whose appends wait until the test says they are durable."""
+    return HeldStore(store, held=frozenset({"append"}))
 
 
 class Echo(SynchronousTestCase):
@@ -73,7 +45,7 @@ class Echo(SynchronousTestCase):
         """
         # the connector holds the echo unconsumed, the store the append: the
         # shutdown waits for them
-        for handler in (EchoHandler(), LogBridgeHandler(HeldStore(MemoryLogStore()))):
+        for handler in (EchoHandler(), LogBridgeHandler(appends_held())):
             p = Pair(server=handler, client=Recorder(hold=True), id_sizes=(4, 4)).connect()
             p.link.channel(1).send([b"unanswered"], ack=None)
             fired(p.connector.shutdown())
@@ -126,7 +98,7 @@ class Echo(SynchronousTestCase):
 class LogBridge(SynchronousTestCase):
     def setUp(self):
         self.memory = MemoryLogStore()
-        self.store = HeldStore(self.memory)
+        self.store = appends_held(self.memory)
 
     def records(self, name):
         log = self.successResultOf(self.memory.get(name))
@@ -140,7 +112,7 @@ class LogBridge(SynchronousTestCase):
         p.run()
         self.assertEqual(d, [])
         self.assertEqual(ch.consumed, 0)
-        HeldLog.sync_all(self.store)
+        self.store.release_all()
         p.run()
         self.assertEqual(d, [2])
         self.assertEqual(self.records("relink-12"), [b"one", b"two"])
@@ -158,7 +130,7 @@ class LogBridge(SynchronousTestCase):
             p.connect()
             d = fired(p.link.channel(1).send([b"x"]))
             p.run()
-            HeldLog.sync_all(self.store, fail=RuntimeError("disk full"))
+            self.store.fail_all(RuntimeError("disk full"))
             p.run()
             self.flushLoggedErrors(RuntimeError)
             self.assertEqual(d, [])
@@ -166,7 +138,7 @@ class LogBridge(SynchronousTestCase):
             p.connect()
             if failover:
                 self.assertEqual(d, [])
-                HeldLog.sync_all(self.store)
+                self.store.release_all()
                 p.run()
                 self.assertEqual(d, [1])
                 self.assertEqual(p.connector.relinks, 1)
@@ -187,8 +159,8 @@ class LogBridge(SynchronousTestCase):
         committed = fired(ch.commit())
         p.run()
         self.assertEqual(committed, [])
-        self.assertEqual(self.store.appends, [[b"a", b"b", b"c"]])
-        HeldLog.sync_all(self.store)
+        self.assertEqual(self.store.appends(), [[b"a", b"b", b"c"]])
+        self.store.release_all()
         p.run()
         self.assertEqual(committed, [True])
         self.assertEqual(self.records("relink-3"), [b"a", b"b", b"c"])
@@ -210,7 +182,7 @@ class LogBridge(SynchronousTestCase):
         ch.send([b"x"], ack=None)
         committed = fired(ch.commit())
         p.run()
-        HeldLog.sync_all(self.store, fail=RuntimeError("disk full"))
+        self.store.fail_all(RuntimeError("disk full"))
         p.run()
         self.flushLoggedErrors(RuntimeError)
         self.assertEqual(committed, [False])
@@ -218,7 +190,7 @@ class LogBridge(SynchronousTestCase):
         ch.send([b"y"], ack=None)
         again = fired(ch.commit())
         p.run()
-        HeldLog.sync_all(self.store)
+        self.store.release_all()
         p.run()
         self.assertEqual(again, [True])
         self.assertEqual(self.records("relink-3"), [b"y"])

@@ -61,6 +61,23 @@ class RawHTTP(protocol.Protocol):
         self.done.callback(bytes(self.data))
 
 
+def records_post(body, content_type=BINARY, length=None, close=True):
+    """
+    The raw bytes of a POST of C{body} to C{/logs/events/records}.
+
+    @param content_type: its Content-Type, or None for none.
+    @param length: a Content-Length other than the body's (a body cut short).
+    @param close: ask the server to close the connection after its answer.
+    """
+    head = b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
+    if close:
+        head += b"Connection: close\r\n"
+    if content_type is not None:
+        head += b"Content-Type: " + content_type.encode() + b"\r\n"
+    return head + b"Content-Length: %d\r\n\r\n" % (
+        len(body) if length is None else length) + body
+
+
 class WatchedStore:
     """Delegates to a store; records the wait() Deferreds of its logs' readers."""
 
@@ -152,11 +169,19 @@ class HTTPTestBase(unittest.TestCase):
         self.assertIsInstance(error["message"], str)
         return error
 
+    def open_raw(self, data):
+        """
+        Send C{data} on a new connection to the server.
+
+        @return: Deferred firing with the L{RawHTTP} once connected (its
+            C{done} fires with the whole answer).
+        """
+        return protocol.ClientCreator(reactor, RawHTTP, data).connectTCP(
+            "127.0.0.1", self.port.getHost().port)
+
     @defer.inlineCallbacks
     def raw(self, data):
-        proto = RawHTTP(data)
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(data)
         response = yield proto.done
         return response
 
@@ -881,10 +906,9 @@ class ConsumeTests(HTTPTestBase):
     @defer.inlineCallbacks
     def test_disconnect_cancels_wait(self):
         waiting = self.store.waiting
-        proto = RawHTTP(b"GET /logs/events/records?whence=end&follow=true HTTP/1.1\r\n"
-                        b"Host: x\r\nAccept: " + BINARY.encode() + b"\r\n\r\n")
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(
+            b"GET /logs/events/records?whence=end&follow=true HTTP/1.1\r\n"
+            b"Host: x\r\nAccept: " + BINARY.encode() + b"\r\n\r\n")
         wait = yield waiting
         proto.transport.loseConnection()
         yield proto.done
@@ -990,11 +1014,7 @@ class ProduceBackpressureTests(HTTPTestBase):
         record = b"p" * 1000
         count = 40 * 1024
         body = binary([record] * count)
-        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
-                        b"Connection: close\r\nContent-Type: " + BINARY.encode() + b"\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(records_post(body))
         previous = -1
         for _ in range(100):
             yield task.deferLater(reactor, 0.1, lambda: None)
@@ -1016,11 +1036,7 @@ class ProduceBackpressureTests(HTTPTestBase):
     def test_disconnect_mid_body_keeps_complete_records_only(self):
         yield self.make_log("events")
         body = binary([b"a" * 10] * 3)[:-4]  # the third record cut short
-        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
-                        b"Content-Type: " + BINARY.encode() + b"\r\n"
-                        b"Content-Length: 1000\r\n\r\n" + body)
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(records_post(body, length=1000, close=False))
         yield task.deferLater(reactor, 0.1, lambda: None)
         proto.transport.loseConnection()
         yield proto.done
@@ -1054,11 +1070,7 @@ class LateOpeningStoreTests(HTTPTestBase):
     @defer.inlineCallbacks
     def post_lines(self, lines):
         body = b"".join(b"%s\n" % line for line in lines)
-        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
-                        b"Connection: close\r\nContent-Type: " + LINES.encode() + b"\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(records_post(body, LINES))
         return proto
 
     @defer.inlineCallbacks
@@ -1119,11 +1131,7 @@ class LateOpeningStoreTests(HTTPTestBase):
         yield self.make_log("events")
         opening = self.late_get()
         body = binary([b"a" * 10] * 3)[:-4]
-        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
-                        b"Content-Type: " + BINARY.encode() + b"\r\n"
-                        b"Content-Length: 1000\r\n\r\n" + body)
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(records_post(body, length=1000, close=False))
         yield task.deferLater(reactor, 0.05, lambda: None)
         proto.transport.loseConnection()
         yield proto.done
@@ -1365,10 +1373,7 @@ class ProduceClientGoneTests(HTTPTestBase):
             asked.callback(None)
             return held.addCallback(lambda _: real_get(name))
         self.store.get = slow_get
-        proto = RawHTTP(b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
-                        b"Content-Length: 5\r\n\r\nhello")
-        yield protocol.ClientCreator(reactor, lambda: proto).connectTCP(
-            "127.0.0.1", self.port.getHost().port)
+        proto = yield self.open_raw(records_post(b"hello", None, close=False))
         yield asked
         proto.transport.abortConnection()
         yield proto.done

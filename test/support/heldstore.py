@@ -97,9 +97,13 @@ class HeldCalls:
         return [h for h in self.asked
                 if not h.answered and (operation is None or h.operation == operation)]
 
+    def appends(self) -> list[list[bytes]]:
+        """The records of each append asked, one list an append, in order (answered or not)."""
+        return [h.args[0] for h in self.asked if h.operation == "append"]
+
     def appended(self) -> list[bytes]:
         """The records of every append asked, in order (answered or not)."""
-        return [r for h in self.asked if h.operation == "append" for r in h.args[0]]
+        return [r for records in self.appends() for r in records]
 
     def release_all(self, operation: str | None = None) -> int:
         """

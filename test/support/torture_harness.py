@@ -16,7 +16,6 @@ import errno
 import importlib
 import os
 import random
-import resource
 import sys
 import time
 import zlib
@@ -24,6 +23,7 @@ from collections import Counter
 
 from twisted.internet import defer, error, protocol, task
 
+from streamproto.core.fdlimit import raise_open_files_limit
 from streamproto.log.segments import FileIO
 from test.support.netutil import free_port, with_timeout
 
@@ -32,17 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def raise_nofile_limit():
-    """Raise RLIMIT_NOFILE's soft limit to the hard limit; return the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY:
-        hard = 1 << 20
-    if soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft
+    """Raise RLIMIT_NOFILE's soft limit as a server does (L{raise_open_files_limit}); return it."""
+    return raise_open_files_limit()[1]
 
 
 def rss_kib(pid):

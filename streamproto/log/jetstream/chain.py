@@ -37,9 +37,10 @@ from __future__ import annotations
 import itertools
 from array import array
 from collections import deque
+from dataclasses import dataclass, field
 from functools import partial
 from itertools import accumulate
-from typing import TYPE_CHECKING, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
@@ -64,55 +65,43 @@ if TYPE_CHECKING:
     from streamproto.log.jetstream.views import LogView as JetStreamLog
 
 _T = TypeVar("_T")
-#: the chain's projected tail: (seq, msg id, position, offset, attributes)
-_Tail: TypeAlias = tuple[int, "str | None", int, int, "dict[str, int]"]
 
 #: how long a message whose outcome was unknown may still turn up stored
 GHOST_SECONDS = 300
 
 
+@dataclass(slots=True, eq=False)
 class _Append:
     """One L{ILog.append} (or a marker) on its way."""
 
-    __slots__ = ("lengths", "data", "attributes", "deferred", "deadline", "kind", "start",
-                 "chunks", "done_chunks", "first_position", "last_seq", "failed", "expected",
-                 "expected_attributes")
-
-    def __init__(self, lengths: array[int], data: bytes, attributes: dict[str, int] | None,
-                 deadline: float, kind: str = DATA, start: tuple[int, int] | None = None,
-                 expected: int | None = None,
-                 expected_attributes: dict[str, int | None] | None = None) -> None:
-        self.lengths = lengths
-        self.data = data
-        self.attributes = attributes
-        self.deferred: Deferred[AppendResult] = defer.Deferred()
-        self.deadline = deadline
-        self.kind = kind
-        self.start = start
-        self.chunks: list[_Chunk] = []
-        self.done_chunks = 0
-        self.first_position: int | None = None
-        self.last_seq: int | None = None
-        self.failed = False
-        #: a conditional append's expected first position (alone in its message)
-        self.expected = expected
-        #: the attributes it expects (judged each time its first chunk is sent)
-        self.expected_attributes = expected_attributes
+    lengths: array[int]
+    data: bytes
+    attributes: dict[str, int] | None
+    deadline: float
+    kind: str = DATA
+    start: tuple[int, int] | None = None
+    #: a conditional append's expected first position (alone in its message)
+    expected: int | None = None
+    #: the attributes it expects (judged each time its first chunk is sent)
+    expected_attributes: dict[str, int | None] | None = None
+    deferred: Deferred[AppendResult] = field(init=False, default_factory=defer.Deferred)
+    chunks: list[_Chunk] = field(init=False, default_factory=list)
+    done_chunks: int = field(init=False, default=0)
+    first_position: int | None = field(init=False, default=None)
+    last_seq: int | None = field(init=False, default=None)
+    failed: bool = field(init=False, default=False)
 
 
+@dataclass(slots=True, eq=False)
 class _Chunk:
     """Consecutive records of one append that go into one message."""
 
-    __slots__ = ("append", "index", "lengths", "data", "last", "done")
-
-    def __init__(self, append: _Append, index: int, lengths: array[int], data: bytes,
-                 last: bool) -> None:
-        self.append = append
-        self.index = index
-        self.lengths = lengths
-        self.data = data
-        self.last = last
-        self.done = False
+    append: _Append
+    index: int
+    lengths: array[int]
+    data: bytes
+    last: bool
+    done: bool = field(init=False, default=False)
 
     @property
     def nbytes(self) -> int:
@@ -123,24 +112,21 @@ class _Chunk:
         return 4 * len(self.lengths) + len(self.data)
 
 
+@dataclass(slots=True, eq=False)
 class _Message:
     """One message sent: its chunks, its coordinates and what became of it."""
 
-    __slots__ = ("chunks", "info", "body", "lengths", "outcome", "error", "sent_at", "seen")
-
-    def __init__(self, chunks: list[_Chunk], info: BatchInfo, body: bytes, lengths: array[int],
-                 sent_at: float) -> None:
-        self.chunks = chunks
-        self.info = info
-        self.body = body
-        self.lengths = lengths
-        #: None until answered, then "stored", "failed" or "unknown"
-        self.outcome: str | None = None
-        self.error: JetStreamError | None = None
-        self.sent_at = sent_at
-        #: the sequence the follower (or a fetch) saw it stored at, before
-        #: its publish was answered
-        self.seen: int | None = None
+    chunks: list[_Chunk]
+    info: BatchInfo
+    body: bytes
+    lengths: array[int]
+    sent_at: float
+    #: None until answered, then "stored", "failed" or "unknown"
+    outcome: str | None = field(init=False, default=None)
+    error: JetStreamError | None = field(init=False, default=None)
+    #: the sequence the follower (or a fetch) saw it stored at, before
+    #: its publish was answered
+    seen: int | None = field(init=False, default=None)
 
     @property
     def msg_id(self) -> str:
@@ -159,9 +145,9 @@ class AppendChain(LogPart):
     def __init__(self, log: JetStreamLog) -> None:
         super().__init__(log)
         self._queue: deque[_Chunk] = deque()        # chunks not sent yet
-        # the message sent and not answered yet (at most one: see above)
-        self._inflight: deque[_Message] = deque()
-        self._tail: _Tail | None = None  # (seq, msg id, position, offset, attributes) projected
+        # the message sent and not confirmed yet (one at most: see above);
+        # kept after a failed answer until the resynchronisation has judged it
+        self._inflight: _Message | None = None
         self._resyncing = False
         self._resync_running = False
         # msg id -> message whose outcome is unknown
@@ -207,7 +193,7 @@ class AppendChain(LogPart):
         try:
             # one message in flight (the module docstring says why)
             while (self._queue and not self._resyncing and not self._log._closed
-                   and self._log.failed is None and not self._inflight):
+                   and self._log.failed is None and self._inflight is None):
                 chunks = self._take_chunks()
                 if chunks:
                     self._send(chunks)
@@ -238,14 +224,12 @@ class AppendChain(LogPart):
         return chunks
 
     def _send(self, chunks: list[_Chunk]) -> None:
-        if self._tail is None:
-            self._tail = (self._log._end_seq, self._log._last_id, self._log.end_position,
-                          self._log.end_offset, self._log._attributes)
-        seq, last_id, position, offset, attrs = self._tail
+        # nothing in flight: the message goes right after the tail the log
+        # learnt from the cluster (no projection past unconfirmed messages)
+        seq, position, offset, attrs = self._log._end_seq, self._log.end_position, \
+            self._log.end_offset, self._log._attributes
         first = chunks[0].append
         if first.expected is not None and first.expected != position:
-            if not self._inflight:
-                self._tail = None
             self.fail_append(first, AppendConflict(
                 f"log {self.name} ends at {position}, not {first.expected}"))
             return
@@ -256,8 +240,6 @@ class AppendChain(LogPart):
         if kind == DATA:
             chunks = self._meeting_expectations(chunks, attrs)
             if not chunks:
-                if not self._inflight:
-                    self._tail = None
                 return
         if kind == MARKER:
             lengths, data, count, nbytes = lengths_array(), b"", 0, 0
@@ -292,10 +274,7 @@ class AppendChain(LogPart):
         # then no quorum).  Seen in test_jetstream_protocols.
         info = BatchInfo(seq + 1, kind, position, offset, count, nbytes, crc, snapshot,
                          first.start if kind == MARKER else None, msg_id)
-        message = _Message(chunks, info, body, lengths, self.store.monotonic())
-        new_attrs = snapshot if snapshot is not None else attrs
-        self._tail = (seq + 1, msg_id, position + count, offset + nbytes, new_attrs)
-        self._inflight.append(message)
+        message = self._inflight = _Message(chunks, info, body, lengths, self.store.monotonic())
         self.store.bridge.call_soon(self.store.io.publish, self._log._subject(kind), headers, body,
                                     partial(self._published, message))
 
@@ -374,13 +353,11 @@ class AppendChain(LogPart):
         it (a refused message confirmed this way is the loss the module
         docstring describes).
         """
-        self._inflight.remove(message)
+        self._inflight = None
         self._unresolved.pop(message.msg_id, None)
         message.outcome = "stored"
         self._log._learn(message.info)
         self._complete(message)
-        if not self._inflight and not self._resyncing:
-            self._tail = None
         self._maybe_resync()
         self._pump()
 
@@ -424,10 +401,9 @@ class AppendChain(LogPart):
             # stored, and seen before its publish was answered (the
             # follower can be quicker than the ack): if that answer is then
             # lost, the message must not be sent again
-            for sent in self._inflight:
-                if sent.outcome is None and sent.info.msg_id == info.msg_id:
-                    sent.seen = info.seq
-                    return
+            sent = self._inflight
+            if sent is not None and sent.outcome is None and sent.info.msg_id == info.msg_id:
+                sent.seen = info.seq
             return
         if message.outcome != "stored":
             message.outcome = "stored"
@@ -447,8 +423,8 @@ class AppendChain(LogPart):
     def _maybe_resync(self) -> None:
         if not self._resyncing or self._resync_running or self._log._closed:
             return
-        if any(m.outcome is None for m in self._inflight):
-            return  # wait until every message sent has an answer
+        if self._inflight is not None and self._inflight.outcome is None:
+            return  # wait until the message sent has an answer
         self._resync_running = True
         self._resync().addErrback(self._resync_crashed)
 
@@ -489,18 +465,16 @@ class AppendChain(LogPart):
         for msg_id, m in list(self._ghosts.items()):
             if now - m.sent_at > GHOST_SECONDS:
                 del self._ghosts[msg_id]
-        for m in self._inflight:
-            if m.outcome == "stored":
-                continue
-            if m.outcome == "unknown":
-                self._ghosts[m.msg_id] = m
-            for chunk in m.chunks:
+        sent = self._inflight
+        if sent is not None and sent.outcome != "stored":
+            if sent.outcome == "unknown":
+                self._ghosts[sent.msg_id] = sent
+            for chunk in sent.chunks:
                 if not chunk.done and not chunk.append.failed and chunk.append.deadline > now:
                     again.append(chunk)
         self._unresolved.clear()
-        self._inflight.clear()
+        self._inflight = None
         self._queue.extendleft(reversed(again))
-        self._tail = None
         self._resyncing = False
         self._pump()
 
@@ -533,7 +507,7 @@ class AppendChain(LogPart):
         for a in list(self.pending):
             if a.deadline <= now:
                 why = self._log.failed or self._log.unavailable or (
-                    self._inflight and self._inflight[0].error) or "no acknowledgement"
+                    self._inflight is not None and self._inflight.error) or "no acknowledgement"
                 self.fail_append(a, StoreUnavailable(
                     f"JetStream did not acknowledge within {self.store.timeout:g}s ({why})"))
 

@@ -18,7 +18,7 @@ closing stay here because they are about the acknowledged state.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.internet import defer
@@ -27,11 +27,12 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.base.observer import SharedCall
-from streamproto.log.batch import BytesLike, RecordBatch, lengths_array
+from streamproto.log.batch import RecordBatch
 from streamproto.log.config import LogConfig
 from streamproto.log.errors import (
     AppendConflict, CorruptLog, LogClosed, LogFailed, LogNotFound, RecordTooLarge, StoreUnavailable, skip_conflict,
 )
+from streamproto.log.gate import AppendRequest, GatedLog
 from streamproto.log.interfaces import ILog
 from streamproto.log.jetstream.chain import AppendChain, _Append
 from streamproto.log.jetstream.common import _Inline, _store_errors, log
@@ -63,7 +64,7 @@ _log_ids = itertools.count(1)
 
 
 @implementer(ILog)
-class JetStreamLog:
+class JetStreamLog(GatedLog):
     """One log: a JetStream stream.  Built by L{JetStreamLogStore}."""
 
     def __init__(self, store: JetStreamLogStore, name: str, config: LogConfig) -> None:
@@ -85,7 +86,6 @@ class JetStreamLog:
         self.end_offset = 0
         self._attributes: dict[str, int] = {}
         self._end_seq = 0
-        self._last_id: str | None = None
         self._first_seq = 1
         self._index = MessageIndex()
         self._waiters = Waiters(self._clock)
@@ -172,7 +172,6 @@ class JetStreamLog:
         if newest.seq <= self._end_seq:
             return
         self._end_seq = newest.seq
-        self._last_id = newest.msg_id
         self.end_position = newest.end_position
         self.end_offset = newest.end_offset
         if snap is not None:
@@ -243,7 +242,6 @@ class JetStreamLog:
                 f"{info.offset}, the log ends at {self.end_position}/{self.end_offset}"))
             return
         self._end_seq = info.seq
-        self._last_id = info.msg_id
         self.end_position = info.end_position
         self.end_offset = info.end_offset
         if info.attributes is not None:
@@ -276,43 +274,29 @@ class JetStreamLog:
         self._offset_waiters.advance(self.end_offset)
 
     # -- appending -------------------------------------------------------
-    def append(
-        self,
-        records: Sequence[BytesLike] | RecordBatch,
-        attributes: Mapping[str, int] | None = None,
-        expected_position: int | None = None,
-        expected_attributes: Mapping[str, int | None] | None = None,
-    ) -> Deferred[AppendResult]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
+    def _append_refusal(self) -> Exception | None:
         if self.unavailable is not None:
-            return fail(StoreUnavailable(str(self.unavailable)))
-        data: bytes | memoryview
-        if isinstance(records, RecordBatch):
-            lengths, data = records.lengths, records.data
-        else:
-            copies = [bytes(r) for r in records]
-            lengths, data = lengths_array(map(len, copies)), b"".join(copies)
-        limit = self.config.max_record_size
-        if len(lengths) and max(lengths) > limit:
-            return fail(RecordTooLarge(f"record of {max(lengths)} bytes exceeds {limit}"))
+            return self.refusal() or StoreUnavailable(str(self.unavailable))
+        return self.refusal()
+
+    def _append(self, request: AppendRequest) -> Deferred[AppendResult]:
+        lengths, data = request.lengths, request.data
         room = self.store.max_message_bytes - 4
         if len(lengths) and max(lengths) > room:
             return fail(RecordTooLarge(
                 f"record of {max(lengths)} bytes exceeds what one JetStream message holds "
                 f"here ({room} bytes: raise max_payload on the NATS servers)"))
-        if not len(lengths) and not attributes:
+        if not len(lengths) and not request.attributes:
             return succeed(AppendResult(self.end_position, self.end_position, self.end_offset))
-        if expected_position is not None and len(lengths) and \
+        if request.expected_position is not None and len(lengths) and \
                 sum(lengths) + 4 * len(lengths) > self.store.max_message_bytes:
             return fail(RecordTooLarge("a conditional append must fit in one JetStream "
                                        f"message ({self.store.max_message_bytes} bytes)"))
         a = _Append(lengths, bytes(data) if isinstance(data, memoryview) else data,
-                    dict(attributes) if attributes else None,
-                    self.store.monotonic() + self.store.timeout, expected=expected_position,
-                    expected_attributes=dict(expected_attributes) if expected_attributes else None)
+                    dict(request.attributes) if request.attributes else None,
+                    self.store.monotonic() + self.store.timeout, expected=request.expected_position,
+                    expected_attributes=dict(request.expected_attributes)
+                    if request.expected_attributes else None)
         return self._chain.enqueue(a)
 
     @defer.inlineCallbacks
@@ -378,10 +362,9 @@ class JetStreamLog:
 
     @_store_errors
     def skip_to(self, position: int, offset: int) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        if self.failed is not None:
-            return fail(LogFailed(str(self.failed)))
+        refused = self.refusal()
+        if refused is not None:
+            return fail(refused)
         conflict = skip_conflict(self.name, self.start_position, self.end_position,
                                  self.end_offset, position, offset)
         if conflict is None and self._chain.pending:
@@ -412,16 +395,6 @@ class JetStreamLog:
         return self.end_position
 
     # -- waiting -----------------------------------------------------------
-    def wait(self, position: int, timeout: float | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        return self._waiters.wait(position, lambda: self.end_position, timeout)
-
-    def wait_offset(self, offset: int, timeout: float | None = None) -> Deferred[int]:
-        if self._closed:
-            return fail(LogClosed(self.name))
-        return self._offset_waiters.wait(offset, lambda: self.end_offset, timeout)
-
     # -- truncation and retention ----------------------------------------
     @_store_errors
     def truncate(self, position: int | None = None) -> Deferred[int]:
@@ -443,16 +416,8 @@ class JetStreamLog:
             status = "corrupt"
         else:
             status = "failed"
-        return {
-            "name": self.name,
-            "status": status,
-            "record_count": self.end_position - self.start_position,
-            "file_size": self.end_offset - self.start_offset,
-            "start_position": self.start_position,
-            "end_position": self.end_position,
-            "start_offset": self.start_offset,
-            "end_offset": self.end_offset,
-        }
+        return self._info(status, self.end_position - self.start_position,
+                          self.end_offset - self.start_offset)
 
     def sync(self) -> Deferred[int]:
         pending = [a.deferred for a in self._chain.pending]

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, TypeAlias
 from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 
-from streamproto.log.batch import RecordBatch, empty_batch
+from streamproto.log.batch import RecordBatch
+from streamproto.log.gate import read_bytes_shortcut, read_shortcut
 from streamproto.log.errors import CorruptLog, LogClosed, PositionOutOfRange
 from streamproto.log.jetstream.common import LogPart, _Inline
 from streamproto.log.msgindex import BodyEntry, holds
@@ -50,22 +51,11 @@ class MessageReader(LogPart):
         super().__init__(log)
         self._index = log._index
 
-    def _check(self, position: int) -> None:
-        if self._log._closed:
-            raise LogClosed(self.name)
-        if not self._log.start_position <= position <= self._log.end_position:
-            raise PositionOutOfRange(
-                f"position {position} outside "
-                f"[{self._log.start_position}, {self._log.end_position}]")
-
     def read(self, position: int, max_records: int = -1,
              max_bytes: int = 1048576) -> Deferred[RecordBatch]:
-        try:
-            self._check(position)
-        except Exception as e:
-            return fail(e)
-        if position == self._log.end_position or max_records == 0:
-            return succeed(empty_batch(position))
+        answered = read_shortcut(self._log._check_position, position, self._log.end_position, max_records)
+        if answered is not None:
+            return answered
         found = self._cached("position", position)
         if found is not None:
             return succeed(self._slice(found[0], found[1], position, max_records, max_bytes))
@@ -183,13 +173,10 @@ class MessageReader(LogPart):
                 self._fetch_body(seq).addErrback(lambda f: None)
 
     def read_bytes(self, offset: int, max_bytes: int = 1048576) -> Deferred[bytes]:
-        if self._log._closed:
-            return fail(LogClosed(self.name))
-        if not self._log.start_offset <= offset <= self._log.end_offset:
-            return fail(PositionOutOfRange(
-                f"offset {offset} outside [{self._log.start_offset}, {self._log.end_offset}]"))
-        if offset == self._log.end_offset or max_bytes <= 0:
-            return succeed(b"")
+        answered = read_bytes_shortcut(self._log._check_offset, offset, self._log.end_offset,
+                                       max_bytes)
+        if answered is not None:
+            return answered
 
         def cut(found: _Found) -> bytes:
             info, entry = found
@@ -222,7 +209,7 @@ class MessageReader(LogPart):
     def offset_of_position(self, position: int) -> Deferred[int]:
         """Where record C{position} starts (L{ILog.offset_of_position})."""
         try:
-            self._check(position)
+            self._log._check_position(position)
         except Exception as e:
             return fail(e)
         if position == self._log.end_position:

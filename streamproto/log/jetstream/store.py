@@ -26,9 +26,9 @@ from zope.interface import implementer
 
 from streamproto.base.clock import default_reactor, monotonic_seconds
 from streamproto.base.observer import SharedCall
-from streamproto.log.config import LogConfig, validate_name
+from streamproto.log.config import LogConfig, name_checked, validate_name
 from streamproto.log.errors import CorruptLog, LogClosed, LogExists, LogNotFound
-from streamproto.log.interfaces import ILog, ILogStore, IStartingStore, log_problems
+from streamproto.log.interfaces import ILog, ILogStore, IStartingStore, StoreHealth
 from streamproto.log.jetstream.common import _Inline, _store_errors, log
 from streamproto.log.jetstream.log import JetStreamLog
 from streamproto.log.msgindex import BodyCache
@@ -68,7 +68,7 @@ DEFAULT_TIMEOUT = 20.0
 
 
 @implementer(ILogStore, IStartingStore)
-class JetStreamLogStore:
+class JetStreamLogStore(StoreHealth):
     """
     Logs as streams of a NATS JetStream cluster.
 
@@ -243,27 +243,18 @@ class JetStreamLogStore:
         return sorted(self._names)
 
     @_store_errors
+    @name_checked(lambda self, name: self._check_name(name))
     def create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
-        try:
-            self._check_name(name)
-        except Exception as e:
-            return fail(e)
         return self._when_ready(self._create, name, config or LogConfig(), True)
 
     @_store_errors
+    @name_checked(lambda self, name: self._check_name(name))
     def get(self, name: str) -> Deferred[ILog]:
-        try:
-            self._check_name(name)
-        except Exception as e:
-            return fail(e)
         return self._when_ready(self._patiently, self._get, name)
 
     @_store_errors
+    @name_checked(lambda self, name: self._check_name(name))
     def get_or_create(self, name: str, config: LogConfig | None = None) -> Deferred[ILog]:
-        try:
-            self._check_name(name)
-        except Exception as e:
-            return fail(e)
         return self._when_ready(self._patiently, self._get_or_create, name,
                                 config or LogConfig())
 
@@ -360,11 +351,8 @@ class JetStreamLogStore:
         return result
 
     @_store_errors
+    @name_checked(lambda self, name: self._check_name(name))
     def delete(self, name: str) -> Deferred[None]:
-        try:
-            self._check_name(name)
-        except Exception as e:
-            return fail(e)
         return self._when_ready(self._delete, name)
 
     @defer.inlineCallbacks
@@ -377,12 +365,7 @@ class JetStreamLogStore:
         if not deleted:
             raise LogNotFound(f"log {name!r} not found")
 
-    def open_logs(self) -> list[ILog]:
-        return list(self._logs.values())
-
-    def problems(self) -> list[str]:
-        if self.closed:
-            return ["store closed"]
+    def _store_problems(self) -> list[str]:
         found: list[str] = []
         if not self._connected:
             found.append(f"JetStream {','.join(self.servers)}: "
@@ -390,7 +373,7 @@ class JetStreamLogStore:
         elif not self.io.connected:
             found.append(f"JetStream {','.join(self.servers)}: disconnected"
                          + (f" ({self.io.last_error})" if self.io.last_error else ""))
-        return found + log_problems(self._logs.values())
+        return found
 
     # -- retention -------------------------------------------------------
     def _retention_round(self) -> None:

@@ -83,7 +83,6 @@ class LogView(Protocol):
     end_offset: int
     _attributes: dict[str, int]
     _end_seq: int
-    _last_id: str | None
     _first_seq: int
     _index: MessageIndex
 
@@ -99,6 +98,10 @@ class LogView(Protocol):
     def _catch_up(self, resolving: bool = False) -> Deferred[None]: ...
 
     def _fail_stop(self, error: BaseException) -> None: ...
+
+    def _check_position(self, position: int) -> None: ...
+
+    def _check_offset(self, offset: int) -> None: ...
 
     def position_of_offset(self, offset: int) -> Deferred[int]: ...
 

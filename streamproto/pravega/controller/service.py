@@ -6,6 +6,7 @@ transaction expiry and retention rounds.
 """
 
 from concurrent import futures
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
@@ -200,13 +201,11 @@ class ControllerService(service.Service):
         self._server = server
         server.start()
 
-        self._expiry = LoopingCall(self._expire)
-        self._expiry.clock = self.reactor
-        self._expiry.start(self.expiry_interval, now=False)
+        self._expiry = self._every(self.expiry_interval, self.state.expire_txns,
+                                   "expiring transactions")
         if self.retention_interval:
-            self._retention = LoopingCall(self._retain)
-            self._retention.clock = self.reactor
-            self._retention.start(self.retention_interval, now=False)
+            self._retention = self._every(self.retention_interval, self.state.apply_retention,
+                                          "applying retention policies")
         self.log.info("pravega controller listening on {host}:{port} ({tls})",
                       host=self.host, port=self.port,
                       tls="plain" if self.tls is None else
@@ -292,19 +291,21 @@ class ControllerService(service.Service):
         waiting.addCallbacks(listening, failed)
         return learned
 
-    def _retain(self):
-        if not self.state.opened or self.failure is not None:
-            return None
-        d = self.state.apply_retention()
-        d.addErrback(lambda f: self.log.failure("applying retention policies", f))
-        return d
-
-    def _expire(self):
-        if not self.state.opened or self.failure is not None:
-            return None
-        d = self.state.expire_txns()
-        d.addErrback(lambda f: self.log.failure("expiring transactions", f))
-        return d
+    def _every(self, interval: float, work: Callable[[], defer.Deferred[Any]],
+               what: str) -> LoopingCall:
+        """
+        Run C{work} every C{interval} seconds, on the reactor, while the
+        state is open and has not failed; a failed round is logged (as
+        C{what}) and the next one runs all the same.
+        """
+        def one_round() -> defer.Deferred[Any] | None:
+            if not self.state.opened or self.failure is not None:
+                return None
+            return work().addErrback(lambda f: self.log.failure(what, f))
+        loop = LoopingCall(one_round)
+        loop.clock = self.reactor
+        loop.start(interval, now=False)
+        return loop
 
     def stopService(self) -> defer.Deferred[None] | None:
         super().stopService()

@@ -8,10 +8,11 @@ durable.  Opening replays the last record and finishes what a crash
 interrupted (a scale, a truncation, a commit).
 """
 
+import functools
 import json
 import uuid
-from collections.abc import Generator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Generator, Mapping, Sequence
+from typing import Any, TypeAlias, TypeVar
 
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
@@ -40,6 +41,28 @@ MAX_COMPLETED_TXNS = 1000
 #: Stream cuts remembered per stream for its retention policy; beyond this
 #: every other one of the older half is forgotten (coarser, never unsafe).
 MAX_RETENTION_CUTS = 128
+
+
+_T = TypeVar("_T")
+#: a change of the state document, as a generator run by inlineCallbacks
+_Change: TypeAlias = Generator[defer.Deferred[Any], Any, _T]
+
+
+def _mutation(change: Callable[..., _Change[_T]]) -> Callable[..., defer.Deferred[_T]]:
+    """
+    Decorate a L{ControllerState} method that changes the document: it runs
+    (as under inlineCallbacks) under the state's lock on the newest document,
+    and again on the newer one when another controller wrote first (see
+    L{ControllerState._attempt}).  Why a decorator: every change must go
+    through that lock and retry, and a change written without it would lose
+    another controller's update.
+    """
+    run = defer.inlineCallbacks(change)
+
+    @functools.wraps(change)
+    def mutate(self: "ControllerState", *args: Any, **kwargs: Any) -> defer.Deferred[_T]:
+        return self._mutate(functools.partial(run, self, *args, **kwargs))
+    return mutate
 
 
 class ControllerStateDamaged(Exception):
@@ -201,6 +224,13 @@ class ControllerState:
     def stream(self, scope: str, stream: str) -> dict[str, Any] | None:
         return self.scopes.get(scope, {}).get(stream)
 
+    def _find(self, scope: str, stream: str) -> dict[str, Any] | str:
+        """The stream's info, or what a request on it answers: SCOPE_NOT_FOUND, STREAM_NOT_FOUND."""
+        if scope not in self.scopes:
+            return "SCOPE_NOT_FOUND"
+        info = self.stream(scope, stream)
+        return "STREAM_NOT_FOUND" if info is None else info
+
     def layout(self, scope: str, stream: str) -> Layout | None:
         """The L{Layout} of an existing stream, or None."""
         if self.stream(scope, stream) is None:
@@ -212,129 +242,114 @@ class ControllerState:
         return Layout(self.layouts[f"{scope}/{stream}"])
 
     # -- scopes ----------------------------------------------------------
-    def create_scope(self, scope: str) -> defer.Deferred[str]:
+    @_mutation
+    def create_scope(self, scope: str) -> _Change[str]:
         """@return: Deferred firing with "SUCCESS", "SCOPE_EXISTS" or "INVALID_SCOPE_NAME"."""
-        @defer.inlineCallbacks
-        def create():
-            if not valid_name(scope):
-                return "INVALID_SCOPE_NAME"
-            if scope in self.scopes:
-                return "SCOPE_EXISTS"
-            self.scopes[scope] = {}
-            yield self._save()
-            self.log.info("created scope {scope}", scope=scope)
-            return "SUCCESS"
-        return self._mutate(create)
+        if not valid_name(scope):
+            return "INVALID_SCOPE_NAME"
+        if scope in self.scopes:
+            return "SCOPE_EXISTS"
+        self.scopes[scope] = {}
+        yield self._save()
+        self.log.info("created scope {scope}", scope=scope)
+        return "SUCCESS"
 
-    def delete_scope(self, scope: str) -> defer.Deferred[str]:
-        @defer.inlineCallbacks
-        def delete():
-            if scope not in self.scopes:
-                return "SCOPE_NOT_FOUND"
-            if self.scopes[scope]:
-                return "SCOPE_NOT_EMPTY"
-            del self.scopes[scope]
-            yield self._save()
-            return "SUCCESS"
-        return self._mutate(delete)
+    @_mutation
+    def delete_scope(self, scope: str) -> _Change[str]:
+        if scope not in self.scopes:
+            return "SCOPE_NOT_FOUND"
+        if self.scopes[scope]:
+            return "SCOPE_NOT_EMPTY"
+        del self.scopes[scope]
+        yield self._save()
+        return "SUCCESS"
 
     # -- streams ---------------------------------------------------------
+    @_mutation
     def create_stream(self, scope: str, stream: str, count: int,
-                      config: dict[str, Any] | None = None) -> defer.Deferred[str]:
+                      config: dict[str, Any] | None = None) -> _Change[str]:
         """
         @param config: the stream configuration to remember (a JSON-able
             dict, answered by getStreamConfiguration), or None.
         """
-        @defer.inlineCallbacks
-        def create():
-            if scope not in self.scopes:
-                return "SCOPE_NOT_FOUND"
-            if not valid_name(stream) or count < 1 or count > MAX_SEGMENTS:
-                return "INVALID_STREAM_NAME"
-            if stream in self.scopes[scope]:
-                return "STREAM_EXISTS"
-            for n in range(count):
-                try:
-                    yield self.segments.create(segment_name(scope, stream, n))
-                except SegmentExists:
-                    pass   # left by an earlier attempt that failed half-way
-            self.scopes[scope][stream] = {"segments": count, "sealed": False}
-            doc = Layout.new(count).doc
-            if config is not None:
-                doc["config"] = config
-            self.layouts[f"{scope}/{stream}"] = doc
-            yield self._save()
-            self.log.info("created stream {scope}/{stream} with {n} segments",
-                          scope=scope, stream=stream, n=count)
-            return "SUCCESS"
-        return self._mutate(create)
+        if scope not in self.scopes:
+            return "SCOPE_NOT_FOUND"
+        if not valid_name(stream) or count < 1 or count > MAX_SEGMENTS:
+            return "INVALID_STREAM_NAME"
+        if stream in self.scopes[scope]:
+            return "STREAM_EXISTS"
+        for n in range(count):
+            try:
+                yield self.segments.create(segment_name(scope, stream, n))
+            except SegmentExists:
+                pass   # left by an earlier attempt that failed half-way
+        self.scopes[scope][stream] = {"segments": count, "sealed": False}
+        doc = Layout.new(count).doc
+        if config is not None:
+            doc["config"] = config
+        self.layouts[f"{scope}/{stream}"] = doc
+        yield self._save()
+        self.log.info("created stream {scope}/{stream} with {n} segments",
+                      scope=scope, stream=stream, n=count)
+        return "SUCCESS"
 
+    @_mutation
     def update_stream(self, scope: str, stream: str, config: dict[str, Any]
-                      ) -> defer.Deferred[str]:
+                      ) -> _Change[str]:
         """Record a new configuration: "SUCCESS", "SCOPE_NOT_FOUND", "STREAM_NOT_FOUND" or "STREAM_SEALED"."""
-        @defer.inlineCallbacks
-        def update():
-            if scope not in self.scopes:
-                return "SCOPE_NOT_FOUND"
-            info = self.stream(scope, stream)
-            if info is None:
-                return "STREAM_NOT_FOUND"
-            if info["sealed"]:
-                return "STREAM_SEALED"
-            self.layouts[f"{scope}/{stream}"]["config"] = config
-            yield self._save()
-            self.log.info("updated the configuration of {scope}/{stream}", scope=scope,
-                          stream=stream)
-            return "SUCCESS"
-        return self._mutate(update)
+        info = self._find(scope, stream)
+        if isinstance(info, str):
+            return info
+        if info["sealed"]:
+            return "STREAM_SEALED"
+        self.layouts[f"{scope}/{stream}"]["config"] = config
+        yield self._save()
+        self.log.info("updated the configuration of {scope}/{stream}", scope=scope,
+                      stream=stream)
+        return "SUCCESS"
 
-    def seal_stream(self, scope: str, stream: str) -> defer.Deferred[str]:
-        @defer.inlineCallbacks
-        def seal():
-            if scope not in self.scopes:
-                return "SCOPE_NOT_FOUND"
-            info = self.stream(scope, stream)
-            if info is None:
-                return "STREAM_NOT_FOUND"
-            for seg_id, _, _ in self._layout(scope, stream).active():
-                try:
-                    seg = yield self.segments.get(name_of(scope, stream, seg_id))
-                    yield seg.seal()
-                except (SegmentSealed, SegmentNotFound):
-                    pass
-            if not info["sealed"]:
-                info["sealed"] = True
-                yield self._save()
-            return "SUCCESS"
-        return self._mutate(seal)
-
-    def delete_stream(self, scope: str, stream: str) -> defer.Deferred[str]:
-        @defer.inlineCallbacks
-        def delete():
-            info = self.stream(scope, stream)
-            if info is None:
-                return "STREAM_NOT_FOUND"
-            if not info["sealed"]:
-                return "STREAM_NOT_SEALED"
-            layout = self._layout(scope, stream)
-            for seg_id in layout.all_ids():
-                if not layout.known(seg_id):
-                    continue
-                try:
-                    yield self.segments.delete(name_of(scope, stream, seg_id))
-                except SegmentNotFound:
-                    pass
-            del self.scopes[scope][stream]
-            del self.layouts[f"{scope}/{stream}"]
-            self.retention.pop(f"{scope}/{stream}", None)
+    @_mutation
+    def seal_stream(self, scope: str, stream: str) -> _Change[str]:
+        info = self._find(scope, stream)
+        if isinstance(info, str):
+            return info
+        for seg_id, _, _ in self._layout(scope, stream).active():
+            try:
+                seg = yield self.segments.get(name_of(scope, stream, seg_id))
+                yield seg.seal()
+            except (SegmentSealed, SegmentNotFound):
+                pass
+        if not info["sealed"]:
+            info["sealed"] = True
             yield self._save()
-            return "SUCCESS"
-        return self._mutate(delete)
+        return "SUCCESS"
+
+    @_mutation
+    def delete_stream(self, scope: str, stream: str) -> _Change[str]:
+        info = self.stream(scope, stream)
+        if info is None:
+            return "STREAM_NOT_FOUND"
+        if not info["sealed"]:
+            return "STREAM_NOT_SEALED"
+        layout = self._layout(scope, stream)
+        for seg_id in layout.all_ids():
+            if not layout.known(seg_id):
+                continue
+            try:
+                yield self.segments.delete(name_of(scope, stream, seg_id))
+            except SegmentNotFound:
+                pass
+        del self.scopes[scope][stream]
+        del self.layouts[f"{scope}/{stream}"]
+        self.retention.pop(f"{scope}/{stream}", None)
+        yield self._save()
+        return "SUCCESS"
 
     # -- scaling ---------------------------------------------------------
+    @_mutation
     def scale(self, scope: str, stream: str, sealed: Sequence[int],
               ranges: Sequence[tuple[float, float]]
-              ) -> defer.Deferred[tuple[str, str, list[tuple[int, float, float]], int]]:
+              ) -> _Change[tuple[str, str, list[tuple[int, float, float]], int]]:
         """
         Seal the active segments C{sealed} (ids) and replace them with new
         segments over C{ranges} ([(start, end)]) in a new epoch.
@@ -344,32 +359,29 @@ class ControllerState:
             "STARTED" (done: scaling here is synchronous), "FAILURE" or
             "PRECONDITION_FAILED".
         """
-        @defer.inlineCallbacks
-        def scale():
-            info = self.stream(scope, stream)
-            if info is None:
-                return "FAILURE", "no such stream", [], 0
-            if info["sealed"]:
-                return "PRECONDITION_FAILED", "the stream is sealed", [], 0
-            if any(t["scope"] == scope and t["stream"] == stream
-                   and t["state"] in ("OPEN", "COMMITTING", "ABORTING")
-                   for t in self.txns.values()):
-                # their segments belong to this epoch's segments
-                return "PRECONDITION_FAILED", "the stream has open transactions", [], 0
-            layout = self._layout(scope, stream)
-            reason, doc = layout.plan_scale(list(sealed), [tuple(r) for r in ranges])
-            if reason:
-                return "PRECONDITION_FAILED", reason, [], layout.epoch
-            old_epoch = layout.epoch
-            # record the intent first: a crash half-way is finished on open
-            self.layouts[f"{scope}/{stream}"]["scaling"] = {"sealed": list(sealed), "to": doc}
-            yield self._save()
-            new = yield self._finish_scale(scope, stream)
-            self.log.info("scaled {scope}/{stream} to epoch {epoch}: sealed {sealed}, "
-                          "created {created}", scope=scope, stream=stream,
-                          epoch=old_epoch + 1, sealed=list(sealed), created=[n[0] for n in new])
-            return "STARTED", "", new, old_epoch
-        return self._mutate(scale)
+        info = self.stream(scope, stream)
+        if info is None:
+            return "FAILURE", "no such stream", [], 0
+        if info["sealed"]:
+            return "PRECONDITION_FAILED", "the stream is sealed", [], 0
+        if any(t["scope"] == scope and t["stream"] == stream
+               and t["state"] in ("OPEN", "COMMITTING", "ABORTING")
+               for t in self.txns.values()):
+            # their segments belong to this epoch's segments
+            return "PRECONDITION_FAILED", "the stream has open transactions", [], 0
+        layout = self._layout(scope, stream)
+        reason, doc = layout.plan_scale(list(sealed), [tuple(r) for r in ranges])
+        if reason:
+            return "PRECONDITION_FAILED", reason, [], layout.epoch
+        old_epoch = layout.epoch
+        # record the intent first: a crash half-way is finished on open
+        self.layouts[f"{scope}/{stream}"]["scaling"] = {"sealed": list(sealed), "to": doc}
+        yield self._save()
+        new = yield self._finish_scale(scope, stream)
+        self.log.info("scaled {scope}/{stream} to epoch {epoch}: sealed {sealed}, "
+                      "created {created}", scope=scope, stream=stream,
+                      epoch=old_epoch + 1, sealed=list(sealed), created=[n[0] for n in new])
+        return "STARTED", "", new, old_epoch
 
     @defer.inlineCallbacks
     def _finish_scale(self, scope, stream):
@@ -553,40 +565,38 @@ class ControllerState:
     def _now_ms(self):
         return int(self.clock.seconds() * 1000)
 
+    @_mutation
     def create_txn(self, scope: str, stream: str, lease_ms: int
-                   ) -> defer.Deferred[tuple[str, str, int]]:
+                   ) -> _Change[tuple[str, str | None, int]]:
         """
         @return: Deferred firing with C{(status, txn_id, segment count)}:
             status "SUCCESS", "STREAM_NOT_FOUND", "STREAM_SEALED" or
             "LEASE_TOO_LARGE".
         """
-        @defer.inlineCallbacks
-        def create():
-            info = self.stream(scope, stream)
-            if info is None:
-                return "STREAM_NOT_FOUND", None, 0
-            if info["sealed"]:
-                return "STREAM_SEALED", None, 0
-            if lease_ms > MAX_LEASE_MS:
-                return "LEASE_TOO_LARGE", None, 0
-            # The top 32 bits of a transaction id are its epoch: clients
-            # find the transaction's segments with getEpochSegments(epoch).
-            # The Rust client also sign-extends the low 64 bits when it joins
-            # the halves, so their top bit must be 0 too.
-            epoch = self._layout(scope, stream).epoch
-            ids = [i for i, _, _ in self._layout(scope, stream).active()]
-            rand = uuid.uuid4().int
-            txn_id = f"{epoch:08x}{(rand >> 64) & 0xFFFFFFFF:08x}{rand & ((1 << 63) - 1):016x}"
-            for i in ids:
-                yield self.segments.create(txn_name_of(scope, stream, i, txn_id))
-            self.txns[txn_id] = {"scope": scope, "stream": stream, "state": "OPEN",
-                                 "segments": ids, "epoch": epoch,
-                                 "deadline": self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)}
-            yield self._save()
-            self.log.info("opened transaction {txn} on {scope}/{stream}", txn=txn_id,
-                          scope=scope, stream=stream)
-            return "SUCCESS", txn_id, len(ids)
-        return self._mutate(create)
+        info = self.stream(scope, stream)
+        if info is None:
+            return "STREAM_NOT_FOUND", None, 0
+        if info["sealed"]:
+            return "STREAM_SEALED", None, 0
+        if lease_ms > MAX_LEASE_MS:
+            return "LEASE_TOO_LARGE", None, 0
+        # The top 32 bits of a transaction id are its epoch: clients
+        # find the transaction's segments with getEpochSegments(epoch).
+        # The Rust client also sign-extends the low 64 bits when it joins
+        # the halves, so their top bit must be 0 too.
+        epoch = self._layout(scope, stream).epoch
+        ids = [i for i, _, _ in self._layout(scope, stream).active()]
+        rand = uuid.uuid4().int
+        txn_id = f"{epoch:08x}{(rand >> 64) & 0xFFFFFFFF:08x}{rand & ((1 << 63) - 1):016x}"
+        for i in ids:
+            yield self.segments.create(txn_name_of(scope, stream, i, txn_id))
+        self.txns[txn_id] = {"scope": scope, "stream": stream, "state": "OPEN",
+                             "segments": ids, "epoch": epoch,
+                             "deadline": self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)}
+        yield self._save()
+        self.log.info("opened transaction {txn} on {scope}/{stream}", txn=txn_id,
+                      scope=scope, stream=stream)
+        return "SUCCESS", txn_id, len(ids)
 
     def _txn(self, scope, stream, txn_id):
         txn = self.txns.get(txn_id)
@@ -615,50 +625,46 @@ class ControllerState:
                     pass
         return self._end_txn(scope, stream, txn_id, "ABORTING", "ABORTED", delete_segments)
 
+    @_mutation
     def _end_txn(self, scope, stream, txn_id, ending, ended, apply):
         """
         Commit or abort: record the C{ending} state durably first (so that a
         restart finishes the job), C{apply(txn)} to the segments, then record
         C{ended}.  Repeating a finished one succeeds; the other outcome fails.
         """
-        @defer.inlineCallbacks
-        def end():
-            txn = self._txn(scope, stream, txn_id)
-            if txn is None:
-                return "TRANSACTION_NOT_FOUND"
-            if txn["state"] == ended:
-                return "SUCCESS"
-            if txn["state"] not in ("OPEN", ending):
-                return "FAILURE"
-            if txn["state"] == "OPEN":
-                txn["state"] = ending
-                yield self._save()
-            yield apply(txn)
-            txn["state"] = ended
-            self._prune()
-            yield self._save()
-            self.log.info("{outcome} transaction {txn}", outcome=ended.lower(), txn=txn_id)
+        txn = self._txn(scope, stream, txn_id)
+        if txn is None:
+            return "TRANSACTION_NOT_FOUND"
+        if txn["state"] == ended:
             return "SUCCESS"
-        return self._mutate(end)
-
-    def ping_txn(self, scope: str, stream: str, txn_id: str, lease_ms: int
-                 ) -> defer.Deferred[str]:
-        """@return: Deferred firing with a PingTxnStatus name."""
-        @defer.inlineCallbacks
-        def ping():
-            txn = self._txn(scope, stream, txn_id)
-            if txn is None:
-                return "UNKNOWN"
-            if txn["state"] in ("COMMITTING", "COMMITTED"):
-                return "COMMITTED"
-            if txn["state"] in ("ABORTING", "ABORTED"):
-                return "ABORTED"
-            if lease_ms > MAX_LEASE_MS:
-                return "LEASE_TOO_LARGE"
-            txn["deadline"] = self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)
+        if txn["state"] not in ("OPEN", ending):
+            return "FAILURE"
+        if txn["state"] == "OPEN":
+            txn["state"] = ending
             yield self._save()
-            return "OK"
-        return self._mutate(ping)
+        yield apply(txn)
+        txn["state"] = ended
+        self._prune()
+        yield self._save()
+        self.log.info("{outcome} transaction {txn}", outcome=ended.lower(), txn=txn_id)
+        return "SUCCESS"
+
+    @_mutation
+    def ping_txn(self, scope: str, stream: str, txn_id: str, lease_ms: int
+                 ) -> _Change[str]:
+        """@return: Deferred firing with a PingTxnStatus name."""
+        txn = self._txn(scope, stream, txn_id)
+        if txn is None:
+            return "UNKNOWN"
+        if txn["state"] in ("COMMITTING", "COMMITTED"):
+            return "COMMITTED"
+        if txn["state"] in ("ABORTING", "ABORTED"):
+            return "ABORTED"
+        if lease_ms > MAX_LEASE_MS:
+            return "LEASE_TOO_LARGE"
+        txn["deadline"] = self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)
+        yield self._save()
+        return "OK"
 
     def txn_state(self, scope: str, stream: str, txn_id: str) -> str:
         txn = self._txn(scope, stream, txn_id)
