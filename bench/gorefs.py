@@ -147,24 +147,50 @@ def compare_styx(styx_cli, go_server, rounds=3, warmup=True):
         return table
 
 
+def plain_styx(styx_cli, go_server, rounds=3):
+    """
+    The reference's C{styx benchmark} as a user runs it: one server at a
+    time (the Go server, then C{twistd styx-server}, alternately, ROUNDS
+    times), each on a fresh data directory and stopped after its run, no
+    warm-up; return {(phase, size): (go best, ours best, go runs, our runs)}.
+    """
+    runs = {"go": [], "ours": []}
+    for _ in range(rounds):
+        for side in runs:
+            with styx_servers(go_server, "styx-go-plain-", sides=(side,)) as ports:
+                runs[side].append(styx_benchmark(styx_cli, f"http://127.0.0.1:{ports[side]}"))
+    table = {}
+    keys = dict.fromkeys(k for side in runs.values() for r in side for k in r)
+    for key in keys:
+        g = [r[key] for r in runs["go"] if key in r]
+        o = [r[key] for r in runs["ours"] if key in r]
+        if g and o:
+            table[key] = (max(g), max(o), g, o)
+    return table
+
+
 @contextlib.contextmanager
-def styx_servers(go_server, prefix, pids=None):
+def styx_servers(go_server, prefix, pids=None, sides=("go", "ours")):
     """
     The Go server and C{twistd styx-server} (file store) on fresh data
     directories, for the time of a C{with}: yields {"go": port, "ours": port}
-    (and fills C{pids}, if given, with their process ids).
+    (and fills C{pids}, if given, with their process ids).  C{sides}: which
+    of the two to start.
     """
     tmp = tempfile.mkdtemp(prefix=prefix)
-    go_port, our_port = free_port(), free_port()
+    ports = {side: free_port() for side in sides}
     go = ours = None
     try:
-        go = go_styx_server(go_server, go_port, os.path.join(tmp, "go"))
-        ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
-                      "--data", os.path.join(tmp, "ours"))
-        wait_port(our_port)
+        if "go" in ports:
+            go = go_styx_server(go_server, ports["go"], os.path.join(tmp, "go"))
+        if "ours" in ports:
+            ours = twistd("styx-server", "--port", f"tcp:{ports['ours']}:interface=127.0.0.1",
+                          "--data", os.path.join(tmp, "ours"))
+            wait_port(ports["ours"])
         if pids is not None:
-            pids.update(go=go.pid, ours=ours.pid)
-        yield {"go": go_port, "ours": our_port}
+            pids.update({side: proc.pid for side, proc in (("go", go), ("ours", ours))
+                         if proc is not None})
+        yield ports
     finally:
         stop(go)
         stop(ours)

@@ -23,6 +23,15 @@ side by side as ratios::
 
     python bench/styx_bench.py --go-styx /path/to/styx --go-server /path/to/styx-server
 
+With C{--plain}, the reference's C{styx benchmark} is run as a user runs
+it instead: one server at a time, each on a fresh data directory, stopped
+after its run, no warm-up, the servers alternated round by round, and the
+best of C{--rounds} runs of each printed (the figures a user reads off the
+tool).  Its produce phases last about 0.1 s each (100 MB, timed to the last
+write, before the acks): medians over servers running side by side (the
+default) and a user's best-of runs can differ by more than the gap they
+measure on a shared machine (doc/performance.rst).
+
 With C{--long-read GB}, instead: GB of 1000-byte records written to each
 server and read back whole by the reference CLI (C{styx logs read
 --binary}), alternately, timed with each server's CPU time: a consume long
@@ -206,6 +215,25 @@ def compare_with_go(styx_cli, go_server, rounds, reference_only=False):
     return 0
 
 
+def plain_with_go(styx_cli, go_server, rounds):
+    from bench.gorefs import plain_styx
+    table = plain_styx(styx_cli, go_server, rounds)
+    print(f"styx benchmark (the reference's, unchanged) as a user runs it: one server at a "
+          f"time, fresh data directory, {rounds} alternated runs per server, best of each; "
+          "ours: twistd styx-server, file store, acks after fsync")
+    print(f"{'phase':<8} {'size':>5} | {'Go rec/s':>12} | {'ours rec/s':>12} | {'ours/Go':>7} | "
+          "runs: Go, ours (ratio spread: worst/best to best/worst)")
+    for phase in ("produce", "consume"):
+        for size in (10, 100, 1000):
+            if (phase, size) in table:
+                g, o, gs, os_ = table[phase, size]
+                runs = (" ".join(f"{x:,.0f}" for x in gs) + "; "
+                        + " ".join(f"{x:,.0f}" for x in os_))
+                print(f"{phase:<8} {size:>5} | {g:>12,.0f} | {o:>12,.0f} | {o / g:>7.2f} | "
+                      f"{runs} ({min(os_) / max(gs):.2f}-{max(os_) / min(gs):.2f})")
+    return 0
+
+
 def long_read(styx_cli, go_server, gigabytes, rounds):
     from bench.gorefs import compare_long_read
     import statistics
@@ -243,6 +271,9 @@ def main(argv=None):
     parser.add_argument("--go-server", metavar="PATH", help="the reference's styx-server")
     parser.add_argument("--reference-only", action="store_true",
                         help="with --go-styx: only the reference's own benchmark")
+    parser.add_argument("--plain", action="store_true",
+                        help="with --go-styx: the reference's benchmark as a user runs it "
+                             "(one server at a time, fresh data, best of --rounds)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternated runs per server with --go-styx (3)")
     parser.add_argument("--long-read", type=float, metavar="GB",
@@ -254,14 +285,16 @@ def main(argv=None):
     if args.go_styx or args.go_server:
         if not (args.go_styx and args.go_server):
             parser.error("--go-styx and --go-server go together")
+        if args.plain:
+            return plain_with_go(args.go_styx, args.go_server, args.rounds)
         if args.long_read is not None:
             if args.long_read <= 0:
                 parser.error("--long-read takes a positive number of GB")
             return long_read(args.go_styx, args.go_server, args.long_read, args.rounds)
         return compare_with_go(args.go_styx, args.go_server, args.rounds,
                                args.reference_only)
-    if args.long_read is not None:
-        parser.error("--long-read needs --go-styx and --go-server")
+    if args.long_read is not None or args.plain:
+        parser.error("--long-read and --plain need --go-styx and --go-server")
     runs = []
     for item in args.runs.split(","):
         size, _, count = item.partition("x")

@@ -270,7 +270,9 @@ class FileLog:
                 records = list(records)
             lengths = lengths_array(map(len, records))
             data = b"".join(records)
-        if len(lengths):
+        # no record is longer than all of them together: a batch that fits
+        # needs no look at each length (max() costs ~10 ns a record)
+        if len(lengths) and len(data) > self.config.max_record_size:
             biggest = max(lengths)
             if biggest > self.config.max_record_size:
                 return fail(RecordTooLarge(
