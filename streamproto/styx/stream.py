@@ -63,8 +63,11 @@ from streamproto.styx.upgrading import (  # named here too: the stream's public 
 
 _log = Logger()
 
-#: A producer stream stops reading from its socket while this many bytes
-#: are decoded but not yet durable, and resumes below half of it.
+#: A producer stream stops reading from its socket while more than this
+#: many bytes are decoded but not yet durable, and resumes as soon as they
+#: are back within it: the pause lasts one fsync (waiting for half of it
+#: to be durable spanned two, 10-40 ms each on a busy disk, in which the
+#: stream read nothing).
 DEFAULT_MAX_PENDING_BYTES = 16 * 1024 * 1024
 #: A consumer stream reads the log in batches of at most this many bytes.
 DEFAULT_READ_BYTES = 1024 * 1024
@@ -472,7 +475,7 @@ class ProducerStream(_StyxStream):
         if result.end_position > self.synced_position:
             self.synced_position = result.end_position
         if self._state == "streaming":
-            if self._pending_bytes <= self.max_pending_bytes // 2:
+            if self._pending_bytes <= self.max_pending_bytes:
                 self._resume_reading()
             # every append completed by one fsync fires in the same reactor
             # turn: one ack after them covers the whole group

@@ -104,7 +104,9 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         self.assertEqual(sent_messages(self.transport)[-1], Ack(2, 2))
 
     def test_backpressure_pauses_reading(self):
-        """Too many undurable bytes pause the transport; durability resumes it."""
+        """Too many undurable bytes pause the transport; the first append
+        made durable that brings them back within the bound resumes it
+        (not half of it: that waited for a second fsync)."""
         self.stream.max_pending_bytes = 100
         pending = []
         self.log.append = lambda records, attributes=None: pending.append(
@@ -112,10 +114,13 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         self.stream.dataReceived(encode_records([b"x" * 60]))
         self.assertFalse(self.transport.reading_paused)
         self.stream.dataReceived(encode_records([b"y" * 60]))
+        self.stream.dataReceived(encode_records([b"z" * 30]))   # already read
         self.assertTrue(self.transport.reading_paused)
         from streamproto.log import AppendResult
         pending[0].callback(AppendResult(0, 1, 60))
-        self.assertTrue(self.transport.reading_paused)   # 60 > 100 / 2
+        self.assertFalse(self.transport.reading_paused)   # 90 pending, within 100
+        self.stream.dataReceived(encode_records([b"w" * 20]))
+        self.assertTrue(self.transport.reading_paused)    # 110
         pending[1].callback(AppendResult(1, 2, 120))
         self.assertFalse(self.transport.reading_paused)
 
