@@ -124,6 +124,25 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         pending[1].callback(AppendResult(1, 2, 120))
         self.assertFalse(self.transport.reading_paused)
 
+    def test_pending_bound_by_store(self):
+        """A log that keeps what waits for fsync in memory (the memory store,
+        JetStream) bounds a stream at 16 MiB; the file store, whose appends
+        are in the page cache at once, at 128 MiB (a 100 MB burst taken in
+        while fsync catches up)."""
+        self.assertTrue(self.log.holds_unsynced)
+        self.assertEqual(self.stream.max_pending_bytes, 16 * 1024 * 1024)
+        from streamproto.log.file import synchronous
+        directory = self.mktemp()
+        os.makedirs(directory)
+        store = open_store(os.path.join(directory, "data"), run_blocking=synchronous)
+        self.addCleanup(store.close)
+        log = self.successResultOf(store.create("bound"))
+        self.assertFalse(log.holds_unsynced)
+        self.assertEqual(ProducerStream(log, clock=self.clock).max_pending_bytes,
+                         128 * 1024 * 1024)
+        self.assertEqual(ProducerStream(log, clock=self.clock,
+                                        max_pending_bytes=5).max_pending_bytes, 5)
+
     def test_heartbeat_when_idle(self):
         """A heartbeat goes out after half the client's timeout without sending."""
         self.clock.advance(2.9)
