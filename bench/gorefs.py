@@ -44,14 +44,15 @@ def pinned(cpu):
     return [] if cpu is None else ["taskset", "-c", str(cpu)]
 
 
-def twistd(plugin, *args, log=None, cpu=None):
-    """Start C{twistd -n PLUGIN ARGS} from this checkout (our plugins found
-    through PYTHONPATH), on CPU C{cpu} only if given."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def twistd(plugin, *args, log=None, cpu=None, root=ROOT):
+    """Start C{twistd -n PLUGIN ARGS} from this checkout (or the one at
+    C{root}; our plugins found through PYTHONPATH), on CPU C{cpu} only if
+    given."""
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
         [*pinned(cpu), sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
          "-n", "--pidfile=", plugin, *args],
-        env=env, cwd=ROOT, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        env=env, cwd=root, stdout=log or subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 def stop(proc):
@@ -147,24 +148,51 @@ def compare_styx(styx_cli, go_server, rounds=3, warmup=True):
         return table
 
 
+def plain_styx(styx_cli, go_server, rounds=3, baseline=None):
+    """
+    The reference's C{styx benchmark} as a user runs it: one server at a
+    time (the Go server, then C{twistd styx-server}, alternately, ROUNDS
+    times), each on a fresh data directory and stopped after its run, no
+    warm-up.  With C{baseline}, another checkout's C{twistd styx-server}
+    takes a turn too (before/after a change, in one run).  Returns
+    {side: [{(phase, size): records/s} per run]}, sides "go", "ours" and
+    "baseline".
+    """
+    roots = {"go": None, "ours": ROOT}
+    if baseline:
+        roots["baseline"] = os.path.abspath(baseline)
+    runs = {side: [] for side in roots}
+    for _ in range(rounds):
+        for side, root in roots.items():
+            with styx_servers(go_server, "styx-go-plain-", sides=("go" if root is None else "ours",),
+                              root=root or ROOT) as ports:
+                port = next(iter(ports.values()))
+                runs[side].append(styx_benchmark(styx_cli, f"http://127.0.0.1:{port}"))
+    return runs
+
+
 @contextlib.contextmanager
-def styx_servers(go_server, prefix, pids=None):
+def styx_servers(go_server, prefix, pids=None, sides=("go", "ours"), root=ROOT):
     """
     The Go server and C{twistd styx-server} (file store) on fresh data
     directories, for the time of a C{with}: yields {"go": port, "ours": port}
-    (and fills C{pids}, if given, with their process ids).
+    (and fills C{pids}, if given, with their process ids).  C{sides}: which
+    of the two to start; C{root}: the checkout ours runs from.
     """
     tmp = tempfile.mkdtemp(prefix=prefix)
-    go_port, our_port = free_port(), free_port()
+    ports = {side: free_port() for side in sides}
     go = ours = None
     try:
-        go = go_styx_server(go_server, go_port, os.path.join(tmp, "go"))
-        ours = twistd("styx-server", "--port", f"tcp:{our_port}:interface=127.0.0.1",
-                      "--data", os.path.join(tmp, "ours"))
-        wait_port(our_port)
+        if "go" in ports:
+            go = go_styx_server(go_server, ports["go"], os.path.join(tmp, "go"))
+        if "ours" in ports:
+            ours = twistd("styx-server", "--port", f"tcp:{ports['ours']}:interface=127.0.0.1",
+                          "--data", os.path.join(tmp, "ours"), root=root)
+            wait_port(ports["ours"])
         if pids is not None:
-            pids.update(go=go.pid, ours=ours.pid)
-        yield {"go": go_port, "ours": our_port}
+            pids.update({side: proc.pid for side, proc in (("go", go), ("ours", ours))
+                         if proc is not None})
+        yield ports
     finally:
         stop(go)
         stop(ours)

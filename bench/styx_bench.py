@@ -23,6 +23,16 @@ side by side as ratios::
 
     python bench/styx_bench.py --go-styx /path/to/styx --go-server /path/to/styx-server
 
+With C{--plain}, the reference's C{styx benchmark} is run as a user runs
+it instead: one server at a time, each on a fresh data directory, stopped
+after its run, no warm-up, the servers alternated round by round, and the
+best of C{--rounds} runs of each printed (the figures a user reads off the
+tool); C{--baseline CHECKOUT} gives another checkout's server a turn too
+(before and after a change, in one run).  Its produce phases last about 0.1 s each (100 MB, timed to the last
+write, before the acks): medians over servers running side by side (the
+default) and a user's best-of runs can differ by more than the gap they
+measure on a shared machine (doc/performance.rst).
+
 With C{--long-read GB}, instead: GB of 1000-byte records written to each
 server and read back whole by the reference CLI (C{styx logs read
 --binary}), alternately, timed with each server's CPU time: a consume long
@@ -206,6 +216,34 @@ def compare_with_go(styx_cli, go_server, rounds, reference_only=False):
     return 0
 
 
+def plain_with_go(styx_cli, go_server, rounds, baseline=None):
+    import statistics
+    from bench.gorefs import plain_styx
+    runs = plain_styx(styx_cli, go_server, rounds, baseline)
+    print(f"styx benchmark (the reference's, unchanged) as a user runs it: one server at a "
+          f"time, fresh data directory, {rounds} alternated runs per server, best of each; "
+          "ours: twistd styx-server, file store, acks after fsync"
+          + (f"; baseline: the checkout at {baseline}" if baseline else ""))
+    others = [side for side in runs if side != "go"]
+    print(f"{'phase':<8} {'size':>5} | {'Go rec/s':>12} | "
+          + " | ".join(f"{side + '/Go best; median':>22}" for side in others)
+          + " | runs, rec/s (failed runs left out)")
+    for phase in ("produce", "consume"):
+        for size in (10, 100, 1000):
+            got = {side: [r[phase, size] for r in side_runs if (phase, size) in r]
+                   for side, side_runs in runs.items()}
+            if not all(got.values()):
+                continue
+            go = got["go"]
+            ratios = " | ".join(
+                f"{max(got[s]) / max(go):>10.2f}; {statistics.median(got[s]) / statistics.median(go):>9.2f}"
+                for s in others)
+            listed = "; ".join(f"{side} " + " ".join(f"{x:,.0f}" for x in values)
+                               for side, values in got.items())
+            print(f"{phase:<8} {size:>5} | {max(go):>12,.0f} | {ratios} | {listed}")
+    return 0
+
+
 def long_read(styx_cli, go_server, gigabytes, rounds):
     from bench.gorefs import compare_long_read
     import statistics
@@ -243,6 +281,12 @@ def main(argv=None):
     parser.add_argument("--go-server", metavar="PATH", help="the reference's styx-server")
     parser.add_argument("--reference-only", action="store_true",
                         help="with --go-styx: only the reference's own benchmark")
+    parser.add_argument("--plain", action="store_true",
+                        help="with --go-styx: the reference's benchmark as a user runs it "
+                             "(one server at a time, fresh data, best of --rounds)")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="with --plain: another checkout of streamproto (C accelerator "
+                             "built) whose server takes a turn too, for before/after")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternated runs per server with --go-styx (3)")
     parser.add_argument("--long-read", type=float, metavar="GB",
@@ -254,14 +298,18 @@ def main(argv=None):
     if args.go_styx or args.go_server:
         if not (args.go_styx and args.go_server):
             parser.error("--go-styx and --go-server go together")
+        if args.baseline and not args.plain:
+            parser.error("--baseline goes with --plain")
+        if args.plain:
+            return plain_with_go(args.go_styx, args.go_server, args.rounds, args.baseline)
         if args.long_read is not None:
             if args.long_read <= 0:
                 parser.error("--long-read takes a positive number of GB")
             return long_read(args.go_styx, args.go_server, args.long_read, args.rounds)
         return compare_with_go(args.go_styx, args.go_server, args.rounds,
                                args.reference_only)
-    if args.long_read is not None:
-        parser.error("--long-read needs --go-styx and --go-server")
+    if args.long_read is not None or args.plain:
+        parser.error("--long-read and --plain need --go-styx and --go-server")
     runs = []
     for item in args.runs.split(","):
         size, _, count = item.partition("x")

@@ -61,18 +61,21 @@ done:
 }
 
 /*
- * scan_frames(buf, start, prefix: bytes, max_size, max_records)
+ * scan_frames(buf, start, prefix: bytes, max_size, max_records[, head])
  *   -> (lengths: bytes of native uint32, data: bytes, end, status)
  * Reads consecutive [prefix][u32 BE size][payload] frames from buf[start:].
+ * data starts with head (payloads the caller decoded before: a record that
+ * straddled two reads), so that joining them costs no second copy.
  * status: 0 = stopped at a frame not yet complete (or max_records),
  *         1 = stopped at bytes that do not start with prefix (caller decides),
  *         2 = a size above max_size (protocol error at `end`).
  */
 static PyObject *scan_frames(PyObject *self, PyObject *args) {
-    Py_buffer buf, prefix;
+    Py_buffer buf, prefix, head = {0};
     Py_ssize_t start, max_records;
     unsigned long long max_size;
-    if (!PyArg_ParseTuple(args, "y*ny*Kn", &buf, &start, &prefix, &max_size, &max_records))
+    if (!PyArg_ParseTuple(args, "y*ny*Kn|y*", &buf, &start, &prefix, &max_size, &max_records,
+                          &head))
         return NULL;
     PyObject *result = NULL, *lens_obj = NULL, *data_obj = NULL;
     const unsigned char *b = (const unsigned char *)buf.buf;
@@ -98,10 +101,12 @@ static PyObject *scan_frames(PyObject *self, PyObject *args) {
         pos += hdr + sz; data_len += sz; count++;
     }
     lens_obj = PyBytes_FromStringAndSize(NULL, count * 4);
-    data_obj = PyBytes_FromStringAndSize(NULL, data_len);
+    data_obj = PyBytes_FromStringAndSize(NULL, head.len + data_len);
     if (!lens_obj || !data_obj) goto done;
     uint32_t *lw = (uint32_t *)PyBytes_AS_STRING(lens_obj);
     unsigned char *dw = (unsigned char *)PyBytes_AS_STRING(data_obj);
+    if (head.len) memcpy(dw, head.buf, head.len);
+    dw += head.len;
     Py_ssize_t p = start;
     for (Py_ssize_t i = 0; i < count; i++) {
         uint32_t sz = get_be32(b + p + prefix.len);
@@ -115,6 +120,7 @@ done:
     Py_XDECREF(data_obj);
     PyBuffer_Release(&buf);
     PyBuffer_Release(&prefix);
+    if (head.obj) PyBuffer_Release(&head);
     return result;
 }
 
@@ -424,7 +430,7 @@ static PyMethodDef methods[] = {
     {"send_frames", send_frames, METH_VARARGS,
      "send_frames(fd, lengths, data, prefix, index, skip) -> (index, skip, sent)"},
     {"scan_frames", scan_frames, METH_VARARGS,
-     "scan_frames(buf, start, prefix, max_size, max_records) -> (lengths, data, end, status)"},
+     "scan_frames(buf, start, prefix, max_size, max_records[, head]) -> (lengths, data, end, status)"},
     {"lumberjack_json", lumberjack_json, METH_VARARGS,
      "lumberjack_json(buf, start, version, max_frame, max_events)"
      " -> (seqs, lengths, data, end, status, need)"},

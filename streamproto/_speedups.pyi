@@ -3,7 +3,8 @@ from typing_extensions import Buffer
 
 def frame_records(lengths: Buffer, data: Buffer, prefix: Buffer, /) -> bytes: ...
 def scan_frames(
-    buf: Buffer, start: int, prefix: Buffer, max_size: int, max_records: int, /,
+    buf: Buffer, start: int, prefix: Buffer, max_size: int, max_records: int,
+    head: Buffer = ..., /,
 ) -> tuple[bytes, bytes, int, int]: ...
 def send_frames(
     fd: int, lengths: Buffer, data: Buffer, prefix: Buffer, index: int, skip: int, /,

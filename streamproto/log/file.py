@@ -124,6 +124,9 @@ class FileLog(GatedLog):
     """One log: a directory of segment files.  Build it through L{FileLogStore}."""
 
     log = Logger()
+    #: appends are written to the OS at once: what waits for fsync is in
+    #: the page cache, not in this process
+    holds_unsynced = False
 
     def __init__(self, name: str, path: str, config: LogConfig, io: FileIO,
                  run_blocking: RunBlocking, clock: IReactorTime,

@@ -160,6 +160,13 @@ class ILog(Interface):
         "None, or the exception that made this log fail-stop (an fsync or "
         "write error): no append is accepted after it."
     )
+    holds_unsynced = Attribute(
+        "True if appended records not yet durable stay in this process's memory "
+        "until they are (JetStream: until the quorum stores them; the memory "
+        "store); False if L{append} hands them to the OS at once (the file "
+        "store: the page cache, which the kernel bounds itself).  Producers "
+        "size how much they let wait for durability by it."
+    )
 
     def append(
         records: Sequence[BytesLike] | RecordBatch,

@@ -34,6 +34,8 @@ class MemoryLog(GatedLog):
     #: set by L{truncate_offset} inside the first record; absent otherwise
     _start_offset: int
 
+    holds_unsynced = True
+
     def __init__(self, name: str, config: LogConfig, clock: IReactorTime) -> None:
         self.name = name
         self.config = config

@@ -350,29 +350,62 @@ class StyxDecoder:
         if self._failed is not None:
             raise self._failed
         pending = self._pending
+        head = None
+        if pending and batch:
+            # a record begun in the last read: complete it with the few
+            # bytes it lacks and scan it alone; the records of this read
+            # are then copied once, after its payload (not the whole read
+            # appended to the tail first, then copied out again)
+            data = memoryview(data)
+            head_chunks = []
+            try:
+                while pending:
+                    take = self._need - len(pending)
+                    if take <= 0:
+                        break       # no progress to make this way
+                    pending += data[:take]
+                    data = data[take:]
+                    if len(pending) < self._need:
+                        return
+                    pos = self._scan(pending, head_chunks, others, batch)
+                    if pos == 0 and len(pending) >= self._need:
+                        break
+                    del pending[:pos]
+            except StyxProtocolError as e:
+                records.extend(head_chunks)     # decoded before the error
+                e.messages = records
+                self._failed = StyxProtocolError(e.code, str(e))
+                raise
+            if head_chunks:
+                head = _join_chunks(head_chunks)
         if pending:
             pending += data
             if len(pending) < self._need:
+                self._put_back(head, records)
                 return
             if batch:
-                # the C scanner reads the bytearray as it is and copies
-                # the payloads out: scan it, and keep any tail in a new one
-                # (a copy of a whole read less here, per read of 1 MiB)
                 data = pending
                 self._pending = pending = bytearray()
             else:
                 data = bytes(pending)
                 pending.clear()
         elif not data:
+            self._put_back(head, records)
             return
         try:
-            pos = self._scan(data, records, others, batch)
+            pos = self._scan(data, records, others, batch, head)
         except StyxProtocolError as e:
             e.messages = records
             self._failed = StyxProtocolError(e.code, str(e))
             raise
         if pos < len(data):
-            pending += memoryview(data)[pos:]
+            pending += data[pos:] if isinstance(data, memoryview) else memoryview(data)[pos:]
+
+    @staticmethod
+    def _put_back(head, chunks):
+        """Records decoded from a tail, with nothing after them to scan."""
+        if head is not None:
+            chunks.append((head[0].tobytes(), head[1]))
 
     def _check_type(self, message_type):
         if message_type not in (RECORD, ACK, HEARTBEAT_TYPE, ERROR):
@@ -389,15 +422,16 @@ class StyxDecoder:
         return StyxProtocolError(ErrorCode.RECORD_TOO_LARGE,
                                  f"record of {size} bytes exceeds {self.max_record_size}")
 
-    def _scan(self, data, out, others, batch=False):
+    def _scan(self, data, out, others, batch=False, head=None):
         """
         Decode complete messages from C{data}: records to C{out}, the others
         to C{others} (which may be C{out}); return where it stopped.  With
         C{batch}, C{out} gets C{(lengths bytes, payloads)} chunks instead of
-        records.
+        records, the first starting with C{head}'s (C{(lengths, payloads)}
+        decoded before C{data}), if given.
         """
         if batch:
-            return self._scan_batch(data, out, others)
+            return self._scan_batch(data, out, others, head)
         pos = 0
         end = len(data)
         max_size = self.max_record_size
@@ -471,10 +505,34 @@ class StyxDecoder:
                 others.append(ErrorMessage(_INT16.unpack_from(data, pos + 2)[0]))
                 pos += 4
 
-    def _scan_batch(self, data, chunks, others):
+    def _scan_batch(self, data, chunks, others, head=None):
         """L{StyxDecoder._scan} for batches (with the accelerator): runs of
         records are scanned in C, other messages one at a time."""
-        pos = 0
+        if head is not None:
+            # the first run's payloads are copied after head's, in C
+            raw, payload, stop, status = _speedups.scan_frames(
+                data, 0, _RECORD_PREFIX, self.max_record_size, -1, head[1])
+            chunks.append((head[0].tobytes() + raw, payload))
+            if status == _TOO_LARGE:
+                raise self._bad_size(_RECORD_HEADER.unpack_from(data, stop)[1])
+            if status == _NEED_MORE:
+                self._need_more(data, stop)
+                return stop
+            data_pos = stop     # _OTHER: a message of another type follows
+        else:
+            data_pos = 0
+        return self._scan_batch_from(data, data_pos, chunks, others)
+
+    def _need_more(self, data, pos):
+        """Note how many bytes the message at C{pos} needs."""
+        remaining = len(data) - pos
+        if remaining >= 6:
+            self._need = 6 + _RECORD_HEADER.unpack_from(data, pos)[1]
+        elif remaining:
+            self._need = 6 if remaining >= 2 else 2
+
+    def _scan_batch_from(self, data, pos, chunks, others):
+        """The rest of L{_scan_batch}, from C{pos}."""
         end = len(data)
         max_size = self.max_record_size
         accept_records = self.accept is None or RECORD in self.accept

@@ -65,9 +65,19 @@ from streamproto.styx.upgrading import (  # named here too: the stream's public 
 
 _log = Logger()
 
-#: A producer stream stops reading from its socket while this many bytes
-#: are decoded but not yet durable, and resumes below half of it.
+#: A producer stream stops reading from its socket while more than this
+#: many bytes are decoded but not yet durable, and resumes as soon as they
+#: are back within it: the pause lasts one fsync (waiting for half of it
+#: to be durable spanned two, 10-40 ms each on a busy disk, in which the
+#: stream read nothing).  This bound holds for logs that keep what waits
+#: for durability in memory (L{ILog.holds_unsynced}: JetStream).
 DEFAULT_MAX_PENDING_BYTES = 16 * 1024 * 1024
+#: The bound for logs that hand appends to the OS at once (the file
+#: store), where what waits for fsync costs the server no memory: a burst
+#: of 100 MB (the reference's benchmark phase) is taken in while fsync
+#: catches up, as the Go server does (it has no bound), instead of the
+#: stream stopping for each fsync of a disk slower than the socket.
+DEFAULT_MAX_PENDING_OS_BYTES = 128 * 1024 * 1024
 #: A consumer stream reads the log in batches of at most this many bytes.
 DEFAULT_READ_BYTES = 1024 * 1024
 #: A producer stream reads up to this many bytes from its socket at once
@@ -428,8 +438,11 @@ class ProducerStream(_StyxStream):
     _linger_on_close = True
 
     def __init__(self, log, timeout=DEFAULT_TIMEOUT, remote_timeout=None, clock=None,
-                 metrics=None, max_pending_bytes=DEFAULT_MAX_PENDING_BYTES):
+                 metrics=None, max_pending_bytes=None):
         super().__init__(log, timeout, remote_timeout, clock, metrics)
+        if max_pending_bytes is None:
+            max_pending_bytes = (DEFAULT_MAX_PENDING_BYTES if getattr(log, "holds_unsynced", True)
+                                 else DEFAULT_MAX_PENDING_OS_BYTES)
         self.max_pending_bytes = max_pending_bytes
         self.received_count = 0       # records decoded
         self.synced_count = 0         # records durable
@@ -471,7 +484,7 @@ class ProducerStream(_StyxStream):
         if result.end_position > self.synced_position:
             self.synced_position = result.end_position
         if self._state == "streaming":
-            if self._pending_bytes <= self.max_pending_bytes // 2:
+            if self._pending_bytes <= self.max_pending_bytes:
                 self._resume_reading()
             # every append completed by one fsync fires in the same reactor
             # turn: one ack after them covers the whole group

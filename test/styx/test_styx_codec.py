@@ -270,6 +270,37 @@ class BatchDecodeTests(SynchronousTestCase):
                 decoder.feed_batch(encode_record(b"x"))
             self.assertEqual(cm.exception.code, ErrorCode.UNEXPECTED_MESSAGE)
 
+    def test_record_across_reads_then_error(self):
+        """A record completed by the next read comes first in the batch,
+        and is among the records decoded before an error in that read."""
+        first, second = encode_record(b"straddles"), encode_record(b"next")
+        for mode in accelerator_modes():
+            codec._speedups = mode
+            decoder = StyxDecoder(max_record_size=100)
+            lengths, payload, _ = decoder.feed_batch(first[:4])
+            self.assertEqual((list(lengths), payload), ([], b""))
+            lengths, payload, others = decoder.feed_batch(first[4:] + second + codec.HEARTBEAT_BYTES)
+            self.assertEqual(list(lengths), [9, 4])
+            self.assertEqual(payload, b"straddlesnext")
+            self.assertEqual(others, [codec.HEARTBEAT])
+            decoder = StyxDecoder(max_record_size=100)
+            decoder.feed_batch(first[:7])
+            with self.assertRaises(StyxProtocolError) as cm:
+                decoder.feed_batch(first[7:] + struct.pack(">hi", 1, 101))
+            self.assertEqual(cm.exception.code, ErrorCode.RECORD_TOO_LARGE)
+            self.assertEqual(cm.exception.messages, [b"straddles"])
+
+    def test_scan_frames_head(self):
+        """The accelerator's scan_frames puts C{head} before the payloads
+        it copies (a straddling record's, joined without a second copy)."""
+        if _ACCELERATOR is None:
+            raise SkipTest("streamproto._speedups is not built on this machine")
+        wire = encode_record(b"abc") + encode_record(b"de")
+        raw, payload, end, status = _ACCELERATOR.scan_frames(wire, 0, b"\x00\x01", 100, -1,
+                                                             b"head")
+        self.assertEqual((payload, end, status), (b"headabcde", len(wire), 0))
+        self.assertEqual(len(raw), 8)
+
     def test_encode_batch_both_paths(self):
         recs = [b"a", b"bcd", b""] + [b"xy"] * 100
         for mode in accelerator_modes():

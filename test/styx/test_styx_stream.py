@@ -104,7 +104,9 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         self.assertEqual(sent_messages(self.transport)[-1], Ack(2, 2))
 
     def test_backpressure_pauses_reading(self):
-        """Too many undurable bytes pause the transport; durability resumes it."""
+        """Too many undurable bytes pause the transport; the first append
+        made durable that brings them back within the bound resumes it
+        (not half of it: that waited for a second fsync)."""
         self.stream.max_pending_bytes = 100
         pending = []
         self.log.append = lambda records, attributes=None: pending.append(
@@ -112,12 +114,34 @@ class ProducerStreamTests(unittest.SynchronousTestCase):
         self.stream.dataReceived(encode_records([b"x" * 60]))
         self.assertFalse(self.transport.reading_paused)
         self.stream.dataReceived(encode_records([b"y" * 60]))
+        self.stream.dataReceived(encode_records([b"z" * 30]))   # already read
         self.assertTrue(self.transport.reading_paused)
         from streamproto.log import AppendResult
         pending[0].callback(AppendResult(0, 1, 60))
-        self.assertTrue(self.transport.reading_paused)   # 60 > 100 / 2
+        self.assertFalse(self.transport.reading_paused)   # 90 pending, within 100
+        self.stream.dataReceived(encode_records([b"w" * 20]))
+        self.assertTrue(self.transport.reading_paused)    # 110
         pending[1].callback(AppendResult(1, 2, 120))
         self.assertFalse(self.transport.reading_paused)
+
+    def test_pending_bound_by_store(self):
+        """A log that keeps what waits for fsync in memory (the memory store,
+        JetStream) bounds a stream at 16 MiB; the file store, whose appends
+        are in the page cache at once, at 128 MiB (a 100 MB burst taken in
+        while fsync catches up)."""
+        self.assertTrue(self.log.holds_unsynced)
+        self.assertEqual(self.stream.max_pending_bytes, 16 * 1024 * 1024)
+        from streamproto.log.file import synchronous
+        directory = self.mktemp()
+        os.makedirs(directory)
+        store = open_store(os.path.join(directory, "data"), run_blocking=synchronous)
+        self.addCleanup(store.close)
+        log = self.successResultOf(store.create("bound"))
+        self.assertFalse(log.holds_unsynced)
+        self.assertEqual(ProducerStream(log, clock=self.clock).max_pending_bytes,
+                         128 * 1024 * 1024)
+        self.assertEqual(ProducerStream(log, clock=self.clock,
+                                        max_pending_bytes=5).max_pending_bytes, 5)
 
     def test_heartbeat_when_idle(self):
         """A heartbeat goes out after half the client's timeout without sending."""

@@ -67,6 +67,9 @@ _log_ids = itertools.count(1)
 class JetStreamLog(GatedLog):
     """One log: a JetStream stream.  Built by L{JetStreamLogStore}."""
 
+    #: appends wait in memory for the quorum
+    holds_unsynced = True
+
     def __init__(self, store: JetStreamLogStore, name: str, config: LogConfig) -> None:
         self.store = store
         self.name = name
