@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from zope.interface import implementer
 
 from streamproto.core import cli as common
+from streamproto.core.stall import give_up_when_stalled
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
 from streamproto.relink.config import LinkConfig
@@ -88,9 +89,10 @@ def _parser():
     p.add_argument("--link-timeout", dest="timeout", type=common.seconds,
                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds to wait for the server's shutdown and last acknowledgements "
-                        "once everything is sent (a server that never answers would keep "
-                        "the command waiting for ever); default 10")
+                   help="seconds to wait for an acknowledgement (while sending, and for the "
+                        "last ones once everything is sent) and for the server's shutdown: "
+                        "a server that stopped answering would keep the command waiting for "
+                        "ever; default 10")
     p.add_argument("--window", type=int, default=LinkConfig.window,
                    help="messages in flight per channel before waiting for acknowledgements "
                         f"(the send window); default {LinkConfig.window}, the Go package "
@@ -148,6 +150,21 @@ def _linked(reactor, c, failed, args):
     return link
 
 
+def _acknowledged(reactor, args, ch, d, sent):
+    """
+    C{d} (a wait for the server's acknowledgements on channel C{ch}), given
+    up with a L{Stalled} line after C{--shutdown-timeout} seconds without
+    any: the connector waits for ever on a server that stopped answering
+    (paused, or its store never answering) while the link stays up.
+    """
+    def message():
+        return (f"no acknowledgement from {args.server.address} for "
+                f"{args.shutdown_timeout:g} s (--shutdown-timeout); giving up with "
+                f"{ch.consumed} of {sent} messages acknowledged")
+    return give_up_when_stalled(reactor, d, args.shutdown_timeout, message,
+                                lambda: ch.consumed)
+
+
 @defer.inlineCallbacks
 def _send(reactor, args, lines, out):
     c, failed = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
@@ -158,7 +175,7 @@ def _send(reactor, args, lines, out):
     last = None
     for line in lines:
         while ch.room <= 0:
-            yield ch.when_writable()
+            yield _acknowledged(reactor, args, ch, ch.when_writable(), sent)
         last = ch.send_payloads([line.rstrip(b"\n")])
         sent += 1
         if args.transactions and sent % args.commit_every == 0:
@@ -166,8 +183,9 @@ def _send(reactor, args, lines, out):
     if args.transactions and (sent % args.commit_every or not pending):
         pending.append(ch.commit())
     if last is not None:
-        yield last
-    results = yield defer.gatherResults(pending)
+        yield _acknowledged(reactor, args, ch, last, sent)
+    results = yield _acknowledged(reactor, args, ch, defer.gatherResults(pending),
+                                  sent)
     yield c.shutdown(timeout=args.shutdown_timeout)
     failed = results.count(False)
     # the connector moved to a listener that did not know its link (another
@@ -196,17 +214,17 @@ def _echo(reactor, args, out):
     while sent < args.count:
         room = min(ch.room, args.count - sent)
         if room <= 0:
-            yield ch.when_writable()
+            yield _acknowledged(reactor, args, ch, ch.when_writable(), sent)
             continue
         sent += room
         # acks are cumulative: the last batch's CONSUMED covers every message
         consumed = ch.send_payloads([payload] * room,
                                     ack=CONSUMED if sent == args.count else None)
-    yield counter.waiter
+    yield _acknowledged(reactor, args, ch, counter.waiter, sent)
     elapsed = time.perf_counter() - start
     # a listener may stop acknowledging once it has our shutdown (the Go one
     # does): shut down only when everything sent is acknowledged
-    yield consumed
+    yield _acknowledged(reactor, args, ch, consumed, sent)
     yield c.shutdown(timeout=args.shutdown_timeout)
     common.emit(args, out, f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
                 f"{args.count / elapsed:,.0f} msg/s",
