@@ -27,6 +27,7 @@ from streamproto.core.stall import give_up_when_stalled
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
 from streamproto.relink.config import LinkConfig
+from streamproto.relink.errors import CommitOutcomeUnknown
 
 PROG = "streamproto relink"
 CONVENTION = common.Convention(
@@ -165,6 +166,15 @@ def _acknowledged(reactor, args, ch, d, sent):
                                 lambda: ch.consumed)
 
 
+def _commit(ch):
+    """
+    C{ch.commit()}: True, False, or None when its outcome is unknown (the
+    link moved to a new listener while the old one had it unanswered: it
+    was not sent again, so it is stored once or not at all).
+    """
+    return ch.commit().addErrback(lambda f: f.trap(CommitOutcomeUnknown) and None)
+
+
 @defer.inlineCallbacks
 def _send(reactor, args, lines, out):
     c, failed = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
@@ -179,24 +189,27 @@ def _send(reactor, args, lines, out):
         last = ch.send_payloads([line.rstrip(b"\n")])
         sent += 1
         if args.transactions and sent % args.commit_every == 0:
-            pending.append(ch.commit())
+            pending.append(_commit(ch))
     if args.transactions and (sent % args.commit_every or not pending):
-        pending.append(ch.commit())
+        pending.append(_commit(ch))
     if last is not None:
         yield _acknowledged(reactor, args, ch, last, sent)
     results = yield _acknowledged(reactor, args, ch, defer.gatherResults(pending),
                                   sent)
     yield c.shutdown(timeout=args.shutdown_timeout)
     failed = results.count(False)
+    unknown = results.count(None)
     # the connector moved to a listener that did not know its link (another
     # front-end of -s a,b, a restarted server): said, with what it resent
     moved = (f"; link re-established {c.relinks} time(s) on a new listener, {c.resent} "
              "messages resent (at least once)") if c.relinks else ""
     common.emit(args, out, f"sent {sent} messages"
-                + (f", {failed} commits failed" if failed else "") + moved,
-                {"sent": sent, "commits_failed": failed, "relinks": c.relinks,
-                 "resent": c.resent})
-    return common.EXIT_FAILURE if failed else common.EXIT_OK
+                + (f", {failed} commits failed" if failed else "")
+                + (f", {unknown} commits of unknown outcome (the server went away before "
+                   "answering: each stored once or not at all)" if unknown else "") + moved,
+                {"sent": sent, "commits_failed": failed, "commits_unknown": unknown,
+                 "relinks": c.relinks, "resent": c.resent})
+    return common.EXIT_FAILURE if failed or unknown else common.EXIT_OK
 
 
 @defer.inlineCallbacks
