@@ -24,15 +24,26 @@ from dataclasses import dataclass, field
 from twisted.internet import defer, task
 
 from test.faults import checker, nemesis
-from test.faults.workload import read_history
+from test.faults.workload import TX_PARTS, read_history
 
 #: the promise of each protocol's workload (see L{test.faults.workload})
-PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime")}
+PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime"),
+            # at least once (resent after a reconnection), one connection's order
+            "lumberjack": checker.Promise(at_most_once=False, order="realtime"),
+            "relink": checker.Promise(at_most_once=False, order="realtime"),
+            # writer ids and event numbers: at most once, in order
+            "pravega": checker.Promise(at_most_once=True, order="realtime"),
+            # exactly once, each transaction whole
+            "relink-tx": checker.Promise(at_most_once=True, order="realtime",
+                                         parts=TX_PARTS)}
 
 #: the rows of the matrix: (fault class, store, protocol)
 MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
                                                    "partition")]
-          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")])
+          + [(fault, "nats", "styx") for fault in ("kill9", "powerloss", "pause")]
+          + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
+                                                    "relink-tx")
+             for fault in ("kill9", "powerloss", "pause", "clock")])
 
 
 @dataclass
@@ -67,7 +78,8 @@ class Row:
         self.lost += a[checker.LOST]
         self.duplicated += a[checker.DUPLICATE]
         self.reordered += a[checker.REORDERED]
-        self.corrupt += a[checker.CORRUPT] + a[checker.PHANTOM] + a[checker.FAILED_PRESENT]
+        self.corrupt += (a[checker.CORRUPT] + a[checker.PHANTOM] + a[checker.FAILED_PRESENT]
+                         + a[checker.PARTIAL])
         self.unavailability = max(self.unavailability, verdict.longest_unavailability)
         self.faults += injected
         self.verdicts.append(verdict)
@@ -90,6 +102,9 @@ def make_target(reactor, fault, store, protocol):
         return StyxFileTarget(reactor, clock=(fault == "clock"))
     if (store, protocol) == ("nats", "styx"):
         return StyxNatsTarget(reactor)
+    if store == "file" and protocol in ("lumberjack", "pravega", "relink", "relink-tx"):
+        from test.faults.logtargets import LogFileTarget
+        return LogFileTarget(reactor, protocol, clock=(fault == "clock"))
     raise ValueError(f"no target for {protocol} on {store}")
 
 

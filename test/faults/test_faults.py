@@ -1,8 +1,9 @@
 """
 The CI subset of the fault matrix: one short seeded run of each fault class
 the harness implements, against a real styx-server on the file store whose
-data is on the lazy FS, and kill -9 and pauses on the JetStream store (3
-nats-server nodes), judged by the checker (python -m test.faults.run
+data is on the lazy FS, kill -9 and pauses on the JetStream store (3
+nats-server nodes), and one run of each other protocol's workload on the
+file store (Lumberjack, Pravega, Relink log and log-tx), judged by the checker (python -m test.faults.run
 runs the full matrix).  Needs root, /dev/fuse, libfuse2, mfusepy and
 libfaketime (.ci/run installs them): without them the runs fail and say
 why.
@@ -20,13 +21,13 @@ SEED = 20261128
 class FaultMatrixSubsetTests(TestCase):
     timeout = 120
 
-    async def check_class(self, fault, store="file"):
-        row = await run.run_one(reactor, fault, store, "styx", SECONDS, SEED)
+    async def check_class(self, fault, store="file", protocol="styx"):
+        row = await run.run_one(reactor, fault, store, protocol, SECONDS, SEED)
         self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
         self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
-        if store == "file":
+        if store == "file" and protocol != "pravega":   # Pravega: read through the server
             self.assertEqual(len(row.disk_verdicts), 1,
                              "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
@@ -55,6 +56,22 @@ class FaultMatrixSubsetTests(TestCase):
     def test_nats_pause(self):
         """SIGSTOP of the front-end, of the client or of a nats-server node."""
         return self._deferred(self.check_class("pause", "nats"))
+
+    def test_lumberjack_power_loss(self):
+        """Lumberjack (at least once, per-connection order) through power cuts."""
+        return self._deferred(self.check_class("powerloss", protocol="lumberjack"))
+
+    def test_pravega_pause(self):
+        """Pravega writers (writer ids: at most once, in order) through pauses."""
+        return self._deferred(self.check_class("pause", protocol="pravega"))
+
+    def test_relink_kill9(self):
+        """Relink log (at least once; the connector fails over to the restarted server)."""
+        return self._deferred(self.check_class("kill9", protocol="relink"))
+
+    def test_relink_tx_kill9(self):
+        """Relink log-tx (exactly once, whole transactions)."""
+        return self._deferred(self.check_class("kill9", protocol="relink-tx"))
 
     def test_lying_disk_is_caught(self):
         """
