@@ -29,12 +29,14 @@ import sys
 from twisted.internet import defer, threads
 
 from streamproto.core import cli as common
+from streamproto.core.stall import Answers, unanswered
 from streamproto.pravega import client
 from streamproto.pravega.controller_client import ControllerError
 
 PROG = "streamproto pravega"
 CONVENTION = common.Convention(PROG, "127.0.0.1:12345", timeout=30.0,
-                               timeout_help="seconds to wait to connect to the server")
+                               timeout_help="seconds to wait for the server: to connect, "
+                                            "and for an answer (write: an acknowledgement)")
 
 
 def parser():
@@ -132,15 +134,17 @@ def run(reactor, argv, stdin=None, stdout=None, stderr=None):
         return e.code
     ep = endpoint(reactor, args)
     stop = CONVENTION.log_to(args, stderr)
+    moved = Answers(reactor)
     try:
         if args.command in ("scope", "stream"):
             status = yield _controller(ep, args, stdout)
         elif args.command == "write":
-            status = yield _write(ep, args, stdin, stdout)
+            status = yield _answered(reactor, args, _write(ep, args, stdin, stdout, moved),
+                                     moved)
         elif args.command == "read":
-            status = yield _read(ep, args, stdout)
+            status = yield _answered(reactor, args, _read(ep, args, stdout, moved), moved)
         else:
-            status = yield _admin(ep, args, stdout)
+            status = yield _answered(reactor, args, _admin(ep, args, stdout), moved)
     except common.CommandError as e:
         return CONVENTION.report(common.CommandError(f"{args.command} {args.action}: {e}")
                                  if getattr(args, "action", None) else e, stderr)
@@ -157,6 +161,19 @@ def run(reactor, argv, stdin=None, stdout=None, stderr=None):
     finally:
         stop()
     return status
+
+
+def _answered(reactor, args, d, answers):
+    """
+    A segment command C{d}, given up after C{-t/--timeout} seconds in which
+    the server answered nothing: a stopped server keeps the connection up
+    and the client waiting for ever.  A follower (C{read -F}) waits as asked.
+    """
+    if getattr(args, "follow", False):
+        return d
+    what = {"write": "acknowledged", "read": "read"}.get(args.command)
+    return unanswered(reactor, d, args.timeout, args.server.address, "-t/--timeout", answers,
+                      lambda: f" ({answers.count} events {what})" if what else "")
 
 
 @defer.inlineCallbacks
@@ -283,23 +300,28 @@ def _show_stream(args, stdout, description, details):
 
 
 @defer.inlineCallbacks
-def _write(ep, args, stdin, stdout):
+def _write(ep, args, stdin, stdout, moved):
     source = open(args.file, "rb") if args.file else stdin
     writer = client.SegmentWriter(ep, args.segment, max_retries=5)
     count = 0
+
+    def acked(result, n):
+        moved.add(n)
+        return result
     try:
         batch = []
         pending = []
         for line in source:
+            moved.touch()
             batch.append(line.rstrip(b"\n"))
             if len(batch) >= args.batch:
-                pending.append(writer.write_batch(batch))
+                pending.append(writer.write_batch(batch).addCallback(acked, len(batch)))
                 count += len(batch)
                 batch = []
                 if len(pending) >= 8:
                     yield pending.pop(0)
         if batch:
-            pending.append(writer.write_batch(batch))
+            pending.append(writer.write_batch(batch).addCallback(acked, len(batch)))
             count += len(batch)
         yield defer.gatherResults(pending, consumeErrors=True)
         yield writer.close()
@@ -314,7 +336,7 @@ def _write(ep, args, stdin, stdout):
 
 
 @defer.inlineCallbacks
-def _read(ep, args, stdout):
+def _read(ep, args, stdout, moved):
     reader = client.SegmentReader(ep, args.segment, offset=args.offset)
     try:
         while True:
@@ -326,6 +348,7 @@ def _read(ep, args, stdout):
             events = yield reader.read()
             if not events:
                 break
+            moved.add(len(events))
             stdout.write(b"".join(e + b"\n" for e in events))
     finally:
         yield reader.close()

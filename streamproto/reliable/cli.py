@@ -17,6 +17,7 @@ from streamproto.core import cli as common
 from streamproto.reliable.client import (
     DEFAULT_ACK_EVERY,
     DEFAULT_GIVE_UP_AFTER,
+    DEFAULT_IDLE_TIMEOUT,
     DEFAULT_RETRY_DELAY,
     StatefulClient,
     StatelessClient,
@@ -25,7 +26,8 @@ from streamproto.reliable.client import (
 PROG = "streamproto reliable"
 CONVENTION = common.Convention(
     PROG, "127.0.0.1:7341", timeout=DEFAULT_GIVE_UP_AFTER,
-    timeout_help="seconds without a connection before giving up",
+    timeout_help="seconds without a connection, or without a message on it, before "
+                 "giving up",
     renamed={"--give-up-after": "-t/--timeout"})
 
 
@@ -73,6 +75,10 @@ def _run(reactor, args, out):
     endpoint = CONVENTION.endpoint(reactor, args)
     common_args = dict(clock=reactor, retry_delay=args.retry_delay, backoff=args.backoff,
                        give_up_after=args.timeout or float("inf"))
+    if args.timeout:
+        # a stopped server keeps the connection up and says nothing: dropped
+        # after -t/--timeout of silence, which the give-up clock counts too
+        common_args["idle_timeout"] = min(args.timeout, DEFAULT_IDLE_TIMEOUT)
     if args.mode == "stateful":
         client = StatefulClient(endpoint, args.count, uuid=args.uuid,
                                 ack_every=args.ack_every, **common_args)

@@ -163,6 +163,8 @@ class ReliableStreamClientProtocol(Protocol):
         self._idle.start()
 
     def _idle_expired(self):
+        # said for the give-up line: an aborted connection alone reads as our fault
+        self.reconnector.silent_for = self.reconnector.idle_timeout
         self.transport.abortConnection()
 
     def dataReceived(self, data):
@@ -235,6 +237,7 @@ class _Reconnector:
         self.max_line = max_line
         self.result = defer.Deferred()
         self.reconnects = 0
+        self.silent_for = None     # the last connection dropped for its silence (seconds)
         self._connections = 0
         factory = Factory.forProtocol(lambda: ReliableStreamClientProtocol(session, self))
         self._connection = Reconnector(
@@ -259,8 +262,10 @@ class _Reconnector:
                           why=reason.getErrorMessage(), delay=delay)
 
     def _gave_up(self, reason):
+        why = (f"the server said nothing for {self.silent_for:g} s" if self.silent_for
+               else describe(reason))
         self.result.errback(StreamGaveUp(
-            f"no connection for {self.give_up_after:g} s ({describe(reason)}); "
+            f"no connection for {self.give_up_after:g} s ({why}); "
             "the server may have dropped the stream"))
 
     def _end(self, outcome):
@@ -284,6 +289,7 @@ class _Reconnector:
 
     def established(self):
         """The server answered: the connection counts as re-established."""
+        self.silent_for = None
         self._connection.progress()
 
     def connection_lost(self, was_done, received, reason):

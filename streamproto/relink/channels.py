@@ -46,12 +46,13 @@ def _ahead(wire, count):
 
 
 class _Op:
-    __slots__ = ("pos", "op", "deferreds")
+    __slots__ = ("pos", "op", "deferreds", "written")
 
     def __init__(self, pos, op, deferred):
         self.pos = pos
         self.op = op
         self.deferreds = [deferred]   # more when the same operation is asked again
+        self.written = False          # transmitted to this link's listener (ever)
 
     def fire(self, result):
         for d in self.deferreds:
@@ -309,6 +310,7 @@ class OutChannel:
                     # this channel may be a stale one of the previous instance
                     break
                 self._ops_sent += 1
+                op.written = True
                 if op.op == CLOSE:
                     out.append(codec.encode_channel_packet(CHANNEL_OP, CLOSE, cid, size))
                 else:
@@ -363,8 +365,13 @@ class OutChannel:
         0 again.  Counts (C{consumed}, the Deferreds' counts) go on from
         where they were: only the wire numbering is shifted.
 
+        A transaction whose commit the old listener may have carried out is
+        not sent again: see L{_forget_unknown_commits}.
+
         @return: how many messages will be sent again.
         """
+        if self.transactional:
+            self._forget_unknown_commits()
         base = self.consumed
         self._wire_base = base
         self.received = base
@@ -374,6 +381,32 @@ class OutChannel:
         self.reopened = False       # the new listener knows no earlier instance
         self._encoder = None
         return self.assigned - base
+
+    def _forget_unknown_commits(self):
+        """
+        Commits the old listener was sent and never answered may have been
+        carried out (stored, then the answer lost with the listener); the
+        new listener cannot tell, so sending them again could carry them
+        out twice, and a transaction is exactly once.  Each such commit
+        fails with L{CommitOutcomeUnknown} (the application decides), and
+        its messages, with everything before the last of them, are not
+        sent again: they count as consumed.  Operations never written are
+        sent to the new listener in their places.
+        """
+        last = None
+        for i, op in enumerate(self._ops):
+            if op.written and op.op == COMMIT:
+                last = i
+        if last is None:
+            for op in self._ops:
+                op.written = False
+            return
+        done, self._ops = self._ops[:last + 1], self._ops[last + 1:]
+        for op in self._ops:
+            op.written = False
+        self._advance_consumed(max(self.consumed, done[-1].pos))
+        for op in done:
+            op.fire(Failure(CommitOutcomeUnknown(op.pos - 1)) if op.op == COMMIT else None)
 
     # -- acknowledgements --------------------------------------------------
     def ack(self, ack_type, wire_seq):

@@ -23,9 +23,11 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from zope.interface import implementer
 
 from streamproto.core import cli as common
+from streamproto.core.stall import give_up_when_stalled
 from streamproto.relink.api import ChannelHandler, Connector
 from streamproto.relink.codec import CONSUMED
 from streamproto.relink.config import LinkConfig
+from streamproto.relink.errors import CommitOutcomeUnknown
 
 PROG = "streamproto relink"
 CONVENTION = common.Convention(
@@ -88,9 +90,10 @@ def _parser():
     p.add_argument("--link-timeout", dest="timeout", type=common.seconds,
                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--shutdown-timeout", type=float, default=10.0,
-                   help="seconds to wait for the server's shutdown and last acknowledgements "
-                        "once everything is sent (a server that never answers would keep "
-                        "the command waiting for ever); default 10")
+                   help="seconds to wait for an acknowledgement (while sending, and for the "
+                        "last ones once everything is sent) and for the server's shutdown: "
+                        "a server that stopped answering would keep the command waiting for "
+                        "ever; default 10")
     p.add_argument("--window", type=int, default=LinkConfig.window,
                    help="messages in flight per channel before waiting for acknowledgements "
                         f"(the send window); default {LinkConfig.window}, the Go package "
@@ -148,6 +151,30 @@ def _linked(reactor, c, failed, args):
     return link
 
 
+def _acknowledged(reactor, args, ch, d, sent):
+    """
+    C{d} (a wait for the server's acknowledgements on channel C{ch}), given
+    up with a L{Stalled} line after C{--shutdown-timeout} seconds without
+    any: the connector waits for ever on a server that stopped answering
+    (paused, or its store never answering) while the link stays up.
+    """
+    def message():
+        return (f"no acknowledgement from {args.server.address} for "
+                f"{args.shutdown_timeout:g} s (--shutdown-timeout); giving up with "
+                f"{ch.consumed} of {sent} messages acknowledged")
+    return give_up_when_stalled(reactor, d, args.shutdown_timeout, message,
+                                lambda: ch.consumed)
+
+
+def _commit(ch):
+    """
+    C{ch.commit()}: True, False, or None when its outcome is unknown (the
+    link moved to a new listener while the old one had it unanswered: it
+    was not sent again, so it is stored once or not at all).
+    """
+    return ch.commit().addErrback(lambda f: f.trap(CommitOutcomeUnknown) and None)
+
+
 @defer.inlineCallbacks
 def _send(reactor, args, lines, out):
     c, failed = _connector(reactor, args, args.endpoint, ChannelHandler(), args.transactions)
@@ -158,27 +185,31 @@ def _send(reactor, args, lines, out):
     last = None
     for line in lines:
         while ch.room <= 0:
-            yield ch.when_writable()
+            yield _acknowledged(reactor, args, ch, ch.when_writable(), sent)
         last = ch.send_payloads([line.rstrip(b"\n")])
         sent += 1
         if args.transactions and sent % args.commit_every == 0:
-            pending.append(ch.commit())
+            pending.append(_commit(ch))
     if args.transactions and (sent % args.commit_every or not pending):
-        pending.append(ch.commit())
+        pending.append(_commit(ch))
     if last is not None:
-        yield last
-    results = yield defer.gatherResults(pending)
+        yield _acknowledged(reactor, args, ch, last, sent)
+    results = yield _acknowledged(reactor, args, ch, defer.gatherResults(pending),
+                                  sent)
     yield c.shutdown(timeout=args.shutdown_timeout)
     failed = results.count(False)
+    unknown = results.count(None)
     # the connector moved to a listener that did not know its link (another
     # front-end of -s a,b, a restarted server): said, with what it resent
     moved = (f"; link re-established {c.relinks} time(s) on a new listener, {c.resent} "
              "messages resent (at least once)") if c.relinks else ""
     common.emit(args, out, f"sent {sent} messages"
-                + (f", {failed} commits failed" if failed else "") + moved,
-                {"sent": sent, "commits_failed": failed, "relinks": c.relinks,
-                 "resent": c.resent})
-    return common.EXIT_FAILURE if failed else common.EXIT_OK
+                + (f", {failed} commits failed" if failed else "")
+                + (f", {unknown} commits of unknown outcome (the server went away before "
+                   "answering: each stored once or not at all)" if unknown else "") + moved,
+                {"sent": sent, "commits_failed": failed, "commits_unknown": unknown,
+                 "relinks": c.relinks, "resent": c.resent})
+    return common.EXIT_FAILURE if failed or unknown else common.EXIT_OK
 
 
 @defer.inlineCallbacks
@@ -196,17 +227,17 @@ def _echo(reactor, args, out):
     while sent < args.count:
         room = min(ch.room, args.count - sent)
         if room <= 0:
-            yield ch.when_writable()
+            yield _acknowledged(reactor, args, ch, ch.when_writable(), sent)
             continue
         sent += room
         # acks are cumulative: the last batch's CONSUMED covers every message
         consumed = ch.send_payloads([payload] * room,
                                     ack=CONSUMED if sent == args.count else None)
-    yield counter.waiter
+    yield _acknowledged(reactor, args, ch, counter.waiter, sent)
     elapsed = time.perf_counter() - start
     # a listener may stop acknowledging once it has our shutdown (the Go one
     # does): shut down only when everything sent is acknowledged
-    yield consumed
+    yield _acknowledged(reactor, args, ch, consumed, sent)
     yield c.shutdown(timeout=args.shutdown_timeout)
     common.emit(args, out, f"{args.count} messages of {args.size} B echoed in {elapsed:.3f}s: "
                 f"{args.count / elapsed:,.0f} msg/s",

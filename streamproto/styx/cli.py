@@ -29,8 +29,9 @@ TOKEN_ENV = "STREAMPROTO_TOKEN"
 PROG = "streamproto styx"
 CONVENTION = common.Convention(
     PROG, DEFAULT_HOST, timeout=60.0,
-    timeout_help="seconds to wait to connect, and for a -F follower to get its server "
-                 "back after a disconnect (a shutdown, a restart)")
+    timeout_help="seconds to wait to connect, for an answer (produce: an acknowledgement; "
+                 "consume: records), and for a -F follower to get its server back after a "
+                 "disconnect (a shutdown, a restart)")
 #: a follower's reconnection delays: 0.25 s doubling to 10 s, with jitter
 RECONNECT_INITIAL = 0.25
 RECONNECT_MAX = 10.0
@@ -274,7 +275,7 @@ def _in_thread(reactor):
     return run
 
 
-async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
+async def produce(reactor, args, client, stdin=None, err=None, blocking=None, answers=None):
     """
     Read records from stdin and append them: over styx/0 when the client is
     available (acked once durable; the window holds the reader back), else
@@ -284,10 +285,13 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     stop the reactor, which keeps the styx/0 heartbeats and acks going.
     """
     from streamproto.core.progress import Progress
+    from streamproto.core.stall import Answers
     stdin = stdin or sys.stdin.buffer
     err = err or sys.stderr
     blocking = blocking or _in_thread(reactor)
+    answers = answers or Answers(reactor)
     await client.get_log(args.name)  # fail early on an unknown log
+    answers.touch()
     stream = _use_stream(args)
     producer = None
     if stream is not None:
@@ -309,10 +313,13 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
         if not batch:
             return
         if producer is not None:
-            producer.writeMany(batch).addErrback(lambda f: None)  # close() reports
+            n = len(batch)
+            producer.writeMany(batch).addCallbacks(lambda _: answers.add(n),
+                                                   lambda f: None)  # close() reports
             await producer.whenWritable()
         else:
             await client.write_records(args.name, batch, formats.BINARY)
+            answers.add(len(batch))
         sent += len(batch)
         nbytes += batch_bytes
         batch, batch_bytes = [], 0
@@ -320,10 +327,14 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
 
     read = getattr(stdin, "read1", stdin.read)
     while True:
-        if unbuffered and not args.binary:
-            chunk = await blocking(stdin.readline)  # a line at a time
-        else:
-            chunk = await blocking(read, READ_CHUNK)
+        answers.elsewhere += 1     # stdin's pace is not the server's
+        try:
+            if unbuffered and not args.binary:
+                chunk = await blocking(stdin.readline)  # a line at a time
+            else:
+                chunk = await blocking(read, READ_CHUNK)
+        finally:
+            answers.elsewhere -= 1
         records = decoder.feed(chunk) if chunk else decoder.close()
         for r in records:
             batch.append(r)
@@ -338,7 +349,7 @@ async def produce(reactor, args, client, stdin=None, err=None, blocking=None):
     return 0
 
 
-async def consume(reactor, args, client, stdout=None, err=None, rng=random):
+async def consume(reactor, args, client, stdout=None, err=None, rng=random, answers=None):
     """
     Write records to stdout; with --follow, wait for more for ever.
 
@@ -379,6 +390,8 @@ async def consume(reactor, args, client, stdout=None, err=None, rng=random):
         if unbuffered:
             stdout.flush()
         state["count"] += len(records)
+        if answers is not None:
+            answers.add(len(records))
         state["bytes"] += sum(map(len, records))
         state["position"] += len(records)
         progress.update(state["count"], state["bytes"])
@@ -476,7 +489,22 @@ async def _reconnecting(reactor, args, once, connected, remaining, rng):
             await task.deferLater(reactor, wait, lambda: None)
 
 
+def _answered(reactor, args, coroutine, answers, what):
+    """
+    C{coroutine} (a produce or consume), given up after C{-t/--timeout}
+    seconds in which the server answered nothing: a stopped server keeps
+    the connection up and the client waiting for ever.
+    """
+    from twisted.internet.defer import Deferred
+
+    from streamproto.core.stall import unanswered
+    return unanswered(reactor, Deferred.fromCoroutine(coroutine), args.timeout,
+                      args.server.address, "-t/--timeout", answers,
+                      lambda: f" ({answers.count} records {what})")
+
+
 async def run(reactor, args):
+    from streamproto.core.stall import Answers
     from streamproto.styx.api_client import StyxAPIError
     client = _client(args, reactor)
     try:
@@ -484,9 +512,16 @@ async def run(reactor, args):
                                                       "truncate", "backup", "restore"):
             return await run_logs(reactor, args, client, sys.stdout)
         action = args.action if args.command == "logs" else args.command
+        answers = Answers(reactor)
         if action in ("write", "produce"):
-            return await produce(reactor, args, client)
-        return await consume(reactor, args, client)
+            return await _answered(reactor, args, produce(reactor, args, client, answers=answers),
+                                   answers, "acknowledged")
+        if args.follow:
+            # a follower waits for records for ever, and for a server away
+            # up to -t/--timeout (_reconnecting)
+            return await consume(reactor, args, client)
+        return await _answered(reactor, args, consume(reactor, args, client, answers=answers),
+                               answers, "read")
     except StyxAPIError as e:
         raise CLIError(e.message)
     finally:

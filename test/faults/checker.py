@@ -32,7 +32,11 @@ REORDERED = "reordered"            # out of its producer's order
 CORRUPT = "corrupt"                # bytes that do not decode or fail their checksum
 PHANTOM = "phantom"                # well-formed, but no operation ever wrote it
 FAILED_PRESENT = "failed-present"  # a definite refusal whose record is there anyway
-KINDS = (LOST, DUPLICATE, REORDERED, CORRUPT, PHANTOM, FAILED_PRESENT)
+PARTIAL = "partial"                # a transaction's records not all there the same number of times
+KINDS = (LOST, DUPLICATE, REORDERED, CORRUPT, PHANTOM, FAILED_PRESENT, PARTIAL)
+
+#: separates a producer's name from a record's part number in a transaction
+PART = "~"
 
 #: How many examples of each kind a verdict keeps.
 EXAMPLES = 5
@@ -65,6 +69,23 @@ def decode(record):
         return producer.decode(), seq_n
     except ValueError:
         return None
+
+
+def encode_part(producer, seq, part, size=64):
+    """
+    Record C{part} of transaction C{seq} of C{producer} (an operation of
+    several records: L{Promise.parts}); decoded as C{(producer~part, seq)}.
+    """
+    return encode(f"{producer}{PART}{part}", seq, size)
+
+
+def split_part(key):
+    """C{(producer, seq), part} of a decoded key (part 0 for a one-record operation)."""
+    producer, seq = key
+    name, sep, part = producer.rpartition(PART)
+    if sep and part.isdigit():
+        return (name, seq), int(part)
+    return key, 0
 
 
 @dataclass(frozen=True)
@@ -101,10 +122,13 @@ class Promise:
         another of its records was invoked comes first in the log;
         C{"invocation"}: a producer's records are in the order it invoked
         them (one ordered connection, pipelined); C{None}: no order promise.
+    @ivar parts: records per operation (a transaction of L{encode_part}
+        records, atomic): every copy of it is whole, or it is I{partial}.
     """
 
     at_most_once: bool = True
     order: str | None = "realtime"
+    parts: int = 1
 
 
 @dataclass
@@ -194,6 +218,7 @@ def check(history, records, promise=Promise(), decoder=decode, start=None, end=N
             verdict.unknown += 1
 
     seen = Counter()
+    parts = defaultdict(Counter)   # transactions: copies of each part, per operation
     last_invoke = {}   # realtime order: latest invocation seen, per producer
     last_seq = {}      # invocation order: highest seq seen, per producer
     for position, record in enumerate(records):
@@ -202,10 +227,20 @@ def check(history, records, promise=Promise(), decoder=decode, start=None, end=N
         if key is None:
             verdict.note(CORRUPT, f"position {position}: {bytes(record)[:80]!r}")
             continue
+        part = 0
+        if promise.parts > 1:
+            key, part = split_part(key)
+            if part >= promise.parts:
+                verdict.note(PHANTOM, f"position {position}: part {part} of {key}")
+                continue
         op = ops.get(key)
         if op is None:
             verdict.note(PHANTOM, f"position {position}: {key} was never written")
             continue
+        if promise.parts > 1:
+            parts[key][part] += 1
+            if part:
+                continue        # copies, order: judged on each transaction's first record
         seen[key] += 1
         if seen[key] > 1:
             if promise.at_most_once and seen[key] > invocations[key]:
@@ -228,8 +263,15 @@ def check(history, records, promise=Promise(), decoder=decode, start=None, end=N
                                         f"{last_seq[producer]} of {producer}")
             last_seq[producer] = max(op.seq, last_seq.get(producer, op.seq))
 
+    for key, copies in sorted(parts.items()):
+        counts = [copies[i] for i in range(promise.parts)]
+        if len(set(counts)) > 1:
+            verdict.note(PARTIAL, f"{key}: copies of each of its {promise.parts} records "
+                                  f"{counts}")
     for key, op in sorted(ops.items()):
         present = seen[key] > 0
+        if promise.parts > 1:
+            present = min(parts[key][i] for i in range(promise.parts)) > 0
         if op.outcome == OK and not present:
             verdict.note(LOST, f"{key} acknowledged at {op.complete:.3f}, absent")
         elif op.outcome == UNKNOWN:

@@ -25,10 +25,18 @@ from dataclasses import dataclass, field
 from twisted.internet import defer, task
 
 from test.faults import checker, nemesis
-from test.faults.workload import read_history
+from test.faults.workload import TX_PARTS, read_history
 
 #: the promise of each protocol's workload (see L{test.faults.workload})
-PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime")}
+PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime"),
+            # at least once (resent after a reconnection), one connection's order
+            "lumberjack": checker.Promise(at_most_once=False, order="realtime"),
+            "relink": checker.Promise(at_most_once=False, order="realtime"),
+            # writer ids and event numbers: at most once, in order
+            "pravega": checker.Promise(at_most_once=True, order="realtime"),
+            # exactly once, each transaction whole
+            "relink-tx": checker.Promise(at_most_once=True, order="realtime",
+                                         parts=TX_PARTS)}
 
 #: the rows of the matrix: (fault class, store, protocol)
 MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
@@ -37,7 +45,11 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           # the network (namespaces) and the front-end's clock, on JetStream with
           # sync_interval: always ("nats") and with nats-server's default ("nats-lazy")
           + [(fault, store, "styx") for store in ("nats", "nats-lazy")
-             for fault in ("partition", "flap", "clock")])
+             for fault in ("partition", "flap", "clock")]
+          # the other protocols' workloads on the file store
+          + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
+                                                    "relink-tx")
+             for fault in ("kill9", "powerloss", "pause", "clock")])
 
 #: each JetStream store of the matrix: its nodes' sync_interval (None: not
 #: set, nats-server's default of 2 minutes)
@@ -76,7 +88,8 @@ class Row:
         self.lost += a[checker.LOST]
         self.duplicated += a[checker.DUPLICATE]
         self.reordered += a[checker.REORDERED]
-        self.corrupt += a[checker.CORRUPT] + a[checker.PHANTOM] + a[checker.FAILED_PRESENT]
+        self.corrupt += (a[checker.CORRUPT] + a[checker.PHANTOM] + a[checker.FAILED_PRESENT]
+                         + a[checker.PARTIAL])
         self.unavailability = max(self.unavailability, verdict.longest_unavailability)
         self.faults += injected
         self.verdicts.append(verdict)
@@ -103,6 +116,9 @@ def make_target(reactor, fault, store, protocol):
             from test.faults.nstargets import StyxPartitionTarget
             return StyxPartitionTarget(reactor, sync_interval=sync)
         return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
+    if store == "file" and protocol in ("lumberjack", "pravega", "relink", "relink-tx"):
+        from test.faults.logtargets import LogFileTarget
+        return LogFileTarget(reactor, protocol, clock=(fault == "clock"))
     raise ValueError(f"no target for {protocol} on {store}")
 
 

@@ -181,3 +181,88 @@ class UnavailabilityTests(SynchronousTestCase):
 
     def test_empty(self):
         self.assertEqual(checker.longest_gap([]), 0.0)
+
+
+def transactions(producers=2, n=4, parts=3):
+    """A clean history of transactions of C{parts} records each."""
+    history, records = [], []
+    t = 0.0
+    for seq in range(n):
+        for p in range(producers):
+            history.append(Op(f"p{p}", seq, t, t + 0.5, OK))
+            records += [checker.encode_part(f"p{p}", seq, i) for i in range(parts)]
+            t += 1.0
+    return history, records
+
+
+class TransactionTests(SynchronousTestCase):
+    """Operations of several records (Relink log-tx commits): exactly once, whole."""
+
+    promise = Promise(at_most_once=True, order="realtime", parts=3)
+
+    def test_clean(self):
+        history, records = transactions()
+        verdict = check(history, records, self.promise)
+        self.assertTrue(verdict.valid, verdict.describe())
+        self.assertEqual(verdict.records_read, 24)
+
+    def test_partial(self):
+        history, records = transactions()
+        del records[4]          # the middle record of p1's first transaction
+        verdict = check(history, records, self.promise)
+        self.assertEqual(verdict.anomalies[checker.PARTIAL], 1, verdict.describe())
+        self.assertIn("('p1', 0)", verdict.examples[checker.PARTIAL][0])
+        self.assertEqual(verdict.anomalies[checker.LOST], 1)
+
+    def test_transaction_stored_twice(self):
+        """A commit resent to a new listener and stored again: a duplicate."""
+        history, records = transactions()
+        records += records[3:6]
+        verdict = check(history, records, self.promise)
+        self.assertEqual(verdict.anomalies[checker.DUPLICATE], 1, verdict.describe())
+        self.assertEqual(verdict.anomalies[checker.PARTIAL], 0)
+
+    def test_unknown_commit_absent_or_present(self):
+        history, records = transactions()
+        history[1] = Op("p1", 0, history[1].invoke, None, UNKNOWN)
+        verdict = check(history, records[:3] + records[6:], self.promise)
+        self.assertTrue(verdict.valid, verdict.describe())
+        self.assertEqual((verdict.unknown, verdict.unknown_absent), (1, 1))
+        verdict = check(history, records, self.promise)
+        self.assertTrue(verdict.valid, verdict.describe())
+        self.assertEqual(verdict.unknown_present, 1)
+
+    def test_part_out_of_range(self):
+        history, records = transactions()
+        records.append(checker.encode_part("p0", 0, 7))
+        verdict = check(history, records, self.promise)
+        self.assertEqual(verdict.anomalies[checker.PHANTOM], 1)
+
+
+class AtLeastOnceTests(SynchronousTestCase):
+    """Lumberjack and Relink log: resends allowed, loss and disorder not."""
+
+    promise = Promise(at_most_once=False, order="realtime")
+
+    def test_resent_copies_are_allowed(self):
+        history, records = clean()
+        records = records[:6] + records[2:6] + records[6:]
+        verdict = check(history, records, self.promise)
+        self.assertTrue(verdict.valid, verdict.describe())
+        self.assertEqual(verdict.allowed_duplicates, 4)
+
+    def test_same_copies_under_at_most_once_are_duplicates(self):
+        history, records = clean()
+        verdict = check(history, records + records[2:4], Promise())
+        self.assertEqual(verdict.anomalies[checker.DUPLICATE], 2)
+
+    def test_loss_is_still_caught(self):
+        history, records = clean()
+        verdict = check(history, records[:4] + records[2:4] + records[5:], self.promise)
+        self.assertEqual(verdict.anomalies[checker.LOST], 1, verdict.describe())
+
+    def test_first_copy_out_of_order(self):
+        """A resend may follow newer records; a first copy may not."""
+        history, records = clean(producers=1)
+        verdict = check(history, [records[1], records[0]] + records[2:], self.promise)
+        self.assertEqual(verdict.anomalies[checker.REORDERED], 1, verdict.describe())

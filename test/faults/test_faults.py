@@ -1,12 +1,13 @@
 """
 The CI subset of the fault matrix: one short seeded run of each fault class
 the harness implements, against a real styx-server on the file store whose
-data is on the lazy FS, and kill -9, pauses, a partition (network
+data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
-nats-server nodes), judged by the checker (python -m test.faults.run
-runs the full matrix).  Needs root, /dev/fuse, libfuse2, mfusepy,
-libfaketime and iproute2 (.ci/run installs them): without them the runs
-fail and say why.
+nats-server nodes); and one run of each other protocol's workload on the
+file store (Lumberjack, Pravega, Relink log and log-tx), judged by the
+checker (python -m test.faults.run runs the full matrix).  Needs root,
+/dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
+them): without them the runs fail and say why.
 """
 
 from twisted.internet import reactor
@@ -26,13 +27,13 @@ class FaultMatrixSubsetTests(TestCase):
         # end the servers, nodes, mounts and namespaces all the same
         self.addCleanup(run.abort_targets)
 
-    async def check_class(self, fault, store="file", seconds=SECONDS):
-        row = await run.run_one(reactor, fault, store, "styx", seconds, SEED)
+    async def check_class(self, fault, store="file", protocol="styx", seconds=SECONDS):
+        row = await run.run_one(reactor, fault, store, protocol, seconds, SEED)
         self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
         self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
-        if store == "file":
+        if store == "file" and protocol != "pravega":   # Pravega: read through the server
             self.assertEqual(len(row.disk_verdicts), 1,
                              "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
@@ -73,6 +74,22 @@ class FaultMatrixSubsetTests(TestCase):
     def test_nats_clock_jump(self):
         """The wall clock of a front-end on JetStream jumps forward and back."""
         return self._deferred(self.check_class("clock", "nats"))
+
+    def test_lumberjack_power_loss(self):
+        """Lumberjack (at least once, per-connection order) through power cuts."""
+        return self._deferred(self.check_class("powerloss", protocol="lumberjack"))
+
+    def test_pravega_pause(self):
+        """Pravega writers (writer ids: at most once, in order) through pauses."""
+        return self._deferred(self.check_class("pause", protocol="pravega"))
+
+    def test_relink_kill9(self):
+        """Relink log (at least once; the connector fails over to the restarted server)."""
+        return self._deferred(self.check_class("kill9", protocol="relink"))
+
+    def test_relink_tx_kill9(self):
+        """Relink log-tx (exactly once, whole transactions)."""
+        return self._deferred(self.check_class("kill9", protocol="relink-tx"))
 
     def test_lying_disk_is_caught(self):
         """

@@ -119,10 +119,154 @@ def run_styx(reactor, args):
     return d
 
 
+def _endpoint(reactor, url):
+    """The client endpoint of C{tcp://HOST:PORT}."""
+    from streamproto.core.tls import client_endpoint
+    host, port = url.removeprefix("tcp://").rsplit(":", 1)
+    return client_endpoint(reactor, host, int(port))
+
+
+def _producers(reactor, args, operation, setup=None, teardown=None):
+    """
+    C{args.producers} producers, each its own client (C{setup(name)}: one
+    connection, whose order the protocol promises), invoking
+    C{operation(client, name, seq)} one after another for C{args.duration}
+    seconds, each bounded by C{args.timeout}.  C{operation} fires with the
+    outcome (C{ok}/C{failed}/C{unknown}); a failure or a timeout is
+    C{unknown}.  A timed-out operation may still be carried out later by
+    the client (Lumberjack and Relink retry what is unacknowledged): the
+    checker counts it present or absent, never lost.
+    """
+    from twisted.internet import defer, task
+
+    history = HistoryWriter(args.history)
+    deadline = now() + args.duration
+
+    @defer.inlineCallbacks
+    def producer(name):
+        client = setup(name) if setup is not None else None
+        seq = 0
+        while now() < deadline:
+            history.event(name, seq, "invoke")
+            d = defer.maybeDeferred(operation, client, name, seq)
+            d.addTimeout(args.timeout, reactor)
+            try:
+                outcome = yield d
+            except Exception:   # noqa: BLE001 - anything but an answer: unknown
+                outcome = UNKNOWN
+            history.event(name, seq, outcome)
+            if outcome != OK:
+                yield task.deferLater(reactor, 0.05, lambda: None)
+            seq += 1
+        if teardown is not None:
+            yield defer.maybeDeferred(teardown, client).addErrback(lambda _: None)
+
+    d = defer.gatherResults([producer(f"{args.tag}{i}") for i in range(args.producers)])
+    d.addBoth(lambda _: history.close())
+    return d
+
+
+def run_lumberjack(reactor, args):
+    """
+    Each producer a L{LumberjackClient} (one connection) sending one event
+    per window, C{{"m": payload}}; acknowledged is C{ok}.  The client
+    resends what was not acknowledged after a reconnection: at least once.
+    """
+    from streamproto.lumberjack.client import LumberjackClient
+
+    def setup(name):
+        return LumberjackClient(_endpoint(reactor, args.url), reactor, slow_start=False,
+                                timeout=args.timeout, backoff_initial=0.05, backoff_max=0.3)
+
+    def send(client, name, seq):
+        event = {"m": encode(name, seq, args.size).decode()}
+        return client.send([event]).addCallback(lambda n: OK if n == 1 else UNKNOWN)
+
+    return _producers(reactor, args, send, setup, lambda c: c.close())
+
+
+def run_relink(reactor, args, transactions):
+    """
+    Each producer a relink L{Connector} (failing over to a restarted
+    listener) on channel 1 of C{log} (a message acknowledged consumed is
+    C{ok}: at least once) or C{log-tx}: a transaction of L{TX_PARTS}
+    messages and its commit, C{ok} when committed, C{failed} when
+    uncommitted, C{unknown} when the commit's outcome is
+    (L{CommitOutcomeUnknown}): exactly once.
+    """
+    from twisted.internet import defer
+
+    from streamproto.relink.api import Connector
+    from streamproto.relink.errors import CommitOutcomeUnknown
+    from test.faults.checker import encode_part
+
+    def setup(name):
+        c = Connector(_endpoint(reactor, args.url), "log-tx" if transactions else "log",
+                      connector_id_size=4, listener_id_size=4,
+                      connector_transactions=transactions, clock=reactor)
+        c.start()
+        return c
+
+    @defer.inlineCallbacks
+    def send(c, name, seq):
+        link = yield c.when_linked()
+        ch = link.channel(1)
+        while ch.room < TX_PARTS:
+            yield ch.when_writable()
+        if not transactions:
+            yield ch.send_payloads([encode(name, seq, args.size)])
+            return OK
+        ch.send_payloads([encode_part(name, seq, i, args.size) for i in range(TX_PARTS)],
+                         ack=None)
+        try:
+            committed = yield ch.commit()
+        except CommitOutcomeUnknown:
+            return UNKNOWN
+        return OK if committed else FAILED
+
+    return _producers(reactor, args, send, setup, lambda c: c.stop())
+
+
+def run_pravega(reactor, args):
+    """
+    Each producer a L{SegmentWriter} with a writer id of its own, writing
+    one event at a time to segment C{args.log}; acknowledged is C{ok}.  The
+    writer reconnects by itself and resends what was not acknowledged with
+    the same event numbers, which the server drops when it has them: at
+    most once, in order.
+    """
+    import uuid
+
+    from streamproto.pravega.client import SegmentWriter
+
+    def setup(name):
+        return SegmentWriter(_endpoint(reactor, args.url), args.log, clock=reactor,
+                             writer_id=uuid.uuid5(uuid.NAMESPACE_URL, f"faults:{name}"),
+                             max_retries=10000, retry_delay=0.05, max_retry_delay=0.3)
+
+    def send(writer, name, seq):
+        return writer.write_batch([encode(name, seq, args.size)]).addCallback(lambda _: OK)
+
+    return _producers(reactor, args, send, setup, lambda w: w.close())
+
+
+#: messages of one Relink log-tx transaction
+TX_PARTS = 3
+
+WORKLOADS = {
+    "styx": run_styx,
+    "lumberjack": run_lumberjack,
+    "relink": lambda reactor, args: run_relink(reactor, args, False),
+    "relink-tx": lambda reactor, args: run_relink(reactor, args, True),
+    "pravega": run_pravega,
+}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m test.faults.workload")
-    parser.add_argument("protocol", choices=["styx"])
-    parser.add_argument("--url", required=True)
+    parser.add_argument("protocol", choices=sorted(WORKLOADS))
+    parser.add_argument("--url", required=True,
+                        help="styx: http://HOST:PORT; the others: tcp://HOST:PORT")
     parser.add_argument("--log", default="faults")
     parser.add_argument("--history", required=True)
     parser.add_argument("--producers", type=int, default=3)
@@ -132,7 +276,7 @@ def main(argv=None):
     parser.add_argument("--tag", default="w", help="producer name prefix")
     args = parser.parse_args(argv)
     from twisted.internet import task
-    task.react(lambda reactor: run_styx(reactor, args))
+    task.react(lambda reactor: WORKLOADS[args.protocol](reactor, args))
 
 
 if __name__ == "__main__":

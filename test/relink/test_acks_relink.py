@@ -92,3 +92,62 @@ class LogBridgeAckTests(SynchronousTestCase):
         p.run()
         self.flushLoggedErrors()
         self.assertEqual(committed, [False])
+
+
+class LogTxFailoverTests(SynchronousTestCase):
+    """
+    C{log-tx} is exactly once: a commit the listener stored whose answer
+    was lost with the listener (kill -9 after the append, before the
+    acknowledgement) must not be stored again by the next listener.  The
+    connector cannot know whether it was stored: it reports the commit's
+    outcome unknown (L{CommitOutcomeUnknown}) instead of resending it.
+    Before the fix the connector resent the transaction to the restarted
+    listener, which stored it a second time.
+    """
+
+    def setUp(self):
+        from streamproto.log import MemoryLogStore
+        self.store = MemoryLogStore()
+
+    def records(self, name):
+        log = self.successResultOf(self.store.get(name))
+        return list(self.successResultOf(log.read(0, -1)).records())
+
+    def test_commit_stored_answer_lost_is_not_stored_twice(self):
+        from streamproto.relink.errors import CommitOutcomeUnknown
+        from test.support.memnet import SERVER
+        p = Pair(server=LogBridgeHandler(self.store), id_sizes=(4, 4),
+                 transactions=(True, False)).connect()
+        ch = p.link.channel(5)
+        ch.send_many([[b"t1"], [b"t2"]], ack=None)
+        committed = fired(ch.commit())
+        p.clock.advance(0)
+        p.conn.send(SERVER)     # the listener has the commit; its answer is not back
+        p.clock.advance(0)
+        self.assertEqual(self.records("relink-5"), [b"t1", b"t2"])
+        # kill -9 of the listener; a new one on the same store
+        p.fail_over(LogBridgeHandler(self.store))
+        p.connect()
+        self.assertEqual(self.records("relink-5"), [b"t1", b"t2"],
+                         "a stored commit was stored again by the next listener")
+        self.assertEqual(len(committed), 1)
+        self.assertIsInstance(committed[0].value, CommitOutcomeUnknown)
+        # and the channel goes on: the next transaction is committed once
+        ch.send_many([[b"t3"]], ack=None)
+        later = fired(ch.commit())
+        p.run()
+        self.assertEqual(later, [True])
+        self.assertEqual(self.records("relink-5"), [b"t1", b"t2", b"t3"])
+
+    def test_commit_never_transmitted_is_committed_on_the_next_listener(self):
+        """A commit the old listener never saw is safe to send to the next one."""
+        p = Pair(server=LogBridgeHandler(self.store), id_sizes=(4, 4),
+                 transactions=(True, False)).connect()
+        ch = p.link.channel(5)
+        p.fail_over(LogBridgeHandler(self.store))   # cut before anything was written
+        ch.send_many([[b"t1"]], ack=None)
+        committed = fired(ch.commit())
+        p.connect()
+        p.run()
+        self.assertEqual(committed, [True])
+        self.assertEqual(self.records("relink-5"), [b"t1"])

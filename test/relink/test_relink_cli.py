@@ -286,3 +286,24 @@ class EntryPointTests(RelinkCLITestBase):
         out, err, code = yield self.spawn(["-s", "127.0.0.1:1", "echo"])
         self.assertEqual(code, 1, err)
         self.assertIn(b"streamproto relink: error: cannot connect to 127.0.0.1:1: ", err)
+
+
+class CommitOutcomeTests(unittest.SynchronousTestCase):
+    """C{send --transactions} counts a commit of unknown outcome apart (L{cli._commit})."""
+
+    class Channel:
+        def __init__(self, outcome):
+            self.outcome = outcome
+
+        def commit(self):
+            if isinstance(self.outcome, Exception):
+                return defer.fail(self.outcome)
+            return defer.succeed(self.outcome)
+
+    def test_outcomes(self):
+        from streamproto.relink.errors import CommitOutcomeUnknown, LinkLost
+        self.assertIs(self.successResultOf(cli._commit(self.Channel(True))), True)
+        self.assertIs(self.successResultOf(cli._commit(self.Channel(False))), False)
+        self.assertIsNone(self.successResultOf(cli._commit(self.Channel(CommitOutcomeUnknown(3)))))
+        # anything else is still an error
+        self.failureResultOf(cli._commit(self.Channel(LinkLost("gone"))), LinkLost)

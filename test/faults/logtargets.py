@@ -1,0 +1,161 @@
+"""
+Targets for the write-only protocols (Lumberjack, Relink C{log} and
+C{log-tx}): their real server (C{lumberjack-server}, C{relink-server}) on
+the file store, its data on a lazy FS, under the same nemesis verbs as
+L{test.faults.targets.StyxFileTarget} (kill -9, power loss, pauses,
+libfaketime clock jumps).
+
+These protocols have no read path: the final state is the log as the
+store holds it, read with the read-only L{LogDirectoryReader} twice: the
+disk as it is after the last power cut (or kill -9), before any recovery
+(column I{disk}), and after a fresh server process started on it (its
+recovery ran) and stopped gracefully (the counted columns: what any later
+reader of the store is served).  Lumberjack stores each event as the JSON
+document C{{"event": ..., ...}}: the payload is its C{m} field.
+"""
+
+import json
+import os
+import signal
+import sys
+
+from twisted.internet import defer
+
+from test.faults import lazyfs
+from test.faults.targets import StyxFileTarget, _ClientProtocol
+from test.support.torture_harness import ROOT, ServerProcess, suspicious_output
+
+#: protocol -> (server plugin, the log the workload's records land in)
+SERVERS = {
+    "lumberjack": ("lumberjack-server", "lumberjack"),
+    "relink": ("relink-server", "relink-1"),
+    "relink-tx": ("relink-server", "relink-1"),
+    # the segment, read back through the server (ReadSegment)
+    "pravega": ("pravega-server", "faults/stream/0.#epoch.0"),
+}
+
+
+def lumberjack_payload(record):
+    """The workload's payload inside a stored Lumberjack event (the bytes if not one)."""
+    try:
+        return json.loads(record)["event"]["m"].encode()
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return bytes(record)
+
+
+class LogFileTarget(StyxFileTarget):
+    """One server of C{protocol} (L{SERVERS}) on the file store, data on a lazy FS."""
+
+    store = "file"
+
+    def __init__(self, reactor, protocol, clock=False):
+        plugin, log = SERVERS[protocol]
+        super().__init__(reactor, clock=clock, log=log)
+        self.protocol = protocol
+        # the segment store only: no gRPC controller (it would bind :9090)
+        args = ["--controller", "none"] if protocol == "pravega" else []
+        self.server = ServerProcess(reactor, plugin, self.server.data_dir, args=args,
+                                    env=self.server.env)
+
+    @property
+    def url(self):
+        return f"tcp://127.0.0.1:{self.server.port}"
+
+    @defer.inlineCallbacks
+    def setup(self):
+        self.lazy.mount()
+        os.makedirs(self.server.data_dir, exist_ok=True)
+        yield self.server.start()
+        if self.protocol == "pravega":
+            from streamproto.pravega.client import connect
+            proto = yield connect(self._endpoint())
+            try:
+                yield proto.create_segment(self.log)
+            finally:
+                proto.transport.loseConnection()
+                yield proto.closed
+        # the data directory (and the segment) are durable before the
+        # workload starts; the other logs are created by their first write
+        self.lazy.control("sync")
+
+    def _endpoint(self):
+        from streamproto.core.tls import client_endpoint
+        return client_endpoint(self.reactor, "127.0.0.1", self.server.port)
+
+    def start_client(self, history, duration, producers=3, timeout=3.0):
+        """Spawn the workload process of this protocol (L{test.faults.workload})."""
+        argv = [sys.executable, "-m", "test.faults.workload", self.protocol, "--url", self.url,
+                "--log", self.log, "--history", history, "--duration", str(duration),
+                "--producers", str(producers), "--timeout", str(timeout)]
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.client = _ClientProtocol()
+        self.client_transport = self.reactor.spawnProcess(
+            self.client, sys.executable, argv, env=env, path=ROOT)
+        return self.client.ended
+
+    def disk_records(self):
+        if self.protocol == "pravega":
+            return None    # segment blocks, not events: read through the server only
+        try:
+            records = super().disk_records()
+        except (KeyError, FileNotFoundError):
+            return []     # nothing was ever written: no log
+        return self.payloads(records)
+
+    def payloads(self, records):
+        if self.protocol == "lumberjack":
+            return [lumberjack_payload(r) for r in records]
+        return [bytes(r) for r in records]
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        yield self._heal_and_cut(power_cut)
+        disk, disk_error = None, None
+        try:
+            disk = self.disk_records()
+        except Exception as e:   # noqa: BLE001 - an unreadable disk is a finding
+            disk_error = f"the read-only reader failed on the disk: {e!r}"
+            self.notes.append(disk_error)
+        yield self.server.start()
+        if self.protocol == "pravega":
+            served = yield self.read_segment()
+        else:
+            # the fresh server recovered the log; stopped gracefully, the store is read
+            yield self.server.stop()
+            served = self.disk_records()
+        bad = suspicious_output(self.server.output_text())
+        if bad:
+            self.notes.append(f"{len(bad)} tracebacks in the server's output")
+        return {"disk": disk, "disk_error": disk_error, "served": served}
+
+    @defer.inlineCallbacks
+    def read_segment(self):
+        """Every event of the segment, through the fresh server (ReadSegment)."""
+        from streamproto.pravega.client import SegmentReader, connect
+        proto = yield connect(self._endpoint())
+        try:
+            info = yield proto.segment_info(self.log)
+        finally:
+            proto.transport.loseConnection()
+            yield proto.closed
+        reader = SegmentReader(self._endpoint(), self.log)
+        events = []
+        try:
+            while reader.offset < info.write_offset:
+                got = yield reader.read()
+                if not got:
+                    break
+                events += got
+        finally:
+            yield reader.close()
+        return events
+
+    @defer.inlineCallbacks
+    def _heal_and_cut(self, power_cut):
+        self.signal("server", signal.SIGCONT)
+        if self.use_clock:
+            self.set_clock(0)
+        if power_cut and lazyfs.unavailable() is None:
+            yield self.power_cut(["disk"])
+        else:
+            yield self.server.kill()
