@@ -19,9 +19,13 @@ L{tune_for_server}, at start-up:
     objects promoted since the last full one are a quarter of those that
     survived it).  Young collections, which free almost all cyclic
     garbage, run as before; what is left for full collections is what
-    survived two young ones (long-lived objects, and the rare cycle that
-    outlives its request), so the pause comes about ten times more
-    rarely and memory does not grow with it in practice;
+    survived two young ones (long-lived objects, and cycles that outlive
+    their request), so the pause comes about ten times more rarely.  The
+    price is memory: such cycles wait longer to be freed.  Measured: a
+    styx/0 upgrade leaves its HTTP channel and request in a cycle (about
+    30 objects, 1 KB); 9,000 connections opened in a row cost about 4.3
+    KB each in RSS instead of 3.4 KB until the next full collection, which
+    still comes (after at most 100 collections of generation 1);
   - once the reactor runs (everything imported and configured), collects
     once and freezes what is left (C{gc.freeze}): the process's own
     start-up objects live as long as it does and are never walked again.
