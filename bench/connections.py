@@ -52,6 +52,7 @@ from twisted.internet import defer  # noqa: E402
 from bench import gorefs  # noqa: E402
 from bench.latency import PLANNED, histogram, open_loop, summary, task_sleep  # noqa: E402
 from streamproto.core.fdlimit import raise_open_files_limit  # noqa: E402
+from streamproto.core.gcpolicy import tune_for_server  # noqa: E402
 
 
 def rss_kib(pid):
@@ -247,8 +248,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     out = sys.stdout
     before, now = raise_open_files_limit()
+    from twisted.internet import reactor
+    # the clients' own full garbage collections would show as latency
+    tune_for_server(reactor)
     if args.hold_idle:
-        from twisted.internet import reactor
         reactor.callWhenRunning(hold_idle, reactor, args.hold_idle, args)
         reactor.run()
         return 0
@@ -263,7 +266,6 @@ def main(argv=None):
     result = {}
     try:
         gorefs.wait_port(port)
-        from twisted.internet import reactor
 
         def done(refused):
             result["refused"] = refused

@@ -57,6 +57,7 @@ measured()   # which streamproto and path this measures (bench/benchenv.py)
 from hdrh.histogram import HdrHistogram  # noqa: E402
 
 from bench import gorefs  # noqa: E402
+from streamproto.core.gcpolicy import tune_for_server  # noqa: E402
 
 #: microseconds, from 1 us to 60 s, 3 significant digits
 HIST_RANGE = (1, 60_000_000, 3)
@@ -201,11 +202,14 @@ def closed_loop(reactor, send, payload, seconds, in_flight):
     return done
 
 
-def open_loop(reactor, send, payload, rate, seconds, acks, lag=None):
+def open_loop(reactor, send, payload, rate, seconds, acks, lag=None, send_many=None):
     """
     Send at C{rate} records/s for C{seconds}, each at its planned time (see
     the module docstring), recording each ack's latency from that time in
-    C{acks}.  @return: Deferred firing with (sent, worst send lag in s).
+    C{acks}.  With C{send_many} (records -> Deferred of their ack), the
+    records due at one timer tick go in one call, as a batching producer
+    sends what it was given meanwhile; each still counts from its own
+    planned time.  @return: Deferred firing with (sent, worst send lag in s).
     """
     from twisted.internet import defer
     done = defer.Deferred()
@@ -214,21 +218,34 @@ def open_loop(reactor, send, payload, rate, seconds, acks, lag=None):
     state = {"i": 0, "acked": 0, "lag": 0.0}
 
     def acked(_, planned):
-        acks.record_value(max(1, int((time.monotonic() - planned) * 1e6)))
-        state["acked"] += 1
+        now = time.monotonic()
+        for p in planned:
+            acks.record_value(max(1, int((now - p) * 1e6)))
+        state["acked"] += len(planned)
         if state["acked"] == total:
             done.callback((total, state["lag"]))
 
+    def failed(f):
+        if not done.called:
+            done.errback(f)
+
     def tick():
         now = time.monotonic()
+        due = []
         while state["i"] < total:
             planned = start + state["i"] / rate
             if planned > now:
                 break
             state["lag"] = max(state["lag"], now - planned)
             state["i"] += 1
-            send(PLANNED.pack(planned) + payload).addCallback(
-                acked, planned).addErrback(lambda f: done.called or done.errback(f))
+            if send_many is None:
+                send(PLANNED.pack(planned) + payload).addCallback(
+                    acked, (planned,)).addErrback(failed)
+            else:
+                due.append(planned)
+        if due:
+            send_many([PLANNED.pack(p) + payload for p in due]).addCallback(
+                acked, due).addErrback(failed)
         if state["i"] < total:
             reactor.callLater(max(0.0, start + state["i"] / rate - time.monotonic()), tick)
 
@@ -275,7 +292,7 @@ def run_styx(reactor, port, args, out):
                                           args.max_seconds, args.in_flight))
             acks = histogram()
             sent, lag = yield open_loop(reactor, producer.write, payload, load,
-                                        args.seconds, acks)
+                                        args.seconds, acks, send_many=producer.writeMany)
             deadline = time.monotonic() + 10
             while consumer is not None and visible.get_total_count() < sent and \
                     time.monotonic() < deadline:
@@ -344,6 +361,47 @@ def run_styx(reactor, port, args, out):
         finally:
             yield writer.close()
 
+    @defer.inlineCallbacks
+    def relink(load):
+        from streamproto.core.tls import client_endpoint
+        from streamproto.relink.api import Connector
+        # the server's log endpoint: a message is acknowledged consumed once
+        # its append is durable (doc/relink.rst); its default 4-byte ids
+        connector = Connector(client_endpoint(reactor, "127.0.0.1", args.relink_port, None),
+                              "log", connector_id_size=4, listener_id_size=4)
+        connector.start()
+        link = yield connector.when_linked()
+        channel = link.channel(1 + int(uuid.uuid4().int % 1000))
+
+        def send(message):
+            return channel.send([message])
+        try:
+            if load is None:
+                return (yield closed_loop(reactor, send, payload, args.max_seconds,
+                                          args.in_flight))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, send, payload, load, args.seconds, acks)
+            return acks, None, sent, lag
+        finally:
+            yield connector.stop()
+
+    @defer.inlineCallbacks
+    def reliable(load):
+        from streamproto.core.tls import client_endpoint
+        from streamproto.reliable.client import StatefulClient
+        endpoint = client_endpoint(reactor, "127.0.0.1", args.reliable_port, None)
+
+        # one stateful session a send: connect, open, its messages (each
+        # stored durably before it is sent), the final CRC checked
+        def send(_record):
+            return StatefulClient(endpoint, args.reliable_count).run()
+        if load is None:
+            return (yield closed_loop(reactor, send, payload, args.max_seconds,
+                                      max(1, args.in_flight // 8)))
+        acks = histogram()
+        sent, lag = yield open_loop(reactor, send, payload, load, args.seconds, acks)
+        return acks, None, sent, lag
+
     targets = [("styx/0", styx0)] if "styx0" in args.targets or "follow" in args.targets \
         else []
     if "http" in args.targets:
@@ -352,6 +410,10 @@ def run_styx(reactor, port, args, out):
         targets.append(("Pravega event->ack", pravega))
     if "lumberjack" in args.targets and args.lj_port:
         targets.append((f"Lumberjack batch({args.batch})->ack", lumberjack))
+    if "relink" in args.targets and args.relink_port:
+        targets.append(("Relink message->ack", relink))
+    if "reliable" in args.targets and args.reliable_port:
+        targets.append((f"Reliable session({args.reliable_count})->last msg", reliable))
 
     @defer.inlineCallbacks
     def go():
@@ -362,7 +424,7 @@ def run_styx(reactor, port, args, out):
             for fraction in args.loads:
                 rate = maximum * fraction / 100.0
                 acks, visible, sent, lag = yield run(rate)
-                what = label if label.endswith("->ack") else label + " produce->ack"
+                what = label if "->" in label else label + " produce->ack"
                 rows.append((what, fraction, rate, sent, acks, lag))
                 if visible is not None:
                     rows.append(("styx/0 produce->visible", fraction, rate,
@@ -391,6 +453,9 @@ def measure(port, args, out):
         result["error"] = f
         reactor.stop()
 
+    # the client's own full garbage collections stalled its sends (24 of
+    # 75-90 ms in 30 s at 50% load): the servers' settings here too
+    tune_for_server(reactor)
     reactor.callWhenRunning(lambda: run_styx(reactor, port, args, out).addCallbacks(
         finished, failed))
     reactor.run()
@@ -401,14 +466,14 @@ def measure(port, args, out):
 
 def print_rows(title, rows, fsync_p50_ms, out):
     print(f"\n{title}", file=out)
-    header = (f"{'what':<28} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
+    header = (f"{'what':<34} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
               f"{'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} | {'p99/fsync':>9} "
               f"{'send lag ms':>11}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for what, fraction, rate, count, h, lag in rows:
         p50, p99, p999, worst = summary(h)
-        print(f"{what:<28} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
+        print(f"{what:<34} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
               f"{p99:>8.2f} {p999:>9.2f} {worst:>8.2f} | {p99 / fsync_p50_ms:>9.1f} "
               f"{lag * 1000:>11.1f}", file=out)
     out.flush()
@@ -416,7 +481,8 @@ def print_rows(title, rows, fsync_p50_ms, out):
 
 def start_ours(directory, store, plugin="styx-server", *extra):
     port = gorefs.free_port()
-    storage = ["--store", store] if store else ["--data", os.path.join(directory, "ours")]
+    storage = ["--store", store] if store else [
+        "--data", os.path.join(directory, "ours" if plugin == "styx-server" else plugin)]
     log = open(os.path.join(directory, f"{plugin}.log"), "wb")
     server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
                            *extra, log=log)
@@ -426,10 +492,15 @@ def start_ours(directory, store, plugin="styx-server", *extra):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--targets", default="styx0,follow,http,lumberjack,pravega",
+    p.add_argument("--targets", default="styx0,follow,http,lumberjack,pravega,relink,reliable",
                    help="styx0, follow (a consumer on the styx/0 log), http, lumberjack "
                         "(batch->ack against our lumberjack-server), pravega (event->ack "
-                        "of our SegmentWriter against our pravega-server); all five")
+                        "of our SegmentWriter against our pravega-server), relink (message->"
+                        "consumed ack of our Connector against our relink-server's log "
+                        "endpoint), reliable (a stateful session of --reliable-count "
+                        "messages against our reliable-stream-server); all seven")
+    p.add_argument("--reliable-count", type=int, default=16,
+                   help="messages per reliable stateful session (16: one ack window)")
     p.add_argument("--batch", type=int, default=100,
                    help="events per Lumberjack batch (100)")
     p.add_argument("--size", type=int, default=100, help="bytes per record (100)")
@@ -472,7 +543,8 @@ def main(argv=None):
         servers.append(("ours, JetStream R3 (sync always)",
                         lambda: start_ours(directory, cluster.url + "?replicas=3")))
     else:
-        servers.append(("ours (twistd styx-, lumberjack- and pravega-server, file store)",
+        servers.append(("ours (twistd styx-, lumberjack-, pravega-, relink- and "
+                        "reliable-stream-server, file store; reliable: SQLite)",
                         lambda: start_ours(directory, None)))
     if args.go_server:
         def go():
@@ -484,12 +556,21 @@ def main(argv=None):
         for title, start in servers:
             server, port = start()
             others = []
-            args.lj_port = args.pravega_port = None
+            args.lj_port = args.pravega_port = args.relink_port = args.reliable_port = None
             ours = title.startswith("ours")
             store = cluster.url + "?replicas=3" if cluster else None
             if "lumberjack" in args.targets and ours:
                 lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
                 others.append(lj_server)
+            if "relink" in args.targets and ours:
+                relink_server, args.relink_port = start_ours(directory, store, "relink-server")
+                others.append(relink_server)
+            if "reliable" in args.targets and ours:
+                # sessions in SQLite (WAL, synchronous=FULL) or a JetStream bucket
+                reliable_server, args.reliable_port = start_ours(
+                    directory, None, "reliable-stream-server",
+                    *(["--store", cluster.url] if cluster else ["--store", "sqlite"]))
+                others.append(reliable_server)
             if "pravega" in args.targets and ours:
                 # no controller: the writer talks to the segment store alone
                 pravega_server, args.pravega_port = start_ours(
