@@ -29,8 +29,10 @@ from streamproto.core.ops import HealthResource
 from streamproto.core.statuspage import StatusHistory
 from streamproto.core.summary import summarise_families
 from streamproto.core.gcpolicy import FULL_EVERY
+from streamproto.core.gil import SWITCH_INTERVAL
 from streamproto.core.tap import ServerService
 from test.core.test_core_gcpolicy import RecordingGC
+from test.core.test_core_gil import FakeSys
 from test.support.ciutil import under_ci
 
 _BUILT = glob.glob(os.path.join(os.path.dirname(streamproto.__file__), "_speedups*.so"))
@@ -183,7 +185,8 @@ class StartupTests(_AcceleratorCase):
         application = service.Application("test")
         # not this test process's own collector (gcpolicy's tests cover it)
         self.gc = RecordingGC()
-        top = ServerService(gc=self.gc)
+        self.sys = FakeSys(0.005)
+        top = ServerService(gc=self.gc, sys_module=self.sys)
         top.setName("styx-server")
         top.log = Logger(observer=events.append)
         top.setServiceParent(application)   # as twistd does
@@ -214,6 +217,13 @@ class StartupTests(_AcceleratorCase):
         self.with_it()
         self.start()
         self.assertEqual(self.gc.calls[0], ("set_threshold", (700, 10, FULL_EVERY)))
+
+    def test_switch_interval_shortened(self):
+        """The process's server shortens the GIL's switch interval
+        (streamproto.core.gil): fsync results reach the reactor sooner."""
+        self.with_it()
+        self.start()
+        self.assertEqual(self.sys.interval, SWITCH_INTERVAL)
 
     def test_embedded_says_nothing(self):
         """Inside a program's own services: the program decides what to log."""
