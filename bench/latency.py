@@ -32,6 +32,11 @@ the data directory, each followed by C{fsync}: what one acknowledgement
 costs at the least on this disk.  The last column is each p99 over that
 fsync's p50.
 
+With C{--go-server}, the Go reference runs beside ours (both started
+first): for each Styx target and load, ours then the reference, at the
+same offered rate (the fraction of ours' maximum), so that the machine's
+other load hits both alike; each server's own maximum is printed too.
+
 The last column, send lag, is how late the client itself was at worst
 in sending a record after its planned time: latency it caused rather
 than the server (a late send still counts from the planned time).
@@ -253,8 +258,13 @@ def open_loop(reactor, send, payload, rate, seconds, acks, lag=None, send_many=N
     return done
 
 
-def run_styx(reactor, port, args, out):
-    """Every target and load against the server on C{port}: Deferred of rows."""
+def run_styx(reactor, styx_servers, args, out):
+    """
+    Every target and load: the Styx ones against each of C{styx_servers}
+    ((title, port): ours first, then the Go reference), alternated load by
+    load at the same offered rates (fractions of ours' maximum); the others
+    against ours.  @return: Deferred of rows, (server title, *row).
+    """
     from twisted.internet import defer
 
     from streamproto.styx.api_client import StyxClient
@@ -262,17 +272,17 @@ def run_styx(reactor, port, args, out):
 
     payload = b"x" * max(0, args.size - PLANNED.size)
     rows = []
-    api = StyxClient(f"http://127.0.0.1:{port}", reactor)
+    apis = {port: StyxClient(f"http://127.0.0.1:{port}", reactor) for _, port in styx_servers}
 
     @defer.inlineCallbacks
-    def fresh_log(tag):
+    def fresh_log(tag, port):
         name = f"lat-{tag}-{uuid.uuid4().hex[:8]}"
-        yield api.create_log(name)
+        yield apis[port].create_log(name)
         return name
 
     @defer.inlineCallbacks
-    def styx0(load):
-        name = yield fresh_log("styx0")
+    def styx0(load, port):
+        name = yield fresh_log("styx0", port)
         producer = yield StyxProducer.connect(reactor, "127.0.0.1", port, name)
         visible = histogram()
 
@@ -304,8 +314,8 @@ def run_styx(reactor, port, args, out):
                 consumer.close()
 
     @defer.inlineCallbacks
-    def http(load):
-        name = yield fresh_log("http")
+    def http(load, port):
+        name = yield fresh_log("http", port)
         client = HTTPPipeline(reactor, port, name, args.connections)
         yield client.ready
         try:
@@ -320,7 +330,7 @@ def run_styx(reactor, port, args, out):
             client.close()
 
     @defer.inlineCallbacks
-    def lumberjack(load):
+    def lumberjack(load, _port=None):
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
         from streamproto.lumberjack.client import LumberjackClient
@@ -341,7 +351,7 @@ def run_styx(reactor, port, args, out):
             yield client.close()
 
     @defer.inlineCallbacks
-    def pravega(load):
+    def pravega(load, _port=None):
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
         from streamproto.pravega.client import SegmentWriter, connect
@@ -362,7 +372,7 @@ def run_styx(reactor, port, args, out):
             yield writer.close()
 
     @defer.inlineCallbacks
-    def relink(load):
+    def relink(load, _port=None):
         from streamproto.core.tls import client_endpoint
         from streamproto.relink.api import Connector
         # the server's log endpoint: a message is acknowledged consumed once
@@ -386,7 +396,7 @@ def run_styx(reactor, port, args, out):
             yield connector.stop()
 
     @defer.inlineCallbacks
-    def reliable(load):
+    def reliable(load, _port=None):
         from streamproto.core.tls import client_endpoint
         from streamproto.reliable.client import StatefulClient
         endpoint = client_endpoint(reactor, "127.0.0.1", args.reliable_port, None)
@@ -415,21 +425,29 @@ def run_styx(reactor, port, args, out):
     if "reliable" in args.targets and args.reliable_port:
         targets.append((f"Reliable session({args.reliable_count})->last msg", reliable))
 
+    styx_targets = {styx0, http}
+
     @defer.inlineCallbacks
     def go():
         for label, run in targets:
-            maximum = yield run(None)
-            print(f"  {label}: maximum {maximum:,.0f} sends/s closed loop "
-                  f"({args.in_flight} records in flight)", file=out, flush=True)
+            servers = styx_servers if run in styx_targets else styx_servers[:1]
+            maxima = []
+            for title, port in servers:
+                maximum = yield run(None, port)
+                maxima.append(maximum)
+                print(f"  {title}: {label}: maximum {maximum:,.0f} sends/s closed loop "
+                      f"({args.in_flight} records in flight)", file=out, flush=True)
             for fraction in args.loads:
-                rate = maximum * fraction / 100.0
-                acks, visible, sent, lag = yield run(rate)
-                what = label if "->" in label else label + " produce->ack"
-                rows.append((what, fraction, rate, sent, acks, lag))
-                if visible is not None:
-                    rows.append(("styx/0 produce->visible", fraction, rate,
-                                 visible.get_total_count(), visible, lag))
-        api.close()
+                rate = maxima[0] * fraction / 100.0
+                for title, port in servers:
+                    acks, visible, sent, lag = yield run(rate, port)
+                    what = label if "->" in label else label + " produce->ack"
+                    rows.append((title, what, fraction, rate, sent, acks, lag))
+                    if visible is not None:
+                        rows.append((title, "styx/0 produce->visible", fraction, rate,
+                                     visible.get_total_count(), visible, lag))
+        for api in apis.values():
+            api.close()
         return rows
 
     return go()
@@ -440,7 +458,7 @@ def task_sleep(reactor, seconds):
     return task.deferLater(reactor, seconds, lambda: None)
 
 
-def measure(port, args, out):
+def measure(styx_servers, args, out):
     """Run L{run_styx} in a fresh reactor (a child process: one reactor per run)."""
     from twisted.internet import reactor
     result = {}
@@ -456,7 +474,7 @@ def measure(port, args, out):
     # the client's own full garbage collections stalled its sends (24 of
     # 75-90 ms in 30 s at 50% load): the servers' settings here too
     tune_for_server(reactor)
-    reactor.callWhenRunning(lambda: run_styx(reactor, port, args, out).addCallbacks(
+    reactor.callWhenRunning(lambda: run_styx(reactor, styx_servers, args, out).addCallbacks(
         finished, failed))
     reactor.run()
     if "error" in result:
@@ -516,10 +534,11 @@ def main(argv=None):
     p.add_argument("--data", help="directory for the stores (default: a temporary one)")
     p.add_argument("--store", choices=("file", "nats"), default="file",
                    help="file (default) or nats: a 3-node JetStream cluster, R3, "
-                        "sync_interval always (test/natsutil.py)")
+                        "sync_interval always (test/support/natsutil.py)")
     p.add_argument("--go-server", metavar="PATH",
                    help="the reference styx-server, built outside this repository: "
-                        "measured the same way, beside ours")
+                        "the Styx targets against it too, alternated with ours load by "
+                        "load at the same offered rates (fractions of ours' maximum)")
     args = p.parse_args(argv)
     args.targets = set(args.targets.split(","))
     args.loads = [float(x) for x in args.loads.split(",")]
@@ -535,76 +554,70 @@ def main(argv=None):
           flush=True)
 
     cluster = None
-    servers = []
+    started = []
+    store = None
     if args.store == "nats":
-        from test.natsutil import NatsCluster
+        from test.support.natsutil import NatsCluster
         cluster = NatsCluster(size=3, sync_interval="always")
         cluster.start()
-        servers.append(("ours, JetStream R3 (sync always)",
-                        lambda: start_ours(directory, cluster.url + "?replicas=3")))
+        store = cluster.url + "?replicas=3"
+        title = "ours, JetStream R3 (sync always)"
     else:
-        servers.append(("ours (twistd styx-, lumberjack-, pravega-, relink- and "
-                        "reliable-stream-server, file store; reliable: SQLite)",
-                        lambda: start_ours(directory, None)))
-    if args.go_server:
-        def go():
-            port = gorefs.free_port()
-            return gorefs.go_styx_server(args.go_server, port,
-                                         os.path.join(directory, "go")), port
-        servers.append(("the Go reference styx-server", go))
+        title = ("ours (twistd styx-, lumberjack-, pravega-, relink- and "
+                 "reliable-stream-server, file store; reliable: SQLite)")
     try:
-        for title, start in servers:
-            server, port = start()
-            others = []
-            args.lj_port = args.pravega_port = args.relink_port = args.reliable_port = None
-            ours = title.startswith("ours")
-            store = cluster.url + "?replicas=3" if cluster else None
-            if "lumberjack" in args.targets and ours:
-                lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
-                others.append(lj_server)
-            if "relink" in args.targets and ours:
-                relink_server, args.relink_port = start_ours(directory, store, "relink-server")
-                others.append(relink_server)
-            if "reliable" in args.targets and ours:
-                # sessions in SQLite (WAL, synchronous=FULL) or a JetStream bucket
-                reliable_server, args.reliable_port = start_ours(
-                    directory, None, "reliable-stream-server",
-                    *(["--store", cluster.url] if cluster else ["--store", "sqlite"]))
-                others.append(reliable_server)
-            if "pravega" in args.targets and ours:
-                # no controller: the writer talks to the segment store alone
-                pravega_server, args.pravega_port = start_ours(
-                    directory, store, "pravega-server", "--controller", "none")
-                others.append(pravega_server)
+        server, port = start_ours(directory, store)
+        started.append(server)
+        styx_servers = [(title, port)]
+        if args.go_server:
+            go_port = gorefs.free_port()
+            started.append(gorefs.go_styx_server(args.go_server, go_port,
+                                                 os.path.join(directory, "go")))
+            styx_servers.append(("the Go reference styx-server (file store)", go_port))
+        args.lj_port = args.pravega_port = args.relink_port = args.reliable_port = None
+        if "lumberjack" in args.targets:
+            lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
+            started.append(lj_server)
+        if "relink" in args.targets:
+            relink_server, args.relink_port = start_ours(directory, store, "relink-server")
+            started.append(relink_server)
+        if "reliable" in args.targets:
+            # sessions in SQLite (WAL, synchronous=FULL) or a JetStream bucket
+            reliable_server, args.reliable_port = start_ours(
+                directory, None, "reliable-stream-server",
+                "--store", store if store else "sqlite")
+            started.append(reliable_server)
+        if "pravega" in args.targets:
+            # no controller: the writer talks to the segment store alone
+            pravega_server, args.pravega_port = start_ours(
+                directory, store, "pravega-server", "--controller", "none")
+            started.append(pravega_server)
+        child_out = os.path.join(directory, "rows")
+        pid = os.fork()
+        if pid == 0:        # the client in a fresh process, with its own reactor
+            status = 1
             try:
-                print(f"{title}:", file=out, flush=True)
-                child_out = os.path.join(directory, "rows")
-                pid = os.fork()
-                if pid == 0:        # the client in a fresh process, with its own reactor
-                    status = 1
-                    try:
-                        rows = measure(port, args, out)
-                        with open(child_out, "wb") as f:
-                            import pickle
-                            pickle.dump([(w, fr, r, c, h.encode(), lag)
-                                         for w, fr, r, c, h, lag in rows], f)
-                        status = 0
-                    finally:
-                        os._exit(status)
-                _, status = os.waitpid(pid, 0)
-                if status != 0:
-                    print("  the client failed", file=out)
-                    continue
-                import pickle
-                with open(child_out, "rb") as f:
-                    rows = [(w, fr, r, c, HdrHistogram.decode(h), lag)
-                            for w, fr, r, c, h, lag in pickle.load(f)]
-                print_rows(title, rows, f50, out)
+                rows = measure(styx_servers, args, out)
+                with open(child_out, "wb") as f:
+                    import pickle
+                    pickle.dump([(t, w, fr, r, c, h.encode(), lag)
+                                 for t, w, fr, r, c, h, lag in rows], f)
+                status = 0
             finally:
-                gorefs.stop(server)
-                for other in others:
-                    gorefs.stop(other)
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            print("  the client failed", file=out)
+            return 1
+        import pickle
+        with open(child_out, "rb") as f:
+            rows = [(t, w, fr, r, c, HdrHistogram.decode(h), lag)
+                    for t, w, fr, r, c, h, lag in pickle.load(f)]
+        for title, _ in styx_servers:
+            print_rows(title, [row[1:] for row in rows if row[0] == title], f50, out)
     finally:
+        for server in started:
+            gorefs.stop(server)
         if cluster is not None:
             cluster.stop()
         if not args.data:
