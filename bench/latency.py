@@ -1,11 +1,14 @@
 """
 Latency under a fixed offered load: Styx produce->ack over styx/0 and over
-HTTP, produce->visible to a following consumer, Lumberjack batch->ack and
-Pravega event->ack (our writer), against real C{twistd styx-server},
-C{lumberjack-server} and C{pravega-server} processes on the file store (or JetStream R3 with C{--store
-nats}), next to the latency of one fsync on the same disk.
+HTTP, produce->visible to a following consumer, Lumberjack batch->ack,
+Pravega event->ack (our writer), Relink message->ack (our connector, the
+server's log endpoint) and reliable stateful sessions, against real
+C{twistd styx-server}, C{lumberjack-server}, C{pravega-server},
+C{relink-server} and C{reliable-stream-server} processes on the file
+store (or JetStream R3 with C{--store nats}), next to the latency of one
+fsync on the same disk.
 
-    python bench/latency.py                       # styx/0, HTTP; 10%, 50%, 80% of max
+    python bench/latency.py                       # every mode; 10%, 50%, 80% of max
     python bench/latency.py --seconds 20 --size 1000
     python bench/latency.py --store nats          # a 3-node JetStream cluster, R3, sync always
     python bench/latency.py --go-server /path/to/styx-server   # the reference, beside ours
