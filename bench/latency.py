@@ -1,11 +1,14 @@
 """
 Latency under a fixed offered load: Styx produce->ack over styx/0 and over
-HTTP, produce->visible to a following consumer, Lumberjack batch->ack and
-Pravega event->ack (our writer), against real C{twistd styx-server},
-C{lumberjack-server} and C{pravega-server} processes on the file store (or JetStream R3 with C{--store
-nats}), next to the latency of one fsync on the same disk.
+HTTP, produce->visible to a following consumer, Lumberjack batch->ack,
+Pravega event->ack (our writer), Relink message->ack (our connector, the
+server's log endpoint) and reliable stateful sessions, against real
+C{twistd styx-server}, C{lumberjack-server}, C{pravega-server},
+C{relink-server} and C{reliable-stream-server} processes on the file
+store (or JetStream R3 with C{--store nats}), next to the latency of one
+fsync on the same disk.
 
-    python bench/latency.py                       # styx/0, HTTP; 10%, 50%, 80% of max
+    python bench/latency.py                       # every mode; 10%, 50%, 80% of max
     python bench/latency.py --seconds 20 --size 1000
     python bench/latency.py --store nats          # a 3-node JetStream cluster, R3, sync always
     python bench/latency.py --go-server /path/to/styx-server   # the reference, beside ours
@@ -32,6 +35,11 @@ the data directory, each followed by C{fsync}: what one acknowledgement
 costs at the least on this disk.  The last column is each p99 over that
 fsync's p50.
 
+With C{--go-server}, the Go reference runs beside ours (both started
+first): for each Styx target and load, ours then the reference, at the
+same offered rate (the fraction of ours' maximum), so that the machine's
+other load hits both alike; each server's own maximum is printed too.
+
 The last column, send lag, is how late the client itself was at worst
 in sending a record after its planned time: latency it caused rather
 than the server (a late send still counts from the planned time).
@@ -57,6 +65,7 @@ measured()   # which streamproto and path this measures (bench/benchenv.py)
 from hdrh.histogram import HdrHistogram  # noqa: E402
 
 from bench import gorefs  # noqa: E402
+from streamproto.core.gcpolicy import tune_for_server  # noqa: E402
 
 #: microseconds, from 1 us to 60 s, 3 significant digits
 HIST_RANGE = (1, 60_000_000, 3)
@@ -201,11 +210,14 @@ def closed_loop(reactor, send, payload, seconds, in_flight):
     return done
 
 
-def open_loop(reactor, send, payload, rate, seconds, acks, lag=None):
+def open_loop(reactor, send, payload, rate, seconds, acks, lag=None, send_many=None):
     """
     Send at C{rate} records/s for C{seconds}, each at its planned time (see
     the module docstring), recording each ack's latency from that time in
-    C{acks}.  @return: Deferred firing with (sent, worst send lag in s).
+    C{acks}.  With C{send_many} (records -> Deferred of their ack), the
+    records due at one timer tick go in one call, as a batching producer
+    sends what it was given meanwhile; each still counts from its own
+    planned time.  @return: Deferred firing with (sent, worst send lag in s).
     """
     from twisted.internet import defer
     done = defer.Deferred()
@@ -214,21 +226,34 @@ def open_loop(reactor, send, payload, rate, seconds, acks, lag=None):
     state = {"i": 0, "acked": 0, "lag": 0.0}
 
     def acked(_, planned):
-        acks.record_value(max(1, int((time.monotonic() - planned) * 1e6)))
-        state["acked"] += 1
+        now = time.monotonic()
+        for p in planned:
+            acks.record_value(max(1, int((now - p) * 1e6)))
+        state["acked"] += len(planned)
         if state["acked"] == total:
             done.callback((total, state["lag"]))
 
+    def failed(f):
+        if not done.called:
+            done.errback(f)
+
     def tick():
         now = time.monotonic()
+        due = []
         while state["i"] < total:
             planned = start + state["i"] / rate
             if planned > now:
                 break
             state["lag"] = max(state["lag"], now - planned)
             state["i"] += 1
-            send(PLANNED.pack(planned) + payload).addCallback(
-                acked, planned).addErrback(lambda f: done.called or done.errback(f))
+            if send_many is None:
+                send(PLANNED.pack(planned) + payload).addCallback(
+                    acked, (planned,)).addErrback(failed)
+            else:
+                due.append(planned)
+        if due:
+            send_many([PLANNED.pack(p) + payload for p in due]).addCallback(
+                acked, due).addErrback(failed)
         if state["i"] < total:
             reactor.callLater(max(0.0, start + state["i"] / rate - time.monotonic()), tick)
 
@@ -236,8 +261,13 @@ def open_loop(reactor, send, payload, rate, seconds, acks, lag=None):
     return done
 
 
-def run_styx(reactor, port, args, out):
-    """Every target and load against the server on C{port}: Deferred of rows."""
+def run_styx(reactor, styx_servers, args, out):
+    """
+    Every target and load: the Styx ones against each of C{styx_servers}
+    ((title, port): ours first, then the Go reference), alternated load by
+    load at the same offered rates (fractions of ours' maximum); the others
+    against ours.  @return: Deferred of rows, (server title, *row).
+    """
     from twisted.internet import defer
 
     from streamproto.styx.api_client import StyxClient
@@ -245,17 +275,17 @@ def run_styx(reactor, port, args, out):
 
     payload = b"x" * max(0, args.size - PLANNED.size)
     rows = []
-    api = StyxClient(f"http://127.0.0.1:{port}", reactor)
+    apis = {port: StyxClient(f"http://127.0.0.1:{port}", reactor) for _, port in styx_servers}
 
     @defer.inlineCallbacks
-    def fresh_log(tag):
+    def fresh_log(tag, port):
         name = f"lat-{tag}-{uuid.uuid4().hex[:8]}"
-        yield api.create_log(name)
+        yield apis[port].create_log(name)
         return name
 
     @defer.inlineCallbacks
-    def styx0(load):
-        name = yield fresh_log("styx0")
+    def styx0(load, port):
+        name = yield fresh_log("styx0", port)
         producer = yield StyxProducer.connect(reactor, "127.0.0.1", port, name)
         visible = histogram()
 
@@ -275,7 +305,7 @@ def run_styx(reactor, port, args, out):
                                           args.max_seconds, args.in_flight))
             acks = histogram()
             sent, lag = yield open_loop(reactor, producer.write, payload, load,
-                                        args.seconds, acks)
+                                        args.seconds, acks, send_many=producer.writeMany)
             deadline = time.monotonic() + 10
             while consumer is not None and visible.get_total_count() < sent and \
                     time.monotonic() < deadline:
@@ -287,8 +317,8 @@ def run_styx(reactor, port, args, out):
                 consumer.close()
 
     @defer.inlineCallbacks
-    def http(load):
-        name = yield fresh_log("http")
+    def http(load, port):
+        name = yield fresh_log("http", port)
         client = HTTPPipeline(reactor, port, name, args.connections)
         yield client.ready
         try:
@@ -303,7 +333,7 @@ def run_styx(reactor, port, args, out):
             client.close()
 
     @defer.inlineCallbacks
-    def lumberjack(load):
+    def lumberjack(load, _port=None):
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
         from streamproto.lumberjack.client import LumberjackClient
@@ -324,7 +354,7 @@ def run_styx(reactor, port, args, out):
             yield client.close()
 
     @defer.inlineCallbacks
-    def pravega(load):
+    def pravega(load, _port=None):
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
         from streamproto.pravega.client import SegmentWriter, connect
@@ -344,6 +374,47 @@ def run_styx(reactor, port, args, out):
         finally:
             yield writer.close()
 
+    @defer.inlineCallbacks
+    def relink(load, _port=None):
+        from streamproto.core.tls import client_endpoint
+        from streamproto.relink.api import Connector
+        # the server's log endpoint: a message is acknowledged consumed once
+        # its append is durable (doc/relink.rst); its default 4-byte ids
+        connector = Connector(client_endpoint(reactor, "127.0.0.1", args.relink_port, None),
+                              "log", connector_id_size=4, listener_id_size=4)
+        connector.start()
+        link = yield connector.when_linked()
+        channel = link.channel(1 + int(uuid.uuid4().int % 1000))
+
+        def send(message):
+            return channel.send([message])
+        try:
+            if load is None:
+                return (yield closed_loop(reactor, send, payload, args.max_seconds,
+                                          args.in_flight))
+            acks = histogram()
+            sent, lag = yield open_loop(reactor, send, payload, load, args.seconds, acks)
+            return acks, None, sent, lag
+        finally:
+            yield connector.stop()
+
+    @defer.inlineCallbacks
+    def reliable(load, _port=None):
+        from streamproto.core.tls import client_endpoint
+        from streamproto.reliable.client import StatefulClient
+        endpoint = client_endpoint(reactor, "127.0.0.1", args.reliable_port, None)
+
+        # one stateful session a send: connect, open, its messages (each
+        # stored durably before it is sent), the final CRC checked
+        def send(_record):
+            return StatefulClient(endpoint, args.reliable_count).run()
+        if load is None:
+            return (yield closed_loop(reactor, send, payload, args.max_seconds,
+                                      max(1, args.in_flight // 8)))
+        acks = histogram()
+        sent, lag = yield open_loop(reactor, send, payload, load, args.seconds, acks)
+        return acks, None, sent, lag
+
     targets = [("styx/0", styx0)] if "styx0" in args.targets or "follow" in args.targets \
         else []
     if "http" in args.targets:
@@ -352,22 +423,34 @@ def run_styx(reactor, port, args, out):
         targets.append(("Pravega event->ack", pravega))
     if "lumberjack" in args.targets and args.lj_port:
         targets.append((f"Lumberjack batch({args.batch})->ack", lumberjack))
+    if "relink" in args.targets and args.relink_port:
+        targets.append(("Relink message->ack", relink))
+    if "reliable" in args.targets and args.reliable_port:
+        targets.append((f"Reliable session({args.reliable_count})->last msg", reliable))
+
+    styx_targets = {styx0, http}
 
     @defer.inlineCallbacks
     def go():
         for label, run in targets:
-            maximum = yield run(None)
-            print(f"  {label}: maximum {maximum:,.0f} sends/s closed loop "
-                  f"({args.in_flight} records in flight)", file=out, flush=True)
+            servers = styx_servers if run in styx_targets else styx_servers[:1]
+            maxima = []
+            for title, port in servers:
+                maximum = yield run(None, port)
+                maxima.append(maximum)
+                print(f"  {title}: {label}: maximum {maximum:,.0f} sends/s closed loop "
+                      f"({args.in_flight} records in flight)", file=out, flush=True)
             for fraction in args.loads:
-                rate = maximum * fraction / 100.0
-                acks, visible, sent, lag = yield run(rate)
-                what = label if label.endswith("->ack") else label + " produce->ack"
-                rows.append((what, fraction, rate, sent, acks, lag))
-                if visible is not None:
-                    rows.append(("styx/0 produce->visible", fraction, rate,
-                                 visible.get_total_count(), visible, lag))
-        api.close()
+                rate = maxima[0] * fraction / 100.0
+                for title, port in servers:
+                    acks, visible, sent, lag = yield run(rate, port)
+                    what = label if "->" in label else label + " produce->ack"
+                    rows.append((title, what, fraction, rate, sent, acks, lag))
+                    if visible is not None:
+                        rows.append((title, "styx/0 produce->visible", fraction, rate,
+                                     visible.get_total_count(), visible, lag))
+        for api in apis.values():
+            api.close()
         return rows
 
     return go()
@@ -396,6 +479,9 @@ def run_reactor(start):
         result["error"] = f
         reactor.stop()
 
+    # the client's own full garbage collections stalled its sends (24 of
+    # 75-90 ms in 30 s at 50% load): the servers' settings here too
+    tune_for_server(reactor)
     reactor.callWhenRunning(lambda: start(reactor).addCallbacks(finished, failed))
     reactor.run()
     if "error" in result:
@@ -403,21 +489,21 @@ def run_reactor(start):
     return result["value"]
 
 
-def measure(port, args, out):
+def measure(styx_servers, args, out):
     """Run L{run_styx} in a fresh reactor (a child process: one reactor per run)."""
-    return run_reactor(lambda reactor: run_styx(reactor, port, args, out))
+    return run_reactor(lambda reactor: run_styx(reactor, styx_servers, args, out))
 
 
 def print_rows(title, rows, fsync_p50_ms, out):
     print(f"\n{title}", file=out)
-    header = (f"{'what':<28} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
+    header = (f"{'what':<34} {'load':>5} {'rate/s':>9} {'records':>8} | {'p50 ms':>8} "
               f"{'p99 ms':>8} {'p99.9 ms':>9} {'max ms':>8} | {'p99/fsync':>9} "
               f"{'send lag ms':>11}")
     print(header, file=out)
     print("-" * len(header), file=out)
     for what, fraction, rate, count, h, lag in rows:
         p50, p99, p999, worst = summary(h)
-        print(f"{what:<28} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
+        print(f"{what:<34} {fraction:>4.0f}% {rate:>9,.0f} {count:>8,} | {p50:>8.2f} "
               f"{p99:>8.2f} {p999:>9.2f} {worst:>8.2f} | {p99 / fsync_p50_ms:>9.1f} "
               f"{lag * 1000:>11.1f}", file=out)
     out.flush()
@@ -430,7 +516,8 @@ def start_ours(directory, store, plugin="styx-server", *extra):
     in C{directory/PLUGIN.log}; @return: C{(process, port)} once it listens.
     """
     port = gorefs.free_port()
-    storage = ["--store", store] if store else ["--data", os.path.join(directory, "ours")]
+    storage = ["--store", store] if store else [
+        "--data", os.path.join(directory, "ours" if plugin == "styx-server" else plugin)]
     log = open(os.path.join(directory, f"{plugin}.log"), "wb")
     server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
                            *extra, log=log)
@@ -440,10 +527,15 @@ def start_ours(directory, store, plugin="styx-server", *extra):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--targets", default="styx0,follow,http,lumberjack,pravega",
+    p.add_argument("--targets", default="styx0,follow,http,lumberjack,pravega,relink,reliable",
                    help="styx0, follow (a consumer on the styx/0 log), http, lumberjack "
                         "(batch->ack against our lumberjack-server), pravega (event->ack "
-                        "of our SegmentWriter against our pravega-server); all five")
+                        "of our SegmentWriter against our pravega-server), relink (message->"
+                        "consumed ack of our Connector against our relink-server's log "
+                        "endpoint), reliable (a stateful session of --reliable-count "
+                        "messages against our reliable-stream-server); all seven")
+    p.add_argument("--reliable-count", type=int, default=16,
+                   help="messages per reliable stateful session (16: one ack window)")
     p.add_argument("--batch", type=int, default=100,
                    help="events per Lumberjack batch (100)")
     p.add_argument("--size", type=int, default=100, help="bytes per record (100)")
@@ -459,10 +551,11 @@ def main(argv=None):
     p.add_argument("--data", help="directory for the stores (default: a temporary one)")
     p.add_argument("--store", choices=("file", "nats"), default="file",
                    help="file (default) or nats: a 3-node JetStream cluster, R3, "
-                        "sync_interval always (test/natsutil.py)")
+                        "sync_interval always (test/support/natsutil.py)")
     p.add_argument("--go-server", metavar="PATH",
                    help="the reference styx-server, built outside this repository: "
-                        "measured the same way, beside ours")
+                        "the Styx targets against it too, alternated with ours load by "
+                        "load at the same offered rates (fractions of ours' maximum)")
     args = p.parse_args(argv)
     args.targets = set(args.targets.split(","))
     args.loads = [float(x) for x in args.loads.split(",")]
@@ -478,66 +571,70 @@ def main(argv=None):
           flush=True)
 
     cluster = None
-    servers = []
+    started = []
+    store = None
     if args.store == "nats":
-        from test.natsutil import NatsCluster
+        from test.support.natsutil import NatsCluster
         cluster = NatsCluster(size=3, sync_interval="always")
         cluster.start()
-        servers.append(("ours, JetStream R3 (sync always)",
-                        lambda: start_ours(directory, cluster.url + "?replicas=3")))
+        store = cluster.url + "?replicas=3"
+        title = "ours, JetStream R3 (sync always)"
     else:
-        servers.append(("ours (twistd styx-, lumberjack- and pravega-server, file store)",
-                        lambda: start_ours(directory, None)))
-    if args.go_server:
-        def go():
-            port = gorefs.free_port()
-            return gorefs.go_styx_server(args.go_server, port,
-                                         os.path.join(directory, "go")), port
-        servers.append(("the Go reference styx-server", go))
+        title = ("ours (twistd styx-, lumberjack-, pravega-, relink- and "
+                 "reliable-stream-server, file store; reliable: SQLite)")
     try:
-        for title, start in servers:
-            server, port = start()
-            others = []
-            args.lj_port = args.pravega_port = None
-            ours = title.startswith("ours")
-            store = cluster.url + "?replicas=3" if cluster else None
-            if "lumberjack" in args.targets and ours:
-                lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
-                others.append(lj_server)
-            if "pravega" in args.targets and ours:
-                # no controller: the writer talks to the segment store alone
-                pravega_server, args.pravega_port = start_ours(
-                    directory, store, "pravega-server", "--controller", "none")
-                others.append(pravega_server)
+        server, port = start_ours(directory, store)
+        started.append(server)
+        styx_servers = [(title, port)]
+        if args.go_server:
+            go_port = gorefs.free_port()
+            started.append(gorefs.go_styx_server(args.go_server, go_port,
+                                                 os.path.join(directory, "go")))
+            styx_servers.append(("the Go reference styx-server (file store)", go_port))
+        args.lj_port = args.pravega_port = args.relink_port = args.reliable_port = None
+        if "lumberjack" in args.targets:
+            lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")
+            started.append(lj_server)
+        if "relink" in args.targets:
+            relink_server, args.relink_port = start_ours(directory, store, "relink-server")
+            started.append(relink_server)
+        if "reliable" in args.targets:
+            # sessions in SQLite (WAL, synchronous=FULL) or a JetStream bucket
+            reliable_server, args.reliable_port = start_ours(
+                directory, None, "reliable-stream-server",
+                "--store", store if store else "sqlite")
+            started.append(reliable_server)
+        if "pravega" in args.targets:
+            # no controller: the writer talks to the segment store alone
+            pravega_server, args.pravega_port = start_ours(
+                directory, store, "pravega-server", "--controller", "none")
+            started.append(pravega_server)
+        child_out = os.path.join(directory, "rows")
+        pid = os.fork()
+        if pid == 0:        # the client in a fresh process, with its own reactor
+            status = 1
             try:
-                print(f"{title}:", file=out, flush=True)
-                child_out = os.path.join(directory, "rows")
-                pid = os.fork()
-                if pid == 0:        # the client in a fresh process, with its own reactor
-                    status = 1
-                    try:
-                        rows = measure(port, args, out)
-                        with open(child_out, "wb") as f:
-                            import pickle
-                            pickle.dump([(w, fr, r, c, h.encode(), lag)
-                                         for w, fr, r, c, h, lag in rows], f)
-                        status = 0
-                    finally:
-                        os._exit(status)
-                _, status = os.waitpid(pid, 0)
-                if status != 0:
-                    print("  the client failed", file=out)
-                    continue
-                import pickle
-                with open(child_out, "rb") as f:
-                    rows = [(w, fr, r, c, HdrHistogram.decode(h), lag)
-                            for w, fr, r, c, h, lag in pickle.load(f)]
-                print_rows(title, rows, f50, out)
+                rows = measure(styx_servers, args, out)
+                with open(child_out, "wb") as f:
+                    import pickle
+                    pickle.dump([(t, w, fr, r, c, h.encode(), lag)
+                                 for t, w, fr, r, c, h, lag in rows], f)
+                status = 0
             finally:
-                gorefs.stop(server)
-                for other in others:
-                    gorefs.stop(other)
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        if status != 0:
+            print("  the client failed", file=out)
+            return 1
+        import pickle
+        with open(child_out, "rb") as f:
+            rows = [(t, w, fr, r, c, HdrHistogram.decode(h), lag)
+                    for t, w, fr, r, c, h, lag in pickle.load(f)]
+        for title, _ in styx_servers:
+            print_rows(title, [row[1:] for row in rows if row[0] == title], f50, out)
     finally:
+        for server in started:
+            gorefs.stop(server)
         if cluster is not None:
             cluster.stop()
         if not args.data:

@@ -26,7 +26,9 @@ protocol owns instead::
 import math
 from collections.abc import Callable
 
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
+
+from streamproto.core.sweeper import Sweeper, shared_sweeper
 
 __all__ = ["IdleTimeout", "timeout_seconds"]
 
@@ -66,24 +68,26 @@ class IdleTimeout:
     """
 
     def __init__(self, clock: IReactorTime, seconds: float | None,
-                 expired: Callable[[], object]) -> None:
+                 expired: Callable[[], object], sweeper: Sweeper | None = None) -> None:
         """
         @param clock: an L{twisted.internet.interfaces.IReactorTime}.
         @param seconds: the timeout; None, 0 or infinity turn it off.
         @param expired: called with no arguments when it expires.
+        @param sweeper: the L{Sweeper} holding the countdown (default: the
+            clock's shared one: one reactor call for every connection's
+            timeout, and activity only stores a time).
         @raise ValueError: for a negative or NaN C{seconds}.
         """
         self.seconds = timeout_seconds(seconds)
-        self._clock = clock
         self._expired = expired
-        self._call: IDelayedCall | None = None
+        self._deadline = (sweeper or shared_sweeper(clock)).deadline(self._expire)
         self._paused = False
         self._cancelled = False
 
     @property
     def running(self) -> bool:
         """Whether the countdown is on (started, not paused, expired or cancelled)."""
-        return self._call is not None and self._call.active()
+        return self._deadline.active
 
     def start(self) -> None:
         """
@@ -92,10 +96,7 @@ class IdleTimeout:
         """
         if self.seconds is None or self._paused or self._cancelled:
             return
-        if self._call is not None and self._call.active():  # running
-            self._call.reset(self.seconds)
-        else:
-            self._call = self._clock.callLater(self.seconds, self._expire)
+        self._deadline.arm(self.seconds)
 
     def reset(self) -> None:
         """
@@ -103,15 +104,15 @@ class IdleTimeout:
         otherwise (off, not started, paused, expired, cancelled), so that
         input arriving after the timeout decided to close does not revive it.
         """
-        call = self._call
-        # a call exists only while seconds is set (see start)
-        if call is not None and call.active() and self.seconds is not None:
-            call.reset(self.seconds)
+        # armed only while seconds is set (see start); called for every
+        # message received, so it only moves a time (see Sweeper)
+        if self._deadline.active and self.seconds is not None:
+            self._deadline.arm(self.seconds)
 
     def pause(self) -> None:
         """Stop counting (until L{resume})."""
         self._paused = True
-        self._stop()
+        self._deadline.cancel()
 
     def resume(self) -> None:
         """Count again, a full period from now (nothing if not paused)."""
@@ -122,13 +123,7 @@ class IdleTimeout:
     def cancel(self) -> None:
         """Stop for good: L{start}, L{resume} and L{reset} do nothing after."""
         self._cancelled = True
-        self._stop()
-
-    def _stop(self) -> None:
-        call, self._call = self._call, None
-        if call is not None and call.active():
-            call.cancel()
+        self._deadline.cancel()
 
     def _expire(self) -> None:
-        self._call = None
         self._expired()

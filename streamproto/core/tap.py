@@ -290,12 +290,18 @@ class ServerService(service.MultiService):
     log = Logger()
 
     def __init__(self, shutdown_timeout: float = 3.0, log_format: str = "text",
-                 clock: Any = None) -> None:
+                 clock: Any = None, gc: Any = None, sys_module: Any = None) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # untyped in Twisted
         self.shutdown_timeout = shutdown_timeout
         self.log_format = log_format
         self.trackers: list[TrackingFactory] = []
         self.clock = clock
+        #: the garbage collector tuned when this is the process's server
+        #: (streamproto.core.gcpolicy): the C{gc} module unless a test's
+        self._gc = gc
+        #: the interpreter whose switch interval is shortened then
+        #: (streamproto.core.gil): this one unless a test's
+        self._sys = sys_module or sys
         self.start_failure: Exception | None = None
         self._top = False
         #: (soft RLIMIT_NOFILE before, after raising it), when this is the process's server
@@ -312,6 +318,14 @@ class ServerService(service.MultiService):
             # one descriptor per connection: do not stop at the soft 1024
             from streamproto.core.fdlimit import raise_open_files_limit
             self.open_files_limit = raise_open_files_limit()
+            # full collections' pauses were every request's p99
+            import gc as gc_module
+
+            from streamproto.core.gcpolicy import tune_for_server
+            tune_for_server(default_reactor(self.clock), self._gc or gc_module)
+            # the fsync thread's results reach the reactor sooner
+            from streamproto.core.gil import shorten_switch_interval
+            shorten_switch_interval(self._sys)
         if self.log_format == "json" and self._top:
             # twistd asks the application for its observer before logging starts
             from streamproto.core.ops import json_log_observer

@@ -28,6 +28,7 @@ from streamproto.core.clock import default_reactor
 from streamproto.core.errors import log_failure
 from streamproto.core.machine import ignore
 from streamproto.core.idle import IdleTimeout
+from streamproto.core.sweeper import shared_sweeper
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.compat import set_read_size
 from streamproto.core.ops import IOutputCounter
@@ -140,7 +141,9 @@ class _StyxStream(Protocol):
         #: closes with TIMEOUT; paused while we are not reading (the peer
         #: cannot be blamed for that silence)
         self._idle = IdleTimeout(self._clock, self.timeout, self._timed_out)
-        self._heartbeat_call = None
+        #: on the clock's shared sweeper, like the idle timeout: not one
+        #: reactor call per connection (streamproto.core.sweeper)
+        self._heartbeat = shared_sweeper(self._clock).deadline(self._check_heartbeat)
         self._abort_call = None
         #: fires (with None) once the connection is gone
         self.closed = Deferred()
@@ -312,8 +315,7 @@ class _StyxStream(Protocol):
         self._count_stream(1)
         self._last_sent = self._clock.seconds()
         self._idle.start()
-        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval,
-                                                     self._check_heartbeat)
+        self._heartbeat.arm(self.heartbeat_interval)
 
     def early_data_received(self, data):
         """Bytes the client sent before the 101 was complete."""
@@ -394,22 +396,19 @@ class _StyxStream(Protocol):
         self.finish(ErrorCode.TIMEOUT)
 
     def _check_heartbeat(self):
-        self._heartbeat_call = None
         now = self._clock.seconds()
         elapsed = now - self._last_sent
         if elapsed >= self.heartbeat_interval:
             self._write(HEARTBEAT_BYTES)
             elapsed = 0
-        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval - elapsed,
-                                                     self._check_heartbeat)
+        self._heartbeat.arm(self.heartbeat_interval - elapsed)
 
     def _stop_timers(self):
         self._idle.cancel()
-        for name in ("_heartbeat_call", "_abort_call"):
-            call = getattr(self, name)
-            if call is not None and call.active():
-                call.cancel()
-            setattr(self, name, None)
+        self._heartbeat.cancel()
+        call, self._abort_call = self._abort_call, None
+        if call is not None and call.active():
+            call.cancel()
 
     def _pause_reading(self):
         if not self._reading_paused:

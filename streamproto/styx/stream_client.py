@@ -38,6 +38,7 @@ from twisted.logger import Logger
 
 from streamproto.core.clock import default_reactor
 from streamproto.core.observer import Observers
+from streamproto.core.sweeper import shared_sweeper
 from streamproto.core.tls import client_endpoint, client_tls_options
 from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
@@ -133,7 +134,11 @@ class _StyxClientProtocol(Protocol):
         self.ready = Deferred()
         self.heartbeat_interval = None
         self._last_received = self._last_sent = 0.0
-        self._idle_call = self._heartbeat_call = None
+        # on the clock's shared sweeper: one reactor call for every
+        # connection of a client holding many (streamproto.core.sweeper)
+        sweeper = shared_sweeper(clock)
+        self._idle_call = sweeper.deadline(self._check_idle)
+        self._heartbeat_call = sweeper.deadline(self._check_heartbeat)
         self._failure = None
 
     def connectionMade(self):
@@ -195,9 +200,8 @@ class _StyxClientProtocol(Protocol):
         self.heartbeat_interval = max(1.0, min(remote, self.timeout) / 2.0)
         now = self._clock.seconds()
         self._last_received = self._last_sent = now
-        self._idle_call = self._clock.callLater(self.timeout, self._check_idle)
-        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval,
-                                                     self._check_heartbeat)
+        self._idle_call.arm(self.timeout)
+        self._heartbeat_call.arm(self.heartbeat_interval)
         leftover = bytes(self._response)
         self._response = bytearray()   # not used after the upgrade
         ready, self.ready = self.ready, None
@@ -235,7 +239,6 @@ class _StyxClientProtocol(Protocol):
             self.transport.loseConnection()
 
     def _check_idle(self):
-        self._idle_call = None
         now = self._clock.seconds()
         if self.reading_paused:
             # we are not reading: the server's silence is ours
@@ -245,22 +248,18 @@ class _StyxClientProtocol(Protocol):
             self.abort(ErrorCode.TIMEOUT, StyxStreamError(
                 ErrorCode.TIMEOUT, f"no message from the server for {self.timeout} s"))
             return
-        self._idle_call = self._clock.callLater(self.timeout - elapsed, self._check_idle)
+        self._idle_call.arm(self.timeout - elapsed)
 
     def _check_heartbeat(self):
-        self._heartbeat_call = None
         elapsed = self._clock.seconds() - self._last_sent
         if elapsed >= self.heartbeat_interval:
             self.write(HEARTBEAT_BYTES)
             elapsed = 0
-        self._heartbeat_call = self._clock.callLater(self.heartbeat_interval - elapsed,
-                                                     self._check_heartbeat)
+        self._heartbeat_call.arm(self.heartbeat_interval - elapsed)
 
     def connectionLost(self, reason=None):
-        for call in (self._idle_call, self._heartbeat_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._idle_call = self._heartbeat_call = None
+        self._idle_call.cancel()
+        self._heartbeat_call.cancel()
         if self.ready is not None:
             ready, self.ready = self.ready, None
             ready.errback(self._failure or StyxConnectionLost(

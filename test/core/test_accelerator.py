@@ -28,7 +28,11 @@ from streamproto.core import metrics  # noqa: F401 - registers streamproto_accel
 from streamproto.core.ops import HealthResource
 from streamproto.core.statuspage import StatusHistory
 from streamproto.core.summary import summarise_families
+from streamproto.core.gcpolicy import FULL_EVERY
+from streamproto.core.gil import SWITCH_INTERVAL
 from streamproto.core.tap import ServerService
+from test.core.test_core_gcpolicy import RecordingGC
+from test.core.test_core_gil import FakeSys
 from test.support.ciutil import under_ci
 
 _BUILT = glob.glob(os.path.join(os.path.dirname(streamproto.__file__), "_speedups*.so"))
@@ -179,7 +183,10 @@ class StartupTests(_AcceleratorCase):
     def start(self):
         events = []
         application = service.Application("test")
-        top = ServerService()
+        # not this test process's own collector (gcpolicy's tests cover it)
+        self.gc = RecordingGC()
+        self.sys = FakeSys(0.005)
+        top = ServerService(gc=self.gc, sys_module=self.sys)
         top.setName("styx-server")
         top.log = Logger(observer=events.append)
         top.setServiceParent(application)   # as twistd does
@@ -202,6 +209,21 @@ class StartupTests(_AcceleratorCase):
         before, after = top.open_files_limit
         self.assertGreaterEqual(after, before)
         self.assertTrue(any("open files limit" in e["log_format"] for e in events))
+
+    def test_garbage_collector_tuned(self):
+        """The process's server tunes the garbage collector
+        (streamproto.core.gcpolicy): full collections rarer (the freeze
+        waits for the reactor to run: test_core_gcpolicy)."""
+        self.with_it()
+        self.start()
+        self.assertEqual(self.gc.calls[0], ("set_threshold", (700, 10, FULL_EVERY)))
+
+    def test_switch_interval_shortened(self):
+        """The process's server shortens the GIL's switch interval
+        (streamproto.core.gil): fsync results reach the reactor sooner."""
+        self.with_it()
+        self.start()
+        self.assertEqual(self.sys.interval, SWITCH_INTERVAL)
 
     def test_embedded_says_nothing(self):
         """Inside a program's own services: the program decides what to log."""
