@@ -25,24 +25,34 @@ static inline uint32_t get_be32(const unsigned char *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
+/* The number of records that `lengths` (native uint32 sizes) cuts `data`
+ * into, or -1 with ValueError set when the two do not match: what every
+ * function taking a (lengths, data) pair checks before trusting either. */
+static Py_ssize_t record_count(const Py_buffer *lengths, const Py_buffer *data) {
+    if (lengths->len % 4) {
+        PyErr_SetString(PyExc_ValueError, "lengths must hold uint32 values");
+        return -1;
+    }
+    Py_ssize_t n = lengths->len / 4;
+    const uint32_t *lens = (const uint32_t *)lengths->buf;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) total += lens[i];
+    if (total != data->len) {
+        PyErr_SetString(PyExc_ValueError, "lengths do not add up to the data size");
+        return -1;
+    }
+    return n;
+}
+
 /* frame_records(lengths: buffer of native uint32, data: buffer, prefix: bytes) -> bytes */
 static PyObject *frame_records(PyObject *self, PyObject *args) {
     Py_buffer lengths, data, prefix;
     if (!PyArg_ParseTuple(args, "y*y*y*", &lengths, &data, &prefix))
         return NULL;
     PyObject *out = NULL;
-    if (lengths.len % 4) {
-        PyErr_SetString(PyExc_ValueError, "lengths must hold uint32 values");
-        goto done;
-    }
-    Py_ssize_t n = lengths.len / 4;
+    Py_ssize_t n = record_count(&lengths, &data);
+    if (n < 0) goto done;
     const uint32_t *lens = (const uint32_t *)lengths.buf;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) total += lens[i];
-    if (total != data.len) {
-        PyErr_SetString(PyExc_ValueError, "lengths do not add up to the data size");
-        goto done;
-    }
     Py_ssize_t size = data.len + n * (prefix.len + 4);
     out = PyBytes_FromStringAndSize(NULL, size);
     if (!out) goto done;
@@ -201,18 +211,9 @@ static PyObject *splice(PyObject *self, PyObject *args) {
                           &tail))
         return NULL;
     PyObject *out = NULL, *lens_obj = NULL, *result = NULL;
-    if (lengths.len % 4) {
-        PyErr_SetString(PyExc_ValueError, "lengths must hold uint32 values");
-        goto done;
-    }
-    Py_ssize_t n = lengths.len / 4;
+    Py_ssize_t n = record_count(&lengths, &data);
+    if (n < 0) goto done;
     const uint32_t *lens = (const uint32_t *)lengths.buf;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) total += lens[i];
-    if (total != data.len) {
-        PyErr_SetString(PyExc_ValueError, "lengths do not add up to the data size");
-        goto done;
-    }
     Py_ssize_t extra = prefix.len + suffix.len;
     if (extra > 0xFFFFFFFFLL) {
         PyErr_SetString(PyExc_ValueError, "prefix and suffix too long");

@@ -25,6 +25,21 @@ class FramingTests(unittest.SynchronousTestCase):
         """CI builds the extension; if it stops building, say so loudly."""
         self.assertIsNotNone(framing._speedups, "streamproto._speedups did not build")
 
+    def test_lengths_and_data_must_match(self):
+        """
+        The C functions taking (lengths, data) refuse a pair that does not
+        match (they would read past the buffer otherwise), with ValueError.
+        """
+        from array import array
+        c = framing._speedups
+        for lengths, data, why in [(array("I", [3]).tobytes(), b"ab", "do not add up"),
+                                   (b"abc", b"ab", "uint32 values")]:
+            for name, args in [("frame_records", (lengths, data, b"")),
+                               ("splice", (lengths, data, b"", b"", b"", b""))]:
+                with self.assertRaises(ValueError, msg=name) as caught:
+                    getattr(c, name)(*args)
+                self.assertIn(why, str(caught.exception), name)
+
     @given(records, prefixes)
     @settings(max_examples=200)
     def test_frame_matches_struct(self, recs, prefix):
