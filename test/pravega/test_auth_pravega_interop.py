@@ -73,9 +73,13 @@ try:
         asyncio.run(go())
         r.reader_offline()
         out = {"events": got}
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
 except BaseException as e:      # the binding panics (PanicException) on some refusals
-    print(json.dumps({"error": type(e).__name__, "message": str(e)[:300]}))
+    print(json.dumps({"error": type(e).__name__, "message": str(e)[:300]}), flush=True)
+# the binding's runtime threads can still hold Python objects at exit: its
+# finalization sometimes dies ("PyThreadState_Get ... GIL is released",
+# seen in CI) before stdout is flushed; the answer is out, so leave now
+os._exit(0)
 '''
 
 
