@@ -28,7 +28,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import server
+from twisted.web import http, server
 from twisted.web.resource import Resource
 from zope.interface import implementer
 
@@ -98,7 +98,7 @@ class StyxSite(server.Site):
         self.metrics = metrics
         self.access_log = access_log
 
-    def log(self, request: server.Request) -> None:
+    def log(self, request: http.Request) -> None:
         if self.access_log:
             super().log(request)
 
