@@ -42,7 +42,9 @@ from streamproto.log.public import PublicLogStore
 from streamproto.styx import access, backup, cors, formats
 from streamproto.styx.consume import RecordStreamer, consume_one, long_poll_timeout
 from streamproto.styx.errors import APIError, from_exception
-from streamproto.styx.httputil import header, respond_empty, respond_json, upgrade_protocol
+from streamproto.styx.httputil import (
+    header, respond_empty, respond_json, respond_produced, upgrade_protocol,
+)
 from streamproto.styx.interfaces import IProduceTarget
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
@@ -463,14 +465,14 @@ class StyxResource(Resource):
                 raise APIError("unknown_error", "api: invalid content-length", status=400)
             if size == 0:
                 # the reference answers an empty single record like this
-                respond_json(request, {"position": 0, "count": 0})
+                respond_produced(request, 0, 0)
                 return
         sink = getattr(request, "body_sink", None)
         if sink is not None:
             count, end_position = yield sink.done
             if end_position is None:
                 end_position = (yield self.store.get(name)).end_position
-            respond_json(request, {"position": end_position, "count": count})
+            respond_produced(request, end_position, count)
             return
         the_log = yield self.store.get(name)
         if request.content.closed:
@@ -487,14 +489,14 @@ class StyxResource(Resource):
                     f"record of {len(record)} bytes exceeds max_record_size {limit}")
             result = yield the_log.append([record])
             self.metrics.produced(name, 1, len(record))
-            respond_json(request, {"position": result.end_position, "count": 1})
+            respond_produced(request, result.end_position, 1)
             return
         decoder = fmt.decoder(the_log.config.max_record_size)
         count, end_position = yield append_body(the_log, request.content, decoder,
                                                 self.metrics, self.reactor)
         if end_position is None:
             end_position = the_log.end_position
-        respond_json(request, {"position": end_position, "count": count})
+        respond_produced(request, end_position, count)
 
     @defer.inlineCallbacks
     def consume(self, request, name):

@@ -7,6 +7,7 @@ from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
 
 from streamproto.log.memory import MemoryLogStore
+from streamproto.styx.errors import render_json, render_produced
 from streamproto.styx.resource import StyxResource, StyxSite
 
 from test.styx.test_styx_http import HTTPTestBase, RawHTTP
@@ -55,3 +56,12 @@ class FormBodyTests(HTTPTestBase):
             b"Content-Length: %d\r\n\r\n" % len(body) + body)
         [(method, name, params, kwargs)] = self.upgrades
         self.assertEqual((params.whence, params.position), ("origin", 1))
+
+
+class ProducedAnswerTests(unittest.SynchronousTestCase):
+    """The produce answer, formatted directly, is the reference's JSON."""
+
+    def test_same_bytes_as_render_json(self):
+        for position, count in [(0, 0), (1, 1), (123456789012, 16384), (None, 0)]:
+            self.assertEqual(render_produced(position, count),
+                             render_json({"position": position, "count": count}))
