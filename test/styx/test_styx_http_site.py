@@ -65,3 +65,14 @@ class ProducedAnswerTests(unittest.SynchronousTestCase):
         for position, count in [(0, 0), (1, 1), (123456789012, 16384), (None, 0)]:
             self.assertEqual(render_produced(position, count),
                              render_json({"position": position, "count": count}))
+
+
+class AccessLogOptionTests(unittest.SynchronousTestCase):
+    def test_flag(self):
+        from streamproto.styx.tap import Options, StyxServerConfig
+        configs = []
+        for argv in ([], ["--access-log"]):
+            options = Options()
+            options.parseOptions(argv)
+            configs.append(StyxServerConfig.from_options(options).access_log)
+        self.assertEqual(configs, [False, True])
