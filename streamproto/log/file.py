@@ -376,10 +376,6 @@ class FileLog(GatedLog):
         if done:
             metrics.GROUP_COMMIT_APPENDS.observe(len(done))
         self._seal_and_retain()
-        # what was appended while this fsync ran goes to disk at once: the
-        # acknowledgements below (answers written, next requests parsed)
-        # overlap that fsync instead of delaying it
-        self._kick()
         self._acking = True
         try:
             for p in done:
@@ -390,6 +386,9 @@ class FileLog(GatedLog):
             self._acking = False
         # what the acknowledged clients sent next (a keep-alive connection's
         # next request, parsed when its answer went out) shares one fsync
+        # with what came while this one ran.  (Starting that fsync before
+        # the acknowledgements ran, to overlap them, split the batches:
+        # 1.5 times fewer one-record HTTP requests a second.)
         self._kick()
 
     def _sync_failed(self, failure: Failure, segs: list[Segment]) -> None:

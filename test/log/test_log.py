@@ -550,28 +550,6 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         self.assertEqual([self.successResultOf(d).end_position for d in nexts], [7, 7, 7])
         self.assertEqual(runner.jobs, [])
 
-    def test_fsync_started_before_acknowledgements_run(self):
-        """
-        What was appended while an fsync ran goes to disk as soon as that
-        fsync is done, before its acknowledgements' callbacks run: their
-        work overlaps the next fsync.
-        """
-        runner = HeldJobs()
-        store = FileLogStore(tempdir(self), reactor=self.clock, run_blocking=runner,
-                             retention_interval=None)
-        log = self.successResultOf(store.create("events"))
-        runner.run_all()
-        in_flight = []
-        d1 = log.append([b"a"])
-        d1.addCallback(lambda _: in_flight.append(len(runner.jobs)))
-        f, args, kwargs, job = runner.jobs.pop(0)
-        d2 = log.append([b"b"])          # arrives while the first fsync runs
-        f(*args, **kwargs)
-        job.callback(None)
-        self.assertEqual(in_flight, [1])  # d2's fsync was already running
-        runner.run_all()
-        self.assertEqual(self.successResultOf(d2).end_position, 2)
-
     def test_fsync_failure_fail_stops(self):
         io = FaultyIO()
         store = self.make_store(io=io)
