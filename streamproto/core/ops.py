@@ -58,6 +58,16 @@ class TrackedConnection(ProtocolWrapper):
     bytes_in: int
     bytes_out: int
 
+    #: the connection's own address, asked for once
+    _host: Any = None
+
+    def getHost(self) -> Any:
+        # twisted.web asks for it on every request (Request.process), one
+        # getsockname system call each; a connection's address never changes
+        if self._host is None:
+            self._host = self.transport.getHost()
+        return self._host
+
     def readConnectionLost(self) -> None:
         p = IHalfCloseableProtocol(self.wrappedProtocol, None)
         if p is not None:

@@ -149,6 +149,9 @@ class FileLog(GatedLog):
         self._wseq = 0            # bumped by every append
         self._synced_seq = 0
         self._syncing = False
+        # acknowledgements are running: appends they make wait for the
+        # one fsync that follows them (group commit across connections)
+        self._acking = False
         self._dirty: set[Segment] = set()  # segments written since their last fsync
         self._dir_dirty = False   # a segment file was created
         self._state: dict[str, Any] = {"start_position": 0, "start_offset": 0}
@@ -329,7 +332,7 @@ class FileLog(GatedLog):
 
     # -- group commit ----------------------------------------------------
     def _kick(self) -> None:
-        if self._syncing or self.failed is not None or not self._pending:
+        if self._syncing or self._acking or self.failed is not None or not self._pending:
             return
         target = (self._wseq, self._w_pos, self._w_off, dict(self._attrs_written))
         # oldest first: a segment's tail is on the disk before the next one's data
@@ -367,16 +370,25 @@ class FileLog(GatedLog):
         self.end_position, self.end_offset = w_pos, w_off
         self._attributes = attrs
         pending = self._pending
-        acked = 0
+        done = []
         while pending and pending[0].seq <= seq:
-            p = pending.popleft()
-            acked += 1
-            p.deferred.callback(AppendResult(p.first, w_pos, w_off))
-        if acked:
-            metrics.GROUP_COMMIT_APPENDS.observe(acked)
-        self._waiters.advance(w_pos)
-        self._offset_waiters.advance(w_off)
+            done.append(pending.popleft())
+        if done:
+            metrics.GROUP_COMMIT_APPENDS.observe(len(done))
         self._seal_and_retain()
+        self._acking = True
+        try:
+            for p in done:
+                p.deferred.callback(AppendResult(p.first, w_pos, w_off))
+            self._waiters.advance(w_pos)
+            self._offset_waiters.advance(w_off)
+        finally:
+            self._acking = False
+        # what the acknowledged clients sent next (a keep-alive connection's
+        # next request, parsed when its answer went out) shares one fsync
+        # with what came while this one ran.  (Starting that fsync before
+        # the acknowledgements ran, to overlap them, split the batches:
+        # 1.5 times fewer one-record HTTP requests a second.)
         self._kick()
 
     def _sync_failed(self, failure: Failure, segs: list[Segment]) -> None:

@@ -66,6 +66,17 @@ def render_json(value):
     return (json.dumps(value, indent=2) + "\n").encode("utf-8")
 
 
+def render_produced(position, count):
+    """
+    C{render_json({"position": position, "count": count})}, the answer of
+    every produce request, formatted directly: C{json.dumps} with an
+    indent runs the json module's pure-Python encoder.
+    """
+    if type(position) is int and type(count) is int:
+        return b'{\n  "position": %d,\n  "count": %d\n}\n' % (position, count)
+    return render_json({"position": position, "count": count})
+
+
 def render_error(code, message):
     """The JSON body of an error response (bytes)."""
     return render_json({"code": code, "message": message})

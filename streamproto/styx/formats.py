@@ -13,6 +13,7 @@ a body is never held as one Python object per record longer than needed.
 
 from streamproto.core.framing import TOO_LARGE, frame_batch, scan_frames
 from streamproto.log.batch import RecordBatch, lengths_array
+import functools
 import struct
 from dataclasses import dataclass
 
@@ -94,10 +95,14 @@ def parse_media_type(value):
     return media, params
 
 
+@functools.lru_cache(maxsize=256)
 def format_of(value):
     """
     The L{BodyFormat} a Content-Type or Accept header asks for (None or
     anything unknown means a single record, as in the reference).
+
+    Remembered per header value (formats are immutable): every produce
+    request asks, clients send the same few values.
 
     @raise FormatError: a line-delimited type with a bad line ending.
     """

@@ -9,7 +9,7 @@ consume (L{streamproto.styx.consume}) and backups
 import urllib.parse
 
 from streamproto.core.compat import request_gone
-from streamproto.styx.errors import render_json
+from streamproto.styx.errors import render_json, render_produced
 
 
 def header(request, name):
@@ -38,9 +38,18 @@ def path_segments(path):
 
 def respond_json(request, value, status=200):
     """Answer C{value} as the reference's JSON, and finish the request."""
+    respond_json_body(request, render_json(value), status)
+
+
+def respond_produced(request, position, count):
+    """Answer a produce request (see L{render_produced})."""
+    respond_json_body(request, render_produced(position, count))
+
+
+def respond_json_body(request, body, status=200):
+    """Answer C{body} (JSON bytes), and finish the request."""
     if request_gone(request):
         return  # the client left while we worked; finish() would raise
-    body = render_json(value)
     request.setResponseCode(status)
     request.setHeader(b"Content-Type", b"application/json")
     request.setHeader(b"Content-Length", str(len(body)).encode())

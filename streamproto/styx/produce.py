@@ -83,16 +83,19 @@ class StyxRequest(server.Request):
         if not IProduceTarget.providedBy(resource):
             return None
         command, path = self._request_line()
-        segments = path_segments(path)
-        if (command != b"POST" or len(segments) != 3 or segments[0] != "logs"
-                or segments[2] != "records" or not segments[1]
-                or upgrade_protocol(self) is not None):
+        if command != b"POST":
             return None
+        # the format first: a one-record body (most requests) is no batch,
+        # whatever its path
         try:
             fmt = formats.format_of(header(self, b"content-type"))
         except formats.FormatError:
             return None  # the resource answers it
         if fmt.kind == "record":
+            return None
+        segments = path_segments(path)
+        if (len(segments) != 3 or segments[0] != "logs" or segments[2] != "records"
+                or not segments[1] or upgrade_protocol(self) is not None):
             return None
         return StreamedProduce(self, resource, segments[1], fmt)
 

@@ -28,7 +28,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web import server
+from twisted.web import http, server
 from twisted.web.resource import Resource
 from zope.interface import implementer
 
@@ -42,7 +42,9 @@ from streamproto.log.public import PublicLogStore
 from streamproto.styx import access, backup, cors, formats
 from streamproto.styx.consume import RecordStreamer, consume_one, long_poll_timeout
 from streamproto.styx.errors import APIError, from_exception
-from streamproto.styx.httputil import header, respond_empty, respond_json, upgrade_protocol
+from streamproto.styx.httputil import (
+    header, respond_empty, respond_json, respond_produced, upgrade_protocol,
+)
 from streamproto.styx.interfaces import IProduceTarget
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
@@ -70,17 +72,37 @@ DEFAULT_HTTP_IDLE_TIMEOUT = 60
 
 
 class StyxSite(server.Site):
-    """A L{server.Site} with bounded request bodies (see L{StyxRequest})."""
+    """
+    A L{server.Site} with bounded request bodies (see L{StyxRequest}),
+    without twisted.web's form parsing, and with its access log only when
+    asked for.
+
+    twisted.web parses the body of every POST with a Content-Type into
+    C{request.args} (through the C{email} package: a tenth of the server's
+    time on one-record produce requests); the API reads the query only,
+    and the create form itself (L{StyxResource._post_form}), like the
+    reference's C{r.PostForm}.  The access log, one formatted and written
+    line per request, cost another tenth (doc/styx.rst, "Performance").
+
+    @ivar access_log: whether each request is logged (twisted.web's
+        combined log format, to the server's log).
+    """
 
     requestFactory = StyxRequest
 
     def __init__(self, resource: Resource, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                  metrics: StyxMetrics | None = None,
-                 max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE, **kw: Any) -> None:
-        super().__init__(resource, **kw)
+                 max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE, access_log: bool = False,
+                 **kw: Any) -> None:
+        super().__init__(resource, parsePOSTFormSubmission=False, **kw)
         self.max_body_size = max_body_size
         self.max_restore_size = max_restore_size
         self.metrics = metrics
+        self.access_log = access_log
+
+    def log(self, request: http.Request) -> None:
+        if self.access_log:
+            super().log(request)
 
 
 def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
@@ -90,7 +112,7 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
               cors_origins: Iterable[str] = ("*",),
               max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE,
               http_idle_timeout: float = DEFAULT_HTTP_IDLE_TIMEOUT,
-              authorizer: IAuthorizer = ALLOW_ALL) -> StyxSite:
+              authorizer: IAuthorizer = ALLOW_ALL, access_log: bool = False) -> StyxSite:
     """
     The Site serving the Styx API over C{store} (an L{ILogStore}).
 
@@ -100,12 +122,16 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
     @param http_idle_timeout: seconds an HTTP connection may stay silent
         (keep-alive or a slow request) before it is closed; upgraded styx/0
         and WebSocket streams use C{timeout} instead.
+
+    @param access_log: log every request (off by default: it costs a
+        tenth of a small request's time).
     """
     root = StyxResource(store, timeout=timeout, default_config=default_config,
                         metrics=metrics, clock=clock, upgrade=upgrade,
                         cors_origins=cors_origins, authorizer=authorizer)
     site = StyxSite(root, max_body_size=max_body_size, metrics=root.metrics,
-                    max_restore_size=max_restore_size, timeout=http_idle_timeout)
+                    max_restore_size=max_restore_size, timeout=http_idle_timeout,
+                     access_log=access_log)
     site.displayTracebacks = False
     return site
 
@@ -439,14 +465,14 @@ class StyxResource(Resource):
                 raise APIError("unknown_error", "api: invalid content-length", status=400)
             if size == 0:
                 # the reference answers an empty single record like this
-                respond_json(request, {"position": 0, "count": 0})
+                respond_produced(request, 0, 0)
                 return
         sink = getattr(request, "body_sink", None)
         if sink is not None:
             count, end_position = yield sink.done
             if end_position is None:
                 end_position = (yield self.store.get(name)).end_position
-            respond_json(request, {"position": end_position, "count": count})
+            respond_produced(request, end_position, count)
             return
         the_log = yield self.store.get(name)
         if request.content.closed:
@@ -463,14 +489,14 @@ class StyxResource(Resource):
                     f"record of {len(record)} bytes exceeds max_record_size {limit}")
             result = yield the_log.append([record])
             self.metrics.produced(name, 1, len(record))
-            respond_json(request, {"position": result.end_position, "count": 1})
+            respond_produced(request, result.end_position, 1)
             return
         decoder = fmt.decoder(the_log.config.max_record_size)
         count, end_position = yield append_body(the_log, request.content, decoder,
                                                 self.metrics, self.reactor)
         if end_position is None:
             end_position = the_log.end_position
-        respond_json(request, {"position": end_position, "count": count})
+        respond_produced(request, end_position, count)
 
     @defer.inlineCallbacks
     def consume(self, request, name):

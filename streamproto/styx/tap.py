@@ -61,6 +61,7 @@ class StyxServerConfig(ServerConfig):
     max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE
     cors_origins: tuple = ("*",)
     log_config: LogConfig = _DEFAULTS
+    access_log: bool = False
 
     @classmethod
     def from_options(cls, options):
@@ -77,7 +78,8 @@ class StyxServerConfig(ServerConfig):
                    http_idle_timeout=options["http-idle-timeout"],
                    max_restore_size=options["max-restore-size"],
                    cors_origins=tuple(options["cors_origins"]),
-                   log_config=options["log_config"])
+                   log_config=options["log_config"],
+                   access_log=bool(options["access-log"]))
 
 
 class Options(ServerOptions):
@@ -87,6 +89,10 @@ class Options(ServerOptions):
     configClass = StyxServerConfig
 
     defaultPort = DEFAULT_PORT
+    optFlags = [
+        ["access-log", None, "Log every HTTP request (off by default: it costs a tenth of a "
+         "small request's time)."],
+    ]
     optParameters = [
         ["timeout", "t", DEFAULT_TIMEOUT,
          "styx/0 heartbeat timeout in seconds (announced in X-Styx-Timeout).", _timeout],
@@ -131,7 +137,8 @@ def build_service(config, store=None, reactor=None):
                          max_restore_size=config.max_restore_size,
                          cors_origins=config.cors_origins,
                          http_idle_timeout=config.http_idle_timeout,
-                         authorizer=config.authorizer, clock=reactor)
+                         authorizer=config.authorizer, clock=reactor,
+                         access_log=config.access_log)
 
     return server_service(config, factory, store=store, name="styx-server", reactor=reactor)
 

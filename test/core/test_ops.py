@@ -7,7 +7,10 @@ import treq
 from prometheus_client import REGISTRY
 from twisted.application import service
 from twisted.internet import defer, protocol, reactor
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver
+from twisted.python.failure import Failure
 from twisted.trial import unittest
 from zope.interface import implementer
 
@@ -337,3 +340,19 @@ class HalfCloseTests(unittest.TestCase):
         yield heard
         self.assertEqual(c.received, b"bye")
         self.assertEqual(got_after, [b"ack bye"])
+
+
+class HostAddressTests(unittest.SynchronousTestCase):
+    """twisted.web asks for a connection's own address on every request."""
+
+    def test_asked_of_the_transport_once(self):
+        transport = StringTransport()
+        asked = []
+        real = transport.getHost
+        transport.getHost = lambda: asked.append(1) or real()
+        factory = TrackingFactory(protocol.Factory.forProtocol(Echo), "t-host")
+        wrapper = factory.buildProtocol(None)
+        wrapper.makeConnection(transport)
+        self.assertEqual([wrapper.getHost(), wrapper.getHost()], [real(), real()])
+        self.assertEqual(len(asked), 1)
+        wrapper.connectionLost(Failure(ConnectionDone()))

@@ -524,6 +524,32 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         runner.run_all()
         self.assertEqual(self.successResultOf(d2).end_position, 2)
 
+    def test_group_commit_appends_made_by_acknowledgements(self):
+        """
+        Appends that acknowledgements make (each keep-alive connection's
+        next request, parsed once its answer went out) share one fsync,
+        started once every acknowledgement ran: not one fsync for the
+        first and another for the rest.
+        """
+        runner = HeldJobs()
+        store = FileLogStore(tempdir(self), reactor=self.clock, run_blocking=runner,
+                             retention_interval=None)
+        log = self.successResultOf(store.create("events"))
+        runner.run_all()
+        log.append([b"x"])                # its fsync runs while a, b, c arrive
+        nexts = []
+        for record in (b"a", b"b", b"c"):
+            log.append([record]).addCallback(
+                lambda _, r=record: nexts.append(log.append([r + b"2"])))
+        runner.run()                      # x's fsync; then one for a, b and c
+        self.assertEqual(len(runner.jobs), 1)
+        runner.run()                      # a, b, c acknowledged: each appends
+        self.assertEqual(len(nexts), 3)
+        self.assertEqual(len(runner.jobs), 1)   # one fsync for a2, b2 and c2
+        runner.run()
+        self.assertEqual([self.successResultOf(d).end_position for d in nexts], [7, 7, 7])
+        self.assertEqual(runner.jobs, [])
+
     def test_fsync_failure_fail_stops(self):
         io = FaultyIO()
         store = self.make_store(io=io)
