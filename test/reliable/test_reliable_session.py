@@ -253,12 +253,33 @@ class JetStreamSessionStoreTests(SessionStoreTestsMixin, TestCase):
         self.prefix = unique_prefix(self)
         return self.open()
 
-    def open(self):
+    def open(self, monotonic=None):
         from streamproto.reliable.natsessions import JetStreamSessionStore
         store = JetStreamSessionStore(self.cluster.urls, clock=self.clock, expiry=EXPIRY,
-                                      prefix=self.prefix)
+                                      prefix=self.prefix, monotonic=monotonic)
         self.addCleanup(store.close)
         return store
+
+    @defer.inlineCallbacks
+    def test_wall_clock_step_forward(self):
+        """
+        This front-end's wall clock steps forward past the expiry while a
+        session is away: its timer fires at once and its wall-time age is
+        past the expiry, yet the session is due on the monotonic clock only.
+        """
+        mono = [0.0]
+        store = self.open(monotonic=lambda: mono[0])
+        yield store.register("w", {"n": 0, "seen": []})
+        yield store.put("w", counting)
+        yield store.disconnect("w")
+        mono[0] += 1
+        self.clock.advance(EXPIRY * 10)      # the step (the sweep runs too)
+        self.assertIn("w", store)
+        self.assertEqual((yield store.after("w", 0)), Message(1, {"value": 1}))
+        yield store.disconnect("w")
+        mono[0] += EXPIRY
+        self.clock.advance(EXPIRY)
+        self.assertNotIn("w", store)
 
     @defer.inlineCallbacks
     def test_resumes_on_another_front_end(self):
