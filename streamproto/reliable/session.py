@@ -196,7 +196,7 @@ class _SessionTable:
         session.timer = self.clock.callLater(delay, self._expire, uuid, session)
         return session
 
-    def _expire(self, uuid, session):
+    def _expire(self, uuid: str, session: _Session) -> None:
         if self.sessions.get(uuid) is not session:
             return
         remaining = session.deadline - self.monotonic()
