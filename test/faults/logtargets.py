@@ -278,8 +278,12 @@ class ReliableFileTarget(LogFileTarget):
 
         conn = yield self._endpoint().connect(protocol.Factory.forProtocol(First))
         conn.transport.write(codec.encode_resume(reliable_session_id(name), last))
-        line = yield conn.line.addTimeout(10, self.reactor)
-        conn.transport.loseConnection()
+        try:
+            line = yield conn.line.addTimeout(10, self.reactor)
+        except defer.TimeoutError:
+            return "no answer in 10 s"
+        finally:
+            conn.transport.loseConnection()
         if line is None:
             return "closed without an answer"
         message = codec.parse_server_message(line, stateful=True)
