@@ -175,7 +175,10 @@ class ReliableFileTarget(LogFileTarget):
     resumes it where its client left it (the next message, with the next
     id) and it was never refused on the way; otherwise every message of it
     counts as absent, so that what the server had sent (and so stored)
-    shows as lost.  The session store is no log: no disk column.
+    shows as lost.  The disk column: the same records, a session kept only
+    if the database as the last kill left it (read directly, before any
+    server recovers it) holds it at or past its client's last id, with the
+    next message when it has one (L{resumable_on_disk}).
 
     The session store is SQLite in WAL mode, whose C{-shm} index is a
     shared memory map, which the lazy FS (FUSE with C{direct_io}) cannot
@@ -236,6 +239,14 @@ class ReliableFileTarget(LogFileTarget):
                 self.notes.append(f"session {e['p']} refused: {e['refused']}")
             else:
                 corrupt.append(f"{e['p']}: {e}".encode())
+        disk, disk_error = None, None
+        try:
+            on_disk = self.resumable_on_disk(sessions, refused)
+        except Exception as e:   # noqa: BLE001 - an unreadable database is a finding
+            disk_error = f"the session database could not be read: {e!r}"
+            self.notes.append(disk_error)
+        else:
+            disk = self.records(sessions, refused | (set(sessions) - on_disk), corrupt)
         if restart:
             yield self.server.start()
         for name, ids in sorted(sessions.items()):
@@ -250,9 +261,46 @@ class ReliableFileTarget(LogFileTarget):
         bad = suspicious_output(self.server.output_text())
         if bad:
             self.notes.append(f"{len(bad)} tracebacks in the server's output")
-        served = [encode(name, i - 1) for name, ids in sorted(sessions.items())
-                  if name not in refused for i in ids] + corrupt
-        return {"disk": None, "disk_error": None, "served": served}
+        return {"disk": disk, "disk_error": disk_error,
+                "served": self.records(sessions, refused, corrupt)}
+
+    @staticmethod
+    def records(sessions, dropped, corrupt):
+        """Each received message of the sessions not C{dropped}, as the checker's payload."""
+        return [encode(name, i - 1) for name, ids in sorted(sessions.items())
+                if name not in dropped for i in ids] + corrupt
+
+    def resumable_on_disk(self, sessions, refused):
+        """
+        The sessions the SQLite database itself could resume where their
+        clients left them (finished ones count: the server deletes them).
+        """
+        import sqlite3
+
+        from streamproto.reliable.tap import SQLITE_FILE
+        from test.faults.workload import RELIABLE_COUNT, reliable_session_id
+        path = os.path.join(self.server.data_dir, SQLITE_FILE)
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            ok = set()
+            for name, ids in sessions.items():
+                last = ids[-1] if ids else 0
+                if name in refused or not ids or last >= RELIABLE_COUNT:
+                    ok.add(name)
+                    continue
+                sid = reliable_session_id(name)
+                row = db.execute("SELECT last_id FROM sessions WHERE uuid = ?",
+                                 (sid,)).fetchone()
+                if row is None or row[0] < last:
+                    continue
+                if row[0] > last and db.execute(
+                        "SELECT 1 FROM messages WHERE uuid = ? AND id = ?",
+                        (sid, last + 1)).fetchone() is None:
+                    continue
+                ok.add(name)
+            return ok
+        finally:
+            db.close()
 
     @defer.inlineCallbacks
     def resume(self, name, last):

@@ -33,8 +33,8 @@ class FaultMatrixSubsetTests(TestCase):
         self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
-        # Pravega: read through the server; reliable: sessions, no log
-        if store == "file" and protocol not in ("pravega", "reliable"):
+        # Pravega: read through the server
+        if store == "file" and protocol != "pravega":
             self.assertEqual(len(row.disk_verdicts), 1,
                              "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
