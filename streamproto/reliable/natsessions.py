@@ -41,8 +41,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from streamproto.base.clock import monotonic_seconds
-from streamproto.core.clock import default_reactor
+from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
 from streamproto.log.interfaces import IStartingStore
@@ -385,7 +384,8 @@ class JetStreamSessionStore:
     def _arm(self, uuid, left):
         self._disarm(uuid)
         self._deadlines[uuid] = (left, self._monotonic() + self.expiry)
-        self._timers[uuid] = self.clock.callLater(self.expiry, self._expire, uuid, left)
+        self._timers[uuid] = SteadyCall(self.clock, self.expiry, self._expire, uuid, left,
+                                        monotonic=self._monotonic)
 
     def _disarm(self, uuid):
         timer = self._timers.pop(uuid, None)
@@ -396,12 +396,6 @@ class JetStreamSessionStore:
         self._timers.pop(uuid, None)
         known = self._known.get(uuid)
         if known is None or known[1].left != left:
-            return
-        mine = self._deadlines.get(uuid)
-        if mine is not None and mine[0] == left and mine[1] > self._monotonic():
-            # fired early (the wall clock stepped forward): not due yet
-            self._timers[uuid] = self.clock.callLater(mine[1] - self._monotonic(),
-                                                      self._expire, uuid, left)
             return
         session = known[1]
         self._forget(uuid)

@@ -31,8 +31,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
-from streamproto.core.clock import default_reactor
-from streamproto.base.clock import monotonic_seconds
+from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds
 from streamproto.base.durable import DirectoryIO, make_dirs
 from streamproto.log.versions import SESSION_VERSION, NewerFormat, check
 from streamproto.reliable.errors import (
@@ -122,8 +121,7 @@ class ISessionStore(Interface):
 class _Session:
     """The in-memory image of one session (both stores keep one)."""
 
-    __slots__ = ("state", "last_id", "acked", "messages", "timer", "since", "left",
-                 "deadline")
+    __slots__ = ("state", "last_id", "acked", "messages", "timer", "since", "left")
 
     def __init__(self, state, last_id=0, acked=0, messages=(), since=None):
         self.state = state
@@ -136,8 +134,6 @@ class _Session:
         self.since = since
         #: when its last connection went away (wall clock: logged, persisted)
         self.left = None
-        #: when it expires, on the monotonic clock of this process
-        self.deadline = None
 
 
 def log_expiry(logger, now, uuid, session):
@@ -162,9 +158,8 @@ class _SessionTable:
 
     def __init__(self, clock, expiry, on_expire=None, monotonic=None):
         self.clock = clock
-        # the timers run on the reactor, whose seconds() is the wall clock:
-        # a forward step of it fires them at once, so each checks its
-        # deadline on this clock before expiring anything
+        # the reactor's timers follow the wall clock, which may step: each
+        # expiry is a SteadyCall, its deadline on this clock
         self.monotonic = monotonic or monotonic_seconds(clock)
         self.expiry = expiry
         self.sessions = {}
@@ -192,17 +187,12 @@ class _SessionTable:
         session = self._get(uuid)
         delay = self.expiry if delay is None else max(0.0, delay)
         session.left = self.clock.seconds()
-        session.deadline = self.monotonic() + delay
-        session.timer = self.clock.callLater(delay, self._expire, uuid, session)
+        session.timer = SteadyCall(self.clock, delay, self._expire, uuid, session,
+                                   monotonic=self.monotonic)
         return session
 
     def _expire(self, uuid: str, session: _Session) -> None:
         if self.sessions.get(uuid) is not session:
-            return
-        remaining = session.deadline - self.monotonic()
-        if remaining > 0:
-            # fired early (the wall clock jumped forward): not due yet
-            session.timer = self.clock.callLater(remaining, self._expire, uuid, session)
             return
         del self.sessions[uuid]
         log_expiry(self.log, self.clock.seconds(), uuid, session)
