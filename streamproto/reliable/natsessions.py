@@ -23,7 +23,11 @@ when it fires, the entry is deleted (compare-and-set again) unless a
 connection took the session up since.  A front-end that dies with armed
 timers leaves them to the others: each sweeps the bucket every C{expiry}
 seconds and deletes what has been disconnected longer than C{expiry}.  Any
-call on such a session finds it expired too.
+call on such a session finds it expired too.  A disconnection this
+front-end saw expires at a deadline on its own monotonic clock (a timer
+that a forward step of the wall clock fires early re-arms); one it did not
+see is judged on the wall times in the entry, so front-ends' clocks must
+agree to within a fraction of C{expiry}.
 
 The NATS client is asyncio: it runs on the bridge's loop thread
 (L{streamproto.log.bridge.AsyncioThreadBridge}); the reactor never waits.
@@ -37,7 +41,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from streamproto.core.clock import default_reactor
+from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
 from streamproto.log.interfaces import IStartingStore
@@ -76,7 +80,7 @@ class JetStreamSessionStore:
     log = Logger()
 
     def __init__(self, servers, clock=None, expiry=DEFAULT_EXPIRY, prefix="streamproto",
-                 replicas=None, tls=None, bridge=None, timeout=10.0):
+                 replicas=None, tls=None, bridge=None, timeout=10.0, monotonic=None):
         from streamproto.log.bridge import AsyncioThreadBridge
         from streamproto.log.natsio import NatsIO
         clock = default_reactor(clock)
@@ -100,6 +104,11 @@ class JetStreamSessionStore:
         self._queues = {}
         self._busy = set()
         self._timers = {}
+        # uuid -> (left, deadline): the disconnections this front-end saw,
+        # each expiring at a deadline on this process's monotonic clock
+        # (the wall clock the bucket holds may step; ours does not)
+        self._deadlines = {}
+        self._monotonic = monotonic or monotonic_seconds(clock)
         self._sweep = None
         self.closed = False
         self.failure = None
@@ -279,7 +288,7 @@ class JetStreamSessionStore:
             return None, None
         revision, value = found
         session = _decode(value)
-        if session.left is not None and self.clock.seconds() - session.left >= self.expiry:
+        if self._expired(uuid, session, self.clock.seconds()):
             # expired while nobody was here to see it
             yield self._call(self._delete, uuid, revision).addErrback(lambda f: None)
             self._forget(uuid)
@@ -359,9 +368,24 @@ class JetStreamSessionStore:
         return uuid in self._known
 
     # -- expiry ----------------------------------------------------------------
+    def _expired(self, uuid, session, now):
+        """
+        Has C{session}, read from the bucket, been away C{expiry} seconds?
+        On the monotonic deadline when this front-end saw it go; else
+        (another front-end's) on the wall times the bucket holds.
+        """
+        if session.left is None:
+            return False
+        mine = self._deadlines.get(uuid)
+        if mine is not None and mine[0] == session.left:
+            return self._monotonic() >= mine[1]
+        return now - session.left >= self.expiry
+
     def _arm(self, uuid, left):
         self._disarm(uuid)
-        self._timers[uuid] = self.clock.callLater(self.expiry, self._expire, uuid, left)
+        self._deadlines[uuid] = (left, self._monotonic() + self.expiry)
+        self._timers[uuid] = SteadyCall(self.clock, self.expiry, self._expire, uuid, left,
+                                        monotonic=self._monotonic)
 
     def _disarm(self, uuid):
         timer = self._timers.pop(uuid, None)
@@ -392,6 +416,7 @@ class JetStreamSessionStore:
 
     def _forget(self, uuid):
         self._known.pop(uuid, None)
+        self._deadlines.pop(uuid, None)
         self._away.discard(uuid)
         self._disarm(uuid)
 
@@ -408,7 +433,7 @@ class JetStreamSessionStore:
                     continue
                 revision, value = found
                 session = _decode(value)
-                if session.left is not None and now - session.left >= self.expiry:
+                if self._expired(uuid, session, now):
                     yield self._call(self._delete, uuid, revision).addErrback(
                         lambda f: None)
                     if uuid in self._known:

@@ -15,6 +15,7 @@ connection is closed (the spec; the reference server kept some of them open).
 
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
@@ -24,7 +25,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from streamproto.core.clock import default_reactor
+from streamproto.core.clock import SteadyCall, default_reactor
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, IAuthorizer, connection_principals, denied
 from streamproto.core.interfaces import IGracefulShutdown
@@ -96,7 +97,8 @@ class ReliableStreamServerProtocol(Protocol):
         self._cursor = None
         self._tokens = 0.0
         self._tokens_at = None
-        self._stall_timer = None
+        self._stall_timer: SteadyCall | None = None
+        self._initial_timer: SteadyCall | None = None
         self._shutting_down = False
         self._gone: OneShotObserver[None] = OneShotObserver()  # fired when the connection is gone (gracefulShutdown)
         self._unsent_count = 0       # messages queued since the last flush (metrics)
@@ -113,7 +115,10 @@ class ReliableStreamServerProtocol(Protocol):
         f = self.factory
         self._decoder = codec.LineDecoder(f.max_line)
         self._clock = f.clock
-        self._initial_timer = self._clock.callLater(f.initial_timeout, self._initial_timeout)
+        # steady: a step of the wall clock must not cut a connection that
+        # has just sent its first line (doc/reliability.rst, finding 13)
+        self._initial_timer = SteadyCall(self._clock, f.initial_timeout, self._initial_timeout,
+                                         monotonic=f.monotonic)
         self.transport.registerProducer(self, True)
 
     def _initial_timeout(self):
@@ -361,7 +366,8 @@ class ReliableStreamServerProtocol(Protocol):
         self._paused = True
         timeout = self.factory.stall_timeout
         if timeout and self._stall_timer is None and self.phase != "closed":
-            self._stall_timer = self._clock.callLater(timeout, self._stalled)
+            self._stall_timer = SteadyCall(self._clock, timeout, self._stalled,
+                                           monotonic=self.factory.monotonic)
 
     def resumeProducing(self) -> None:
         self._paused = False
@@ -611,7 +617,8 @@ class ReliableStreamFactory(Factory):
                  initial_timeout: float = DEFAULT_INITIAL_TIMEOUT,
                  stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
                  clock: IReactorTime | None = None, rng: random.Random | None = None,
-                 server_name: str = SERVER_NAME, authorizer: IAuthorizer = ALLOW_ALL) -> None:
+                 server_name: str = SERVER_NAME, authorizer: IAuthorizer = ALLOW_ALL,
+                 monotonic: Callable[[], float] | None = None) -> None:
         clock = default_reactor(clock)
         if rate is not None and rate <= 0:
             raise ValueError("rate must be positive")
@@ -625,6 +632,9 @@ class ReliableStreamFactory(Factory):
         self.initial_timeout = initial_timeout
         self.stall_timeout = stall_timeout
         self.clock = clock
+        #: what the initial and stall timeouts are measured on (None: the
+        #: clock's monotonic time, L{SteadyCall})
+        self.monotonic = monotonic
         self.rng = rng or random.SystemRandom()
         self.server_name = server_name
         self.metrics = metrics.ServerMetrics(server_name)

@@ -31,7 +31,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
-from streamproto.core.clock import default_reactor
+from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds
 from streamproto.base.durable import DirectoryIO, make_dirs
 from streamproto.log.versions import SESSION_VERSION, NewerFormat, check
 from streamproto.reliable.errors import (
@@ -132,7 +132,7 @@ class _Session:
         self.timer = None
         #: when the session was registered (or recovered), for the expiry log
         self.since = since
-        #: when its last connection went away
+        #: when its last connection went away (wall clock: logged, persisted)
         self.left = None
 
 
@@ -156,8 +156,11 @@ class _SessionTable:
 
     log = Logger()
 
-    def __init__(self, clock, expiry, on_expire=None):
+    def __init__(self, clock, expiry, on_expire=None, monotonic=None):
         self.clock = clock
+        # the reactor's timers follow the wall clock, which may step: each
+        # expiry is a SteadyCall, its deadline on this clock
+        self.monotonic = monotonic or monotonic_seconds(clock)
         self.expiry = expiry
         self.sessions = {}
         self._on_expire = on_expire
@@ -184,15 +187,17 @@ class _SessionTable:
         session = self._get(uuid)
         delay = self.expiry if delay is None else max(0.0, delay)
         session.left = self.clock.seconds()
-        session.timer = self.clock.callLater(delay, self._expire, uuid, session)
+        session.timer = SteadyCall(self.clock, delay, self._expire, uuid, session,
+                                   monotonic=self.monotonic)
         return session
 
-    def _expire(self, uuid, session):
-        if self.sessions.get(uuid) is session:
-            del self.sessions[uuid]
-            log_expiry(self.log, self.clock.seconds(), uuid, session)
-            if self._on_expire is not None:
-                self._on_expire(uuid)
+    def _expire(self, uuid: str, session: _Session) -> None:
+        if self.sessions.get(uuid) is not session:
+            return
+        del self.sessions[uuid]
+        log_expiry(self.log, self.clock.seconds(), uuid, session)
+        if self._on_expire is not None:
+            self._on_expire(uuid)
 
     def put(self, uuid, transformer):
         session = self._get(uuid)
@@ -251,9 +256,14 @@ def _call(f, *args):
 class MemorySessionStore:
     """Sessions in memory: lost with the process."""
 
-    def __init__(self, clock: IReactorTime | None = None, expiry: float = DEFAULT_EXPIRY) -> None:
+    def __init__(self, clock: IReactorTime | None = None, expiry: float = DEFAULT_EXPIRY,
+                 monotonic: Callable[[], float] | None = None) -> None:
+        """
+        @param monotonic: the clock expiry deadlines are measured on
+            (default: L{monotonic_seconds} of C{clock}); a test's stand-in.
+        """
         clock = default_reactor(clock)
-        self._table = _SessionTable(clock, expiry)
+        self._table = _SessionTable(clock, expiry, monotonic=monotonic)
 
     @property
     def expiry(self) -> float:
@@ -353,9 +363,14 @@ class SQLiteSessionStore:
 
     def __init__(self, path: str, clock: IReactorTime | None = None,
                  expiry: float = DEFAULT_EXPIRY, reactor: IReactorCore | None = None,
-                 io: DirectoryIO | None = None) -> None:
+                 io: DirectoryIO | None = None,
+                 monotonic: Callable[[], float] | None = None) -> None:
         """
         @param clock: IReactorTime for expiry (a fake clock in tests).
+        @param monotonic: the clock expiry deadlines are measured on within
+            this process (default: L{monotonic_seconds} of C{clock}).  The
+            disconnection time written to the database stays wall time
+            (a monotonic clock means nothing to the next process).
         @param reactor: the reactor that runs the database thread and the
             per-turn flush (default: the global reactor).
         @param io: how directories are made and fsynced (tests record it).
@@ -365,7 +380,8 @@ class SQLiteSessionStore:
         self.path = path
         self._reactor = the_reactor
         self._clock = clock or the_reactor
-        self._table = _SessionTable(self._clock, expiry, on_expire=self._expired)
+        self._table = _SessionTable(self._clock, expiry, on_expire=self._expired,
+                                    monotonic=monotonic)
         self._pending = _Batch()
         self._flush_call: IDelayedCall | None = None
         # the transaction in progress

@@ -22,6 +22,7 @@ import sys
 from twisted.internet import defer
 
 from test.faults import lazyfs
+from test.faults.checker import encode
 from test.faults.targets import StyxFileTarget, _ClientProtocol
 from test.support.torture_harness import ROOT, ServerProcess, suspicious_output
 
@@ -32,6 +33,8 @@ SERVERS = {
     "relink-tx": ("relink-server", "relink-1"),
     # the segment, read back through the server (ReadSegment)
     "pravega": ("pravega-server", "faults/stream/0.#epoch.0"),
+    # sessions, not a log (L{ReliableFileTarget})
+    "reliable": ("reliable-stream-server", "sessions"),
 }
 
 
@@ -159,3 +162,181 @@ class LogFileTarget(StyxFileTarget):
             yield self.power_cut(["disk"])
         else:
             yield self.server.kill()
+
+
+class ReliableFileTarget(LogFileTarget):
+    """
+    The reliable-stream-server with its durable (SQLite) session store
+    under C{--data}, on a lazy FS.  Its streams are generated, not stored
+    records: the served records are what the workload's clients received
+    (its C{.served} file, L{test.faults.workload.run_reliable}), each
+    message C{id} of session C{p} as the payload of operation C{id - 1}.
+    A session is kept only if a fresh server, after the last fault, still
+    resumes it where its client left it (the next message, with the next
+    id) and it was never refused on the way; otherwise every message of it
+    counts as absent, so that what the server had sent (and so stored)
+    shows as lost.  The disk column: the same records, a session kept only
+    if the database as the last kill left it (read directly, before any
+    server recovers it) holds it at or past its client's last id, with the
+    next message when it has one (L{resumable_on_disk}).
+
+    The session store is SQLite in WAL mode, whose C{-shm} index is a
+    shared memory map, which the lazy FS (FUSE with C{direct_io}) cannot
+    give ("disk I/O error" at startup): its data directory is on the real
+    file system, and the power-loss row says why it is not run.
+    """
+
+    #: why the power-loss row is not run
+    NO_LAZY = ("SQLite's WAL needs a shared memory map, which the lazy FS "
+               "(FUSE, direct_io) cannot give")
+
+    def __init__(self, reactor, clock=False, power=False):
+        super().__init__(reactor, "reliable", clock=clock)
+        self.history = None
+        self.power = power
+        self.server.data_dir = os.path.join(self.work, "data")
+
+    def lazy_unavailable(self):
+        return self.NO_LAZY if self.power else super().lazy_unavailable()
+
+    def start_client(self, history, duration, producers=3, timeout=3.0):
+        self.history = history
+        return super().start_client(history, duration, producers, timeout)
+
+    def disk_records(self):
+        return None
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        from test.faults.workload import RELIABLE_COUNT, reliable_served_path
+        # the clock row resumes on the running server: a restarted one
+        # reads the disconnection times the database holds, wall time, and
+        # counts a step back of the clock as time away (doc/reliability.rst)
+        restart = not self.use_clock
+        if restart:
+            yield self._heal_and_cut(power_cut)
+        else:
+            self.signal("server", signal.SIGCONT)
+            self.set_clock(0)
+        sessions, refused, corrupt = {}, set(), []
+        path = reliable_served_path(self.history)
+        try:
+            with open(path) as f:
+                lines = f.readlines()
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+        for line in lines:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue    # torn by a kill of the client
+            ids = sessions.setdefault(e["p"], [])
+            if "id" in e:
+                ids.append(e["id"])
+            elif "refused" in e:
+                refused.add(e["p"])
+                self.notes.append(f"session {e['p']} refused: {e['refused']}")
+            else:
+                corrupt.append(f"{e['p']}: {e}".encode())
+        disk, disk_error = None, None
+        try:
+            on_disk = self.resumable_on_disk(sessions, refused)
+        except Exception as e:   # noqa: BLE001 - an unreadable database is a finding
+            disk_error = f"the session database could not be read: {e!r}"
+            self.notes.append(disk_error)
+        else:
+            disk = self.records(sessions, refused | (set(sessions) - on_disk), corrupt)
+        if restart:
+            yield self.server.start()
+        for name, ids in sorted(sessions.items()):
+            last = ids[-1] if ids else 0
+            if name in refused or not ids or last >= RELIABLE_COUNT:
+                continue
+            why = yield self.resume(name, last)
+            if why is not None:
+                refused.add(name)
+                self.notes.append(f"session {name} not resumable at {last}: {why}")
+        yield self.server.stop()
+        bad = suspicious_output(self.server.output_text())
+        if bad:
+            self.notes.append(f"{len(bad)} tracebacks in the server's output")
+        return {"disk": disk, "disk_error": disk_error,
+                "served": self.records(sessions, refused, corrupt)}
+
+    @staticmethod
+    def records(sessions, dropped, corrupt):
+        """Each received message of the sessions not C{dropped}, as the checker's payload."""
+        return [encode(name, i - 1) for name, ids in sorted(sessions.items())
+                if name not in dropped for i in ids] + corrupt
+
+    def resumable_on_disk(self, sessions, refused):
+        """
+        The sessions the SQLite database itself could resume where their
+        clients left them (finished ones count: the server deletes them).
+        """
+        import sqlite3
+
+        from streamproto.reliable.tap import SQLITE_FILE
+        from test.faults.workload import RELIABLE_COUNT, reliable_session_id
+        path = os.path.join(self.server.data_dir, SQLITE_FILE)
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            ok = set()
+            for name, ids in sessions.items():
+                last = ids[-1] if ids else 0
+                if name in refused or not ids or last >= RELIABLE_COUNT:
+                    ok.add(name)
+                    continue
+                sid = reliable_session_id(name)
+                row = db.execute("SELECT last_id FROM sessions WHERE uuid = ?",
+                                 (sid,)).fetchone()
+                if row is None or row[0] < last:
+                    continue
+                if row[0] > last and db.execute(
+                        "SELECT 1 FROM messages WHERE uuid = ? AND id = ?",
+                        (sid, last + 1)).fetchone() is None:
+                    continue
+                ok.add(name)
+            return ok
+        finally:
+            db.close()
+
+    @defer.inlineCallbacks
+    def resume(self, name, last):
+        """None if the server resumes session C{name} after C{last}, else why not."""
+        from twisted.internet import protocol
+
+        from streamproto.reliable import codec
+        from test.faults.workload import reliable_session_id
+
+        class First(protocol.Protocol):
+            def __init__(self):
+                self.decoder = codec.LineDecoder()
+                self.line = defer.Deferred()
+
+            def dataReceived(self, data):
+                lines = self.decoder.feed(data)
+                if lines and not self.line.called:
+                    self.line.callback(lines[0])
+
+            def connectionLost(self, reason):
+                if not self.line.called:
+                    self.line.callback(None)
+
+        conn = yield self._endpoint().connect(protocol.Factory.forProtocol(First))
+        conn.transport.write(codec.encode_resume(reliable_session_id(name), last))
+        try:
+            line = yield conn.line.addTimeout(10, self.reactor)
+        except defer.TimeoutError:
+            return "no answer in 10 s"
+        finally:
+            conn.transport.loseConnection()
+        if line is None:
+            return "closed without an answer"
+        message = codec.parse_server_message(line, stateful=True)
+        if isinstance(message, codec.ErrorMessage):
+            return message.text
+        if message.message_id != last + 1:
+            return f"message {message.message_id} came next"
+        return None

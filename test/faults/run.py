@@ -36,7 +36,9 @@ PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime"),
             "pravega": checker.Promise(at_most_once=True, order="realtime"),
             # exactly once, each transaction whole
             "relink-tx": checker.Promise(at_most_once=True, order="realtime",
-                                         parts=TX_PARTS)}
+                                         parts=TX_PARTS),
+            # session ids and message ids: at most once, in order
+            "reliable": checker.Promise(at_most_once=True, order="realtime")}
 
 #: the rows of the matrix: (fault class, store, protocol)
 MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
@@ -48,7 +50,7 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
              for fault in ("partition", "flap", "clock")]
           # the other protocols' workloads on the file store
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
-                                                    "relink-tx")
+                                                    "relink-tx", "reliable")
              for fault in ("kill9", "powerloss", "pause", "clock")])
 
 #: each JetStream store of the matrix: its nodes' sync_interval (None: not
@@ -116,6 +118,10 @@ def make_target(reactor, fault, store, protocol):
             from test.faults.nstargets import StyxPartitionTarget
             return StyxPartitionTarget(reactor, sync_interval=sync)
         return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
+    if (store, protocol) == ("file", "reliable"):
+        from test.faults.logtargets import ReliableFileTarget
+        return ReliableFileTarget(reactor, clock=(fault == "clock"),
+                                  power=(fault == "powerloss"))
     if store == "file" and protocol in ("lumberjack", "pravega", "relink", "relink-tx"):
         from test.faults.logtargets import LogFileTarget
         return LogFileTarget(reactor, protocol, clock=(fault == "clock"))

@@ -4,7 +4,7 @@ the harness implements, against a real styx-server on the file store whose
 data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes); and one run of each other protocol's workload on the
-file store (Lumberjack, Pravega, Relink log and log-tx), judged by the
+file store (Lumberjack, Pravega, Relink log and log-tx, reliable streams), judged by the
 checker (python -m test.faults.run runs the full matrix).  Needs root,
 /dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
 them): without them the runs fail and say why.
@@ -33,7 +33,8 @@ class FaultMatrixSubsetTests(TestCase):
         self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
-        if store == "file" and protocol != "pravega":   # Pravega: read through the server
+        # Pravega: read through the server
+        if store == "file" and protocol != "pravega":
             self.assertEqual(len(row.disk_verdicts), 1,
                              "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
@@ -90,6 +91,15 @@ class FaultMatrixSubsetTests(TestCase):
     def test_relink_tx_kill9(self):
         """Relink log-tx (exactly once, whole transactions)."""
         return self._deferred(self.check_class("kill9", protocol="relink-tx"))
+
+    def test_reliable_clock_jump(self):
+        """
+        Reliable-stream sessions (at most once per session and message id,
+        in order) through wall-clock steps of the server: a session
+        detached while the clock was set back must not expire when it is
+        set forward again.
+        """
+        return self._deferred(self.check_class("clock", protocol="reliable", seconds=10.0))
 
     def test_lying_disk_is_caught(self):
         """

@@ -250,6 +250,141 @@ def run_pravega(reactor, args):
     return _producers(reactor, args, send, setup, lambda w: w.close())
 
 
+#: messages of one reliable-stream session of the workload
+RELIABLE_COUNT = 200
+
+
+def reliable_served_path(history):
+    """Where the reliable workload writes what it received (the served records)."""
+    return history + ".served"
+
+
+def reliable_session_id(name):
+    """The session id of the workload's session C{name} (the target resumes it by it)."""
+    import uuid
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"faults:{name}"))
+
+
+def run_reliable(reactor, args):
+    """
+    Each producer a chain of stateful reliable-stream sessions of
+    L{RELIABLE_COUNT} messages, one connection at a time on its own line
+    codec (not the project's client, which would hide a resend).
+    Operation C{seq} of session C{name.k} is its message C{seq + 1}:
+    invoked when the producer starts waiting for it, C{ok} when it arrives
+    with that id, C{unknown} when the connection drops or times out first,
+    C{failed} when the server answers C{{"error"}} (the session is then
+    over).  A producer drops its connection after a random 1..40 messages
+    and resumes after a short pause, so that sessions are often detached
+    (expiry timers armed) when a fault strikes.
+
+    Every message received is written, in order, to the C{.served} file
+    (L{reliable_served_path}) as C{{"p", "id"}} lines; a session the server
+    refused to resume is written as C{{"p", "refused": text}}; a final CRC
+    that does not match the values received as C{{"p", "crc": false}}.
+    The target reads that file back (L{test.faults.logtargets}).
+    """
+    import random
+    import zlib
+
+    from twisted.internet import defer, protocol, task
+
+    from streamproto.reliable import codec
+
+    history = HistoryWriter(args.history)
+    served = open(reliable_served_path(args.history), "a", buffering=1)
+    deadline = now() + args.duration
+    rng = random.Random(args.tag)
+
+    def serve(line):
+        served.write(json.dumps(line) + "\n")
+
+    class Lines(protocol.Protocol):
+        def __init__(self):
+            self.decoder = codec.LineDecoder()
+            self.queue = defer.DeferredQueue()
+
+        def dataReceived(self, data):
+            for line in self.decoder.feed(data):
+                self.queue.put(line)
+
+        def connectionLost(self, reason):
+            self.queue.put(None)
+
+    @defer.inlineCallbacks
+    def session(name):
+        """One session to its end, its refusal, or the deadline."""
+        sid = reliable_session_id(name)
+        last, crc = 0, 0
+        while now() < deadline:
+            try:
+                conn = yield _endpoint(reactor, args.url).connect(
+                    protocol.Factory.forProtocol(Lines))
+            except Exception:   # noqa: BLE001 - the server is away: try again
+                yield task.deferLater(reactor, 0.05, lambda: None)
+                continue
+            conn.transport.write(codec.encode_open(sid, RELIABLE_COUNT) if last == 0
+                                 else codec.encode_resume(sid, last))
+            budget = rng.randint(1, 40)
+            outcome = None
+            while budget and now() < deadline:
+                history.event(name, last, "invoke")
+                d = conn.queue.get()
+                d.addTimeout(args.timeout, reactor)
+                try:
+                    line = yield d
+                except defer.TimeoutError:
+                    line = None
+                if line is None:
+                    history.event(name, last, UNKNOWN)
+                    break
+                try:
+                    message = codec.parse_server_message(line, stateful=True)
+                except Exception as e:   # noqa: BLE001 - a bad line: the stream is corrupt
+                    serve({"p": name, "corrupt": repr(e)})
+                    history.event(name, last, UNKNOWN)
+                    break
+                if isinstance(message, codec.ErrorMessage):
+                    if message.text == codec.SHUTDOWN_ERROR:
+                        history.event(name, last, UNKNOWN)
+                        break
+                    history.event(name, last, FAILED)
+                    serve({"p": name, "refused": message.text})
+                    outcome = "refused"
+                    break
+                # what arrived, whatever its id: the checker judges it
+                serve({"p": name, "id": message.message_id})
+                if message.message_id != last + 1:
+                    history.event(name, last, UNKNOWN)
+                    break
+                history.event(name, last, OK)
+                last = message.message_id
+                crc = zlib.crc32(message.value.to_bytes(4, "big"), crc)
+                if message.crc is not None:
+                    if message.crc != crc:
+                        serve({"p": name, "crc": False})
+                    outcome = "done"
+                    break
+                budget -= 1
+                if last % 4 == 0:
+                    conn.transport.write(codec.encode_ack(sid, last))
+            conn.transport.loseConnection()
+            if outcome is not None:
+                return
+            yield task.deferLater(reactor, rng.uniform(0.02, 0.2), lambda: None)
+
+    @defer.inlineCallbacks
+    def producer(name):
+        k = 0
+        while now() < deadline:
+            yield session(f"{name}.{k}")
+            k += 1
+
+    d = defer.gatherResults([producer(f"{args.tag}{i}") for i in range(args.producers)])
+    d.addBoth(lambda _: (history.close(), served.close()))
+    return d
+
+
 #: messages of one Relink log-tx transaction
 TX_PARTS = 3
 
@@ -259,6 +394,7 @@ WORKLOADS = {
     "relink": lambda reactor, args: run_relink(reactor, args, False),
     "relink-tx": lambda reactor, args: run_relink(reactor, args, True),
     "pravega": run_pravega,
+    "reliable": run_reliable,
 }
 
 

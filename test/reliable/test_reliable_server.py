@@ -384,3 +384,49 @@ class ErrorTests(ServerTestsBase):
         bad = self.connect().send(b"garbage\n")
         self.assertError(bad)
         self.assertEqual(len(good.messages()), 3)
+
+
+class WallClockStepTests(ServerTestsBase):
+    """
+    The fake reactor clock steps (as the wall clock a real reactor's
+    timers follow); the timeouts are on the monotonic stand-in.
+    """
+
+    def setUp(self):
+        self.mono = [0.0]
+        super().setUp()
+
+    def make_factory(self, **kwargs):
+        return super().make_factory(monotonic=lambda: self.mono[0], **kwargs)
+
+    def elapse(self, seconds):
+        self.mono[0] += seconds
+        self.clock.advance(seconds)
+
+    def test_step_does_not_cut_a_new_connection(self):
+        c = self.connect()
+        self.clock.advance(3600)
+        self.assertFalse(c.closed)
+        self.elapse(29)
+        self.assertFalse(c.closed)
+        self.elapse(2)
+        self.assertError(c, "no initial message in time")
+
+    def test_first_line_after_a_step_is_served(self):
+        # the step fires the timer in the turn that reads the first line
+        c = self.connect()
+        self.clock.advance(3600)
+        c.send({"uuid": U, "params": {"count": 3}})
+        self.pump()
+        self.assertEqual([m["id"] for m in c.messages()], [1, 2, 3])
+
+    def test_step_does_not_cut_a_paused_reader(self):
+        c = self.connect(self.make_factory(stall_timeout=60))
+        c.send({"uuid": U, "params": {"count": 1000}})
+        c.proto.pauseProducing()
+        self.clock.advance(3600)
+        self.assertFalse(c.closed)
+        self.elapse(59)
+        self.assertFalse(c.closed)
+        self.elapse(2)
+        self.assertTrue(c.closed)

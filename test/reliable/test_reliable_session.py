@@ -4,7 +4,7 @@ import os
 import sqlite3
 
 from twisted.internet import defer, reactor, task
-from twisted.trial.unittest import TestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface.verify import verifyObject
 
 from streamproto.reliable.errors import OutOfOrderAck, UnknownMessageID, UnknownSession
@@ -253,12 +253,33 @@ class JetStreamSessionStoreTests(SessionStoreTestsMixin, TestCase):
         self.prefix = unique_prefix(self)
         return self.open()
 
-    def open(self):
+    def open(self, monotonic=None):
         from streamproto.reliable.natsessions import JetStreamSessionStore
         store = JetStreamSessionStore(self.cluster.urls, clock=self.clock, expiry=EXPIRY,
-                                      prefix=self.prefix)
+                                      prefix=self.prefix, monotonic=monotonic)
         self.addCleanup(store.close)
         return store
+
+    @defer.inlineCallbacks
+    def test_wall_clock_step_forward(self):
+        """
+        This front-end's wall clock steps forward past the expiry while a
+        session is away: its timer fires at once and its wall-time age is
+        past the expiry, yet the session is due on the monotonic clock only.
+        """
+        mono = [0.0]
+        store = self.open(monotonic=lambda: mono[0])
+        yield store.register("w", {"n": 0, "seen": []})
+        yield store.put("w", counting)
+        yield store.disconnect("w")
+        mono[0] += 1
+        self.clock.advance(EXPIRY * 10)      # the step (the sweep runs too)
+        self.assertIn("w", store)
+        self.assertEqual((yield store.after("w", 0)), Message(1, {"value": 1}))
+        yield store.disconnect("w")
+        mono[0] += EXPIRY
+        self.clock.advance(EXPIRY)
+        self.assertNotIn("w", store)
 
     @defer.inlineCallbacks
     def test_resumes_on_another_front_end(self):
@@ -312,3 +333,49 @@ class JetStreamSessionStoreTests(SessionStoreTestsMixin, TestCase):
                                       expiry=EXPIRY)
         self.addCleanup(store.close)
         yield self.assertFailure(store.register("x", {}), StoreFailed)
+
+
+class WallClockStepTests(SynchronousTestCase):
+    """
+    The reactor's timers follow the wall clock: a forward step of it fires
+    a detached session's expiry timer at once.  The session must outlive
+    that: its deadline is on the monotonic clock, which did not jump.
+    """
+
+    def setUp(self):
+        self.wall = task.Clock()      # the reactor: seconds() is the wall clock
+        self.mono = [0.0]             # the monotonic clock's stand-in
+        self.store = MemorySessionStore(self.wall, expiry=EXPIRY,
+                                        monotonic=lambda: self.mono[0])
+        self.successResultOf(self.store.register("a", {"n": 0, "seen": []}))
+        self.successResultOf(self.store.disconnect("a"))
+
+    def elapse(self, seconds):
+        """Time passes: both clocks move."""
+        self.mono[0] += seconds
+        self.wall.advance(seconds)
+
+    def test_forward_step_does_not_expire(self):
+        self.elapse(1)
+        self.wall.advance(3600)    # the wall clock steps an hour forward
+        self.assertIn("a", self.store)
+        self.successResultOf(self.store.after("a", 0))   # still resumable
+
+    def test_expires_on_monotonic_deadline(self):
+        self.elapse(1)
+        self.wall.advance(3600)
+        self.elapse(EXPIRY - 1.5)
+        self.assertIn("a", self.store)
+        self.elapse(1)
+        self.assertNotIn("a", self.store)
+
+    def test_backward_step_then_back(self):
+        # set back, then forward again (what NTP or a faked clock does):
+        # the timer armed meanwhile fires at the forward step
+        self.elapse(1)
+        self.successResultOf(self.store.after("a", 0))
+        self.successResultOf(self.store.disconnect("a"))
+        self.wall.advance(1218)
+        self.assertIn("a", self.store)
+        self.elapse(EXPIRY)
+        self.assertNotIn("a", self.store)
