@@ -15,7 +15,11 @@ activity does, only stores the new time: the heap entry is left where it
 is and, when its time comes, the sweeper sees the deadline moved and
 queues it again (the lazy reset Twisted's own C{DelayedCall.reset}
 uses).  Deadlines fire at their exact time, as C{callLater} would: tests
-drive a L{twisted.internet.task.Clock} the same way.
+drive a L{twisted.internet.task.Clock} the same way.  Their time is the
+monotonic clock (L{monotonic_seconds}): a real reactor's timers follow
+the wall clock, and a step of it forward would otherwise time out every
+idle connection at once; the reactor call that comes early then finds
+nothing due and is made again for the rest.
 
     sweeper = shared_sweeper(reactor)       # one per clock
     idle = sweeper.deadline(expired)
@@ -32,6 +36,8 @@ from collections.abc import Callable
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
+from streamproto.base.clock import monotonic_seconds
+
 __all__ = ["Deadline", "Sweeper", "shared_sweeper"]
 
 _log = Logger()
@@ -47,8 +53,8 @@ class Deadline:
     One deadline of a L{Sweeper}: C{callback()} runs once its time comes,
     unless it was cancelled or moved.
 
-    @ivar when: the time it fires (the clock's C{seconds()}), or None when
-        not armed.
+    @ivar when: the time it fires (on the sweeper's monotonic clock), or
+        None when not armed.
     """
 
     __slots__ = ("_sweeper", "_callback", "when", "_queued", "_queued_at", "__weakref__")
@@ -68,7 +74,7 @@ class Deadline:
 
     def arm(self, delay: float) -> None:
         """Fire C{delay} seconds from now (whether or not it was armed)."""
-        self._sweeper._arm(self, self._sweeper.clock.seconds() + max(0.0, delay))
+        self._sweeper._arm(self, self._sweeper.now() + max(0.0, delay))
 
     def cancel(self) -> None:
         """Do not fire (nothing if not armed)."""
@@ -83,10 +89,14 @@ class Sweeper:
     docstring).  One per clock is enough: L{shared_sweeper}.
 
     @ivar clock: the L{IReactorTime} it runs on.
+    @ivar now: its time: the monotonic clock for a real reactor, a test's
+        clock itself (L{monotonic_seconds}).
     """
 
     def __init__(self, clock: IReactorTime) -> None:
         self.clock = clock
+        self.now = monotonic_seconds(clock)
+        self._call_at = 0.0     # the time (self.now) the reactor call is for
         self._heap: list[tuple[float, int, Deadline]] = []
         self._sequence = itertools.count()
         self._call: IDelayedCall | None = None
@@ -151,14 +161,15 @@ class Sweeper:
         first = self._heap[0][0]
         call = self._call
         if call is not None and call.active():
-            if call.getTime() <= first:
+            if self._call_at <= first:
                 return
             call.cancel()
-        self._call = self.clock.callLater(max(0.0, first - self.clock.seconds()), self._sweep)
+        self._call_at = first
+        self._call = self.clock.callLater(max(0.0, first - self.now()), self._sweep)
 
     def _sweep(self) -> None:
         self._call = None
-        now = self.clock.seconds()
+        now = self.now()
         heap = self._heap
         due = []
         while heap and heap[0][0] <= now:

@@ -39,6 +39,33 @@ class SweeperTests(unittest.SynchronousTestCase):
         self.assertEqual(self.fired, [("a", 5.0)])
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_wall_clock_step_forward(self):
+        """
+        A real reactor's timers follow the wall clock: a step of it forward
+        runs the sweeper's call at once.  Deadlines are on the monotonic
+        clock, so nothing times out early; the call is made again for the
+        rest (before, every idle connection timed out on the step).
+        """
+        monotonic = [0.0]
+        self.sweeper.now = lambda: monotonic[0]
+        d = self.deadline("a")
+        d.arm(30)
+        self.clock.advance(3600)            # the wall clock steps an hour forward
+        self.assertEqual(self.fired, [])
+        self.assertTrue(d.active)
+        monotonic[0] = 29.0
+        self.clock.advance(29)
+        self.assertEqual(self.fired, [])
+        monotonic[0] = 30.0
+        self.clock.advance(1)
+        self.assertEqual([name for name, _ in self.fired], ["a"])
+
+    def test_real_reactor_uses_the_monotonic_clock(self):
+        import time
+        from twisted.internet import reactor
+        self.assertIs(Sweeper(reactor).now, time.monotonic)
+        self.assertEqual(Sweeper(self.clock).now, self.clock.seconds)
+
     def test_one_reactor_call_for_many(self):
         """A thousand deadlines hold one reactor call, at the earliest;
         each fires at its own time, in order."""
