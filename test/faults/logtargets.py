@@ -21,7 +21,6 @@ import sys
 
 from twisted.internet import defer
 
-from test.faults import lazyfs
 from test.faults.checker import encode
 from test.faults.targets import StyxFileTarget, _ClientProtocol
 from test.support.torture_harness import ROOT, ServerProcess, suspicious_output
@@ -152,16 +151,6 @@ class LogFileTarget(StyxFileTarget):
         finally:
             yield reader.close()
         return events
-
-    @defer.inlineCallbacks
-    def _heal_and_cut(self, power_cut):
-        self.signal("server", signal.SIGCONT)
-        if self.use_clock:
-            self.set_clock(0)
-        if power_cut and lazyfs.unavailable() is None:
-            yield self.power_cut(["disk"])
-        else:
-            yield self.server.kill()
 
 
 class ReliableFileTarget(LogFileTarget):

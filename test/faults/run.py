@@ -260,19 +260,23 @@ def run_matrix(reactor, args):
 _progress = {}
 
 
-def _children():
-    """The pids of this process's living children."""
-    me = str(os.getpid())
-    pids = []
+def living_children():
+    """C{{pid: [child pids]}} of every living (not zombie) process."""
+    children = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if fields[1] == me and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def _children():
+    """The pids of this process's living children."""
+    return living_children().get(os.getpid(), [])
 
 
 def abort_targets():

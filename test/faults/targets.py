@@ -204,12 +204,9 @@ class StyxFileTarget:
                 for r in batch.records()]
 
     @defer.inlineCallbacks
-    def final_records(self, power_cut=True):
-        """
-        Heal, cut the power (or kill -9) a last time, read the disk as it
-        is, then start a fresh server and read the whole log back with a
-        client of our own: C{{"disk": records, "served": records}}.
-        """
+    def _heal_and_cut(self, power_cut):
+        """Resume the server, set its clock right, then cut its power (or
+        kill -9 it where the lazy FS cannot run): the last fault."""
         self.signal("server", signal.SIGCONT)
         if self.use_clock:
             self.set_clock(0)
@@ -217,6 +214,15 @@ class StyxFileTarget:
             yield self.power_cut(["disk"])
         else:
             yield self.server.kill()
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        """
+        Heal, cut the power (or kill -9) a last time, read the disk as it
+        is, then start a fresh server and read the whole log back with a
+        client of our own: C{{"disk": records, "served": records}}.
+        """
+        yield self._heal_and_cut(power_cut)
         disk, disk_error = None, None
         if self.store == "file":
             try:

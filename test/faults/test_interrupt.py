@@ -15,20 +15,13 @@ import time
 from twisted.trial.unittest import TestCase
 
 from test.faults import netns
+from test.faults.run import living_children
 from test.support.torture_harness import ROOT
 
 
 def _descendants(pid):
     """Every living descendant of C{pid}."""
-    children = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
+    children = living_children()
     found, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), ()):
