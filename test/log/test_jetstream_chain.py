@@ -47,28 +47,6 @@ class ChainTests(unittest.SynchronousTestCase):
         for _ in range(int(seconds / step) + 1):
             self.clock.advance(step)
 
-    def test_create_waits_for_the_new_stream_leader(self):
-        """
-        A stream just added answers its first publish 503 until its
-        replicas elect a leader (seen in CI right after a cluster started):
-        creating a log sends its first marker again until then, rather
-        than failing a create that left the stream made.
-        """
-        store = self.store()
-        self.io.faults.extend(["timeout", "timeout", "timeout"])
-        d = store.create("fresh")
-        self.run_clock(2)
-        log = self.successResultOf(d)
-        self.successResultOf(log.append([b"a"]))
-        self.assertEqual(self.records(log), [b"a"])
-
-    def test_create_gives_up_after_the_timeout(self):
-        store = self.store(timeout=1.0)
-        self.io.faults.extend(["timeout"] * 100)
-        d = store.create("fresh")
-        self.run_clock(3)
-        self.failureResultOf(d)
-
     def test_acknowledged_only_after_the_quorum_answers(self):
         """
         An append's Deferred fires only once JetStream acknowledged the

@@ -21,7 +21,7 @@ import itertools
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -43,9 +43,7 @@ from streamproto.log.natsformat import (
     ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_info,
     encode_headers, stream_name, subject, subjects_filter,
 )
-from streamproto.log.natsio import (
-    WRONG_LAST_SEQUENCE, NotAvailable, PublishOutcome, StoredMsg, Watch,
-)
+from streamproto.log.natsio import WRONG_LAST_SEQUENCE, PublishOutcome, StoredMsg, Watch
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
 
@@ -188,27 +186,11 @@ class JetStreamLog(GatedLog):
 
     @defer.inlineCallbacks
     def _write_init(self) -> _Inline[PublishOutcome]:
-        """
-        The first marker: position 0, no attributes (idempotent by message
-        id and expected sequence 0, so sent again safely).
-
-        A stream just added has no leader until its replicas elect one:
-        the publish is answered 503 meanwhile (seen right after a cluster
-        started, on a loaded machine), so it is sent again until the
-        store's timeout rather than leaving a stream without its marker.
-        """
-        deadline = self.store.monotonic() + self.store.timeout
-        delay = 0.05
-        while True:
-            outcome: PublishOutcome = yield self._publish_direct(
-                self._subject(MARKER),
-                dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
-                     **{MSG_ID: INIT_MSG_ID, EXPECTED_LAST_SEQUENCE: "0"}), b"")
-            if not isinstance(outcome.error, NotAvailable) or \
-                    self.store.monotonic() + delay > deadline:
-                break
-            yield task.deferLater(self._clock, delay, lambda: None)
-            delay = min(delay * 2, 1.0)
+        """The first marker: position 0, no attributes (idempotent by message id)."""
+        outcome: PublishOutcome = yield self._publish_direct(
+            self._subject(MARKER),
+            dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
+                 **{MSG_ID: INIT_MSG_ID, EXPECTED_LAST_SEQUENCE: "0"}), b"")
         if outcome.error is not None and getattr(outcome.error, "err_code", None) not in (
                 WRONG_LAST_SEQUENCE,):
             raise outcome.error
