@@ -223,9 +223,15 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
             except Exception:
                 return -1
         deadline = time.monotonic() + 60
-        self.assertEqual(poll_until(copied, 100, deadline), 100)
+
+        def why():
+            # a copy that stopped says why (seen once in CI: never copied)
+            if p.poll() is None:
+                return "the copy is still running"
+            return f"the copy exited {p.returncode}: {p.stderr.read().decode()[-2000:]}"
+        self.assertEqual(poll_until(copied, 100, deadline), 100, why())
         self.successResultOf(log.append(records(20, 50, tag=b"late")))
-        self.assertEqual(poll_until(copied, 120, deadline), 120)
+        self.assertEqual(poll_until(copied, 120, deadline), 120, why())
         self.successResultOf(log.append([b"last"], attributes={"w": 121}))
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)
