@@ -20,6 +20,7 @@ from twisted.internet import defer, task
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from streamproto.base.clock import monotonic_seconds
 from streamproto.core.cli import CommandError
 
 T = TypeVar("T")
@@ -53,13 +54,16 @@ def give_up_when_stalled(clock: IReactorTime, waiting: defer.Deferred[T], second
         return waiting
     result: defer.Deferred[T] = defer.Deferred()
     seen = [progress()]
-    since = [clock.seconds()]
+    # durations on the monotonic clock: a step of the wall clock must not
+    # read as minutes of silence (streamproto.base.clock)
+    now = monotonic_seconds(clock)
+    since = [now()]
 
     def check() -> None:
         value = progress()
         if value != seen[0]:
-            seen[0], since[0] = value, clock.seconds()
-        elif clock.seconds() - since[0] >= seconds:
+            seen[0], since[0] = value, now()
+        elif now() - since[0] >= seconds:
             watch.stop()
             result.errback(Stalled(message()))
             waiting.cancel()
