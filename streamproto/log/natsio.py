@@ -246,6 +246,14 @@ class NatsIO:
                                  error.get("err_code"))
         return response
 
+    async def pause(self, seconds: float) -> None:
+        """
+        Wait C{seconds} on the client's loop, between two tries of a call
+        the cluster could not answer yet: real time on every bridge (a
+        synchronous one included, where no reactor runs).
+        """
+        await asyncio.sleep(seconds)
+
     async def stream_info(self, stream: str) -> dict[str, Any] | None:
         """@return: the info dict, or None if there is no such stream."""
         try:

@@ -688,3 +688,81 @@ class ClockStepTests(unittest.SynchronousTestCase):
             self.successResultOf(log.append([b"s%d" % i] * 10))
             self.clock.advance(2.0)
         self.assertGreaterEqual(log.start_position, log.end_position - 20)
+
+
+class NewStreamTests(unittest.SynchronousTestCase):
+    """
+    A log's first marker on a stream just added: until the stream's
+    replicas elect a leader its publishes are answered "no responders"
+    (seen in CI right after a cluster started), so the marker is sent
+    again, paced on the client's loop, until the store's timeout.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.io = FakeJetStream()
+
+    store = ChainTests.store
+
+    def markers(self):
+        (stream,) = self.io.streams.values()
+        return [m for m in stream.messages.values() if m[0].endswith(".m")]
+
+    def test_create_waits_for_the_stream_leader(self):
+        self.io.faults.extend(["timeout"] * 3)
+        log = self.successResultOf(self.store().create("events"))
+        self.assertEqual(self.io.paused, [0.05, 0.1, 0.2])
+        self.assertEqual(len(self.markers()), 1)
+        self.successResultOf(log.append([b"a"]))
+        self.assertEqual((log.start_position, log.end_position), (0, 1))
+
+    def test_own_marker_whose_answer_was_lost(self):
+        """
+        A marker stored though its answer was lost comes back as a
+        duplicate of this create's own message id: the create succeeds
+        (it is not another front-end's log), one marker stored.
+        """
+        self.io.faults.append("lose-ack")
+        self.successResultOf(self.store().create("events"))
+        self.assertEqual(len(self.io.paused), 1)
+        self.assertEqual(len(self.markers()), 1)
+
+    def test_another_writers_marker(self):
+        """
+        Two front-ends adding the same stream at once both pass
+        C{add_stream}; the marker decides: the second's comes back as a
+        wrong last sequence, not raised by the marker's writer, and
+        C{create} calls it an existing log.
+        """
+        from streamproto.log.jetstream.log import JetStreamLog
+        from streamproto.log.config import LogConfig
+        from streamproto.log.natsio import WRONG_LAST_SEQUENCE
+        a, b = self.store(), self.store()
+        self.successResultOf(a.create("events"))
+        outcome = self.successResultOf(JetStreamLog(b, "events", LogConfig())._write_init())
+        self.assertEqual(outcome.error.err_code, WRONG_LAST_SEQUENCE)
+        self.assertEqual(len(self.markers()), 1)
+
+    def test_no_leader_within_the_timeout(self):
+        """No leader for longer than the timeout: the create fails as unavailable."""
+        self.io.faults.extend(["timeout"] * 1000)
+        self.failureResultOf(self.store(timeout=2.0).create("events"), StoreUnavailable)
+        self.assertLessEqual(sum(self.io.paused), 2.0)
+        self.assertGreater(sum(self.io.paused), 1.0)
+
+    def test_opening_a_stream_without_its_marker(self):
+        """
+        A stream left without its marker (its creator gone before the
+        leader was elected) is finished by the next front-end opening it,
+        as patiently.
+        """
+        self.io.faults.extend(["timeout"] * 1000)
+        self.failureResultOf(self.store(timeout=1.0).create("events"), StoreUnavailable)
+        self.assertEqual(self.markers(), [])
+        self.io.faults.clear()
+        self.io.faults.extend(["timeout"] * 2)
+        other = self.store()
+        log = self.successResultOf(other.get("events"))
+        self.assertEqual(len(self.markers()), 1)
+        self.successResultOf(log.append([b"a"]))
+        self.assertEqual(log.end_position, 1)

@@ -104,6 +104,7 @@ class FakeJetStream:
         self.deliver = True
         self.published = []       # (subject, headers, body) in the order received
         self.late = deque()       # publishes timed out, to be applied later
+        self.paused = []          # the seconds of each pause between two tries
 
     def _check(self):
         if self.down:
@@ -114,6 +115,10 @@ class FakeJetStream:
 
     async def close(self):
         pass
+
+    async def pause(self, seconds):
+        """Instant: the seconds are counted in C{paused}."""
+        self.paused.append(seconds)
 
     async def stream_info(self, name):
         self._check()

@@ -18,6 +18,7 @@ closing stay here because they are about the acknowledged state.
 from __future__ import annotations
 
 import itertools
+import uuid
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -43,7 +44,9 @@ from streamproto.log.natsformat import (
     ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_info,
     encode_headers, stream_name, subject, subjects_filter,
 )
-from streamproto.log.natsio import WRONG_LAST_SEQUENCE, PublishOutcome, StoredMsg, Watch
+from streamproto.log.natsio import (
+    WRONG_LAST_SEQUENCE, NotAvailable, PublishOutcome, StoredMsg, Watch,
+)
 from streamproto.log.result import AppendResult
 from streamproto.log.waiters import Waiters
 
@@ -56,9 +59,15 @@ _T = TypeVar("_T")
 #: seconds to wait for the stream leader's answer to "where is the tail?"
 CATCH_UP_TIMEOUT = 1.0
 
-#: the message id of a log's first marker: two front-ends creating the same
-#: log at once write it once
+#: the message ids of a log's first markers start so; each writer adds its
+#: own unique part: the expected sequence 0 lets one marker in, and the
+#: unique id tells a writer's own earlier try (a duplicate) from another
+#: writer's marker (a wrong last sequence)
 INIT_MSG_ID = "streamproto-init"
+
+#: seconds between two tries of a first marker the stream had no leader
+#: for (doubling up to the last)
+INIT_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
 
 _log_ids = itertools.count(1)
 
@@ -186,11 +195,37 @@ class JetStreamLog(GatedLog):
 
     @defer.inlineCallbacks
     def _write_init(self) -> _Inline[PublishOutcome]:
-        """The first marker: position 0, no attributes (idempotent by message id)."""
-        outcome: PublishOutcome = yield self._publish_direct(
-            self._subject(MARKER),
-            dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
-                 **{MSG_ID: INIT_MSG_ID, EXPECTED_LAST_SEQUENCE: "0"}), b"")
+        """
+        The first marker: position 0, no attributes, expected sequence 0.
+
+        A stream just added has no leader until its replicas elect one:
+        its publishes are answered "no responders" (503) meanwhile, seen
+        right after a cluster started on a loaded machine.  The marker is
+        sent again until the store's timeout rather than leaving a stream
+        without it.  Its message id is this call's own, so a try that was
+        stored though its answer was lost comes back as a duplicate (ours),
+        while another writer's marker comes back as a wrong last sequence.
+
+        @return: the last try's outcome, C{duplicate} meaning this call's
+            own marker; a wrong last sequence is returned, not raised.
+        """
+        headers = dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
+                       **{MSG_ID: f"{INIT_MSG_ID}-{uuid.uuid4().hex}",
+                          EXPECTED_LAST_SEQUENCE: "0"})
+        # paced on the client's loop and counted, not on the store's clock:
+        # a synchronous bridge (Spark, the store copy) runs no reactor
+        waited = 0.0
+        delays = iter(INIT_RETRY_DELAYS)
+        delay = next(delays)
+        while True:
+            outcome: PublishOutcome = yield self._publish_direct(
+                self._subject(MARKER), headers, b"")
+            if not isinstance(outcome.error, NotAvailable) or self.store.closed or \
+                    waited + delay > self.store.timeout:
+                break
+            yield self.store._call(self.store.io.pause, delay)
+            waited += delay
+            delay = next(delays, delay)
         if outcome.error is not None and getattr(outcome.error, "err_code", None) not in (
                 WRONG_LAST_SEQUENCE,):
             raise outcome.error

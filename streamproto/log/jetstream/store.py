@@ -52,11 +52,6 @@ FORMAT_KEY = "streamproto_format"
 FORMAT_VERSION = str(JETSTREAM_VERSION)
 
 
-async def _pause(seconds: float) -> None:
-    import asyncio
-    await asyncio.sleep(seconds)
-
-
 #: Seconds within which an append is acknowledged or fails.  A stream
 #: leader's death must not fail the appends in flight: nats-server elects
 #: the next leader after a randomised timeout of up to 9 s, and an append
@@ -236,7 +231,7 @@ class JetStreamLogStore(StoreHealth):
             except NotAvailable:
                 if self.closed or time.monotonic() + 0.5 > deadline:
                     raise
-                yield self._call(_pause, 0.5)
+                yield self._call(self.io.pause, 0.5)
 
     # -- ILogStore -------------------------------------------------------
     def names(self) -> list[str]:
@@ -297,7 +292,11 @@ class JetStreamLogStore(StoreHealth):
                     raise LogExists(f"log {name!r} exists")
             log_ = JetStreamLog(self, name, config)
             outcome = yield log_._write_init()
-            if must_be_new and (outcome.duplicate or outcome.error is not None):
+            # a duplicate is our own marker stored by a try whose answer
+            # was lost; a wrong last sequence is another writer's marker
+            # (front-ends creating the same log at once: add_stream of
+            # the same configuration succeeds for both)
+            if must_be_new and outcome.error is not None:
                 raise LogExists(f"log {name!r} exists")
             self._names.add(name)
         result: JetStreamLog = yield self._get(name)

@@ -41,6 +41,7 @@ class StoreView(Protocol):
     monotonic: Callable[[], float]
     prefix: str
     timeout: float
+    closed: bool
     read_ahead: int
     writer_id: str
     io: NatsIO
