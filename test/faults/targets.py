@@ -317,7 +317,10 @@ class StyxNatsTarget(StyxFileTarget):
         The final read, asked again while it fails for up to C{patience}
         seconds: nodes answer /healthz before the stream has elected its
         leader again, and until then the front-end cannot read the log.
-        Each retry is noted in the run's report.
+        A front-end that gave up on a cluster it could not reach at
+        start-up (its documented exit status 1) is started again, as its
+        supervisor would, with its last lines noted.  Each retry is noted
+        in the run's report.
         """
         import time
 
@@ -333,6 +336,14 @@ class StyxNatsTarget(StyxFileTarget):
                 self.notes.append(f"the final read failed, retried: {type(e).__name__}: "
                                   f"{last[-300:]}")
                 yield sleep(self.reactor, 1.0)
+                if not self.server.running:
+                    said = self.server.output_text().strip().splitlines()[-3:]
+                    self.notes.append("the front-end had exited, started again; it said: "
+                                      + " / ".join(line[-200:] for line in said))
+                    try:
+                        yield self.server.start()
+                    except Exception as e:   # noqa: BLE001 - noted; the next try says
+                        self.notes.append(f"the front-end did not start again: {e!r}"[:400])
 
     def killable(self):
         return ["server", "n0", "n1", "n2"]

@@ -132,6 +132,11 @@ class ServerProcess:
     def output_text(self):
         return b"".join(self._output).decode("utf-8", "replace")
 
+    @property
+    def running(self):
+        """Whether the current child is alive (spawned and not yet exited)."""
+        return self._transport is not None
+
     def _ended(self, reason):
         self._transport = None
         # the exit reason is a Failure (ProcessDone/ProcessTerminated): hand
