@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["default_reactor", "monotonic_seconds"]
+__all__ = ["SteadySeconds", "default_reactor", "monotonic_seconds", "wall_seconds"]
 
 
 def default_reactor(reactor: Any = None) -> Any:
@@ -26,6 +26,29 @@ def default_reactor(reactor: Any = None) -> Any:
         from twisted.internet import reactor as installed
         return installed
     return reactor
+
+
+class SteadySeconds:
+    """
+    A reactor's C{seconds()} that no step of the wall clock moves: the wall
+    time when it was made, advanced on the monotonic clock since
+    (L{streamproto.core.clock.steady_timers} installs it).  Every timer of
+    that reactor then waits what it was asked to, whatever NTP or an
+    operator does to the wall clock; what needs the wall time itself asks
+    L{wall_seconds}.
+
+    @ivar monotonic: the monotonic clock it advances on.
+    @ivar wall: the wall clock it started from.
+    """
+
+    def __init__(self, wall: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.wall = wall
+        self.monotonic = monotonic
+        self._offset = wall() - monotonic()
+
+    def __call__(self) -> float:
+        return self.monotonic() + self._offset
 
 
 def monotonic_seconds(clock: Any) -> Callable[[], float]:
@@ -44,4 +67,21 @@ def monotonic_seconds(clock: Any) -> Callable[[], float]:
     seconds: Callable[[], float] = clock.seconds
     if seconds is time.time:
         return time.monotonic
+    if isinstance(seconds, SteadySeconds):
+        return seconds.monotonic
+    return seconds
+
+
+def wall_seconds(clock: Any) -> Callable[[], float]:
+    """
+    The time source for instants of the wall clock (a timestamp stored
+    with a record or a session, a token's expiry that another host checks)
+    of code whose timers run on C{clock}: C{clock.seconds} itself, unless
+    it is a L{SteadySeconds}, whose wall clock it is then.
+
+    @param clock: an C{IReactorTime}.
+    """
+    seconds: Callable[[], float] = clock.seconds
+    if isinstance(seconds, SteadySeconds):
+        return seconds.wall
     return seconds

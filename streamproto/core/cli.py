@@ -42,6 +42,7 @@ from twisted.internet.interfaces import (
 from twisted.logger import ILogObserver, LogEvent, LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
+from streamproto.core.clock import steady_timers
 from streamproto.core.errors import describe
 
 EXIT_OK = 0
@@ -426,6 +427,8 @@ class Convention:
         def go(reactor: Any) -> defer.Deferred[Any]:
             # the reactor stopping before main is done: Ctrl-C (SIGINT) or SIGTERM
             reactor.addSystemEventTrigger("before", "shutdown", interrupted)
+            # timeouts, give-ups and reconnections that no clock step moves
+            steady_timers(reactor)
             # main's result: an exit status, None, or an awaitable of one
             d: defer.Deferred[Any] = defer.maybeDeferred(main, reactor)
             d.addCallback(lambda r: defer.ensureDeferred(r) if _awaitable(r) else r)

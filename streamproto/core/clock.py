@@ -5,14 +5,48 @@ and named here for the protocols; and L{SteadyCall}, a timer whose delay
 the wall clock cannot shorten.
 """
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from streamproto.base.clock import default_reactor, monotonic_seconds
+from streamproto.base.clock import SteadySeconds, default_reactor, monotonic_seconds, wall_seconds
 
-__all__ = ["SteadyCall", "default_reactor", "monotonic_seconds"]
+__all__ = ["SteadyCall", "default_reactor", "monotonic_seconds", "steady_timers",
+           "wall_seconds"]
+
+
+def steady_timers(reactor: Any, seconds: SteadySeconds | None = None) -> bool:
+    """
+    Put every timer of C{reactor} on the monotonic clock, for a process
+    that is a server or a client of ours (not a library's caller, whose
+    reactor is theirs).
+
+    A reactor's timers (C{callLater}, C{LoopingCall}, every timeout of
+    Twisted and of ours) are kept on C{seconds()}, the wall clock: a step
+    forward fires the pending ones at once, and a step back, which NTP
+    makes at boot or an operator makes by hand, delays every one of them
+    by the step (an hour back: no heartbeat, retry, reconnection or idle
+    timeout for an hour).  C{seconds} is a public method each C{DelayedCall}
+    and the reactor's loop ask; on the instance it becomes a
+    L{SteadySeconds}, the wall time now advanced on the monotonic clock, so
+    a step moves none of them.  What needs the wall time asks
+    L{wall_seconds} (timestamps stored with records and sessions, tokens'
+    expiry).  Left behind: C{twisted.web}'s access-log dates, which follow
+    the reactor's time (after a step they are off by the step until the
+    process restarts).
+
+    @param seconds: the stand-in to install (a test's); a new
+        L{SteadySeconds} by default.
+    @return: whether it was installed (not for a reactor whose time is
+        not the wall clock, such as a test's C{Clock}, or already steady).
+    """
+    current = getattr(reactor, "seconds", None)
+    if current is not time.time and seconds is None:
+        return False
+    reactor.seconds = seconds or SteadySeconds()
+    return True
 
 
 class SteadyCall:

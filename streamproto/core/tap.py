@@ -326,6 +326,9 @@ class ServerService(service.MultiService):
             # the fsync thread's results reach the reactor sooner
             from streamproto.core.gil import shorten_switch_interval
             shorten_switch_interval(self._sys)
+            # no step of the wall clock fires or holds back the timers
+            from streamproto.core.clock import steady_timers
+            steady_timers(default_reactor(self.clock))
         if self.log_format == "json" and self._top:
             # twistd asks the application for its observer before logging starts
             from streamproto.core.ops import json_log_observer

@@ -42,6 +42,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.base import durable
+from streamproto.base.clock import wall_seconds
 from streamproto.base.durable import write_all
 from streamproto.log import metrics
 from streamproto.log.batch import BytesLike, RecordBatch
@@ -107,7 +108,7 @@ def write_file_atomically(io: FileIO, path: str, data: bytes) -> None:
 
 
 def _now_ms(clock: IReactorTime) -> int:
-    return int(clock.seconds() * 1000)
+    return int(wall_seconds(clock)() * 1000)
 
 
 class _Pending:

@@ -48,6 +48,7 @@ import os
 import time
 
 from streamproto.core.auth import ALLOW_ALL, ANONYMOUS, certificate_principals
+from streamproto.core.clock import wall_seconds
 from streamproto.pravega import codec
 
 DEFAULT_LIFETIME = 600
@@ -129,7 +130,7 @@ class DelegationTokens:
         return self._settings().get("token-lifetime", DEFAULT_LIFETIME)
 
     def _now(self):
-        return int(self.clock.seconds() if self.clock is not None else time.time())
+        return int(wall_seconds(self.clock)() if self.clock is not None else time.time())
 
     def _sign(self, signing_input):
         return hmac.new(self.secret, signing_input, hashlib.sha256).digest()

@@ -41,7 +41,7 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds
+from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds, wall_seconds
 from streamproto.core.interfaces import IReadiness
 from streamproto.core.observer import SharedCall
 from streamproto.log.interfaces import IStartingStore
@@ -288,7 +288,7 @@ class JetStreamSessionStore:
             return None, None
         revision, value = found
         session = _decode(value)
-        if self._expired(uuid, session, self.clock.seconds()):
+        if self._expired(uuid, session, wall_seconds(self.clock)()):
             # expired while nobody was here to see it
             yield self._call(self._delete, uuid, revision).addErrback(lambda f: None)
             self._forget(uuid)
@@ -310,14 +310,14 @@ class JetStreamSessionStore:
     # -- ISessionStore --------------------------------------------------------
     def register(self, uuid, state):
         self._disarm(uuid)
-        now = self.clock.seconds()
+        now = wall_seconds(self.clock)()
 
         def register(image):
             return None, _Session(state, since=now)
         return self._submit(uuid, _op(register, writes=True))
 
     def disconnect(self, uuid):
-        now = self.clock.seconds()
+        now = wall_seconds(self.clock)()
 
         def left(image):
             if image is None:
@@ -412,7 +412,7 @@ class JetStreamSessionStore:
                                     "sweep will", uuid=uuid, error=f.getErrorMessage()))
 
     def _log_expiry(self, uuid, session):
-        log_expiry(self.log, self.clock.seconds(), uuid, session)
+        log_expiry(self.log, wall_seconds(self.clock)(), uuid, session)
 
     def _forget(self, uuid):
         self._known.pop(uuid, None)
@@ -425,7 +425,7 @@ class JetStreamSessionStore:
         """Delete what a vanished front-end left disconnected for longer than C{expiry}."""
         try:
             keys = yield self._call(self._keys)
-            now = self.clock.seconds()
+            now = wall_seconds(self.clock)()
             for key in keys:
                 uuid = bytes.fromhex(key[2:]).decode() if key.startswith("x.") else key
                 found = yield self._call(self._get, uuid)

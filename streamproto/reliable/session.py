@@ -31,7 +31,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from zope.interface import Attribute, Interface, implementer
 
-from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds
+from streamproto.core.clock import SteadyCall, default_reactor, monotonic_seconds, wall_seconds
 from streamproto.base.durable import DirectoryIO, make_dirs
 from streamproto.log.versions import SESSION_VERSION, NewerFormat, check
 from streamproto.reliable.errors import (
@@ -180,13 +180,13 @@ class _SessionTable:
         old = self.sessions.get(uuid)
         if old is not None and old.timer is not None and old.timer.active():
             old.timer.cancel()
-        session = self.sessions[uuid] = _Session(state, since=self.clock.seconds())
+        session = self.sessions[uuid] = _Session(state, since=wall_seconds(self.clock)())
         return session
 
     def disconnect(self, uuid, delay=None):
         session = self._get(uuid)
         delay = self.expiry if delay is None else max(0.0, delay)
-        session.left = self.clock.seconds()
+        session.left = wall_seconds(self.clock)()
         session.timer = SteadyCall(self.clock, delay, self._expire, uuid, session,
                                    monotonic=self.monotonic)
         return session
@@ -195,7 +195,7 @@ class _SessionTable:
         if self.sessions.get(uuid) is not session:
             return
         del self.sessions[uuid]
-        log_expiry(self.log, self.clock.seconds(), uuid, session)
+        log_expiry(self.log, wall_seconds(self.clock)(), uuid, session)
         if self._on_expire is not None:
             self._on_expire(uuid)
 
@@ -419,7 +419,7 @@ class SQLiteSessionStore:
         return self._table.expiry
 
     def _recover(self):
-        now = self._clock.seconds()
+        now = wall_seconds(self._clock)()
         messages: dict[str, list[Message]] = {}
         for uuid, message_id, data in self._db.execute(
                 "SELECT uuid, id, data FROM messages ORDER BY uuid, id"):
@@ -540,7 +540,7 @@ class SQLiteSessionStore:
         except Exception:
             return defer.fail()
         self._pending.rows[uuid] = session
-        self._pending.disconnected[uuid] = self._clock.seconds()
+        self._pending.disconnected[uuid] = wall_seconds(self._clock)()
         return self._queue(None)
 
     def put(self, uuid: str, transformer: Transformer) -> defer.Deferred[Message]:

@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
-from streamproto.core.clock import default_reactor
+from streamproto.core.clock import default_reactor, wall_seconds
 from streamproto.core import metrics
 from streamproto.core.observer import Observers
 from streamproto.core.reconnect import Reconnector, backoff_policy
@@ -110,7 +110,7 @@ _link_ids = random.SystemRandom()
 
 
 def _epoch_now(clock):
-    return max(1, int(clock.seconds() * 1_000_000))
+    return max(1, int(wall_seconds(clock)() * 1_000_000))
 
 
 class _LinkTerms:

@@ -12,11 +12,13 @@ import glob
 import importlib
 import json
 import os
+import time
 from importlib import metadata
 
 from prometheus_client import REGISTRY
 from twisted.application import service
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactor
 from twisted.logger import Logger
 from twisted.trial import unittest
 from twisted.web.test.requesthelper import DummyRequest
@@ -28,6 +30,7 @@ from streamproto.core import metrics  # noqa: F401 - registers streamproto_accel
 from streamproto.core.ops import HealthResource
 from streamproto.core.statuspage import StatusHistory
 from streamproto.core.summary import summarise_families
+from streamproto.base.clock import SteadySeconds
 from streamproto.core.gcpolicy import FULL_EVERY
 from streamproto.core.gil import SWITCH_INTERVAL
 from streamproto.core.tap import ServerService
@@ -177,6 +180,12 @@ class MetricTests(_AcceleratorCase):
         self.assertNotIn("WARNING", status.render(summary))
 
 
+class _WallReactor(MemoryReactor):
+    """A reactor whose timers are on the wall clock, as a real one's are."""
+
+    seconds = staticmethod(time.time)
+
+
 class StartupTests(_AcceleratorCase):
     """The start-up log of a twistd server (a L{ServerService} under an application)."""
 
@@ -186,7 +195,9 @@ class StartupTests(_AcceleratorCase):
         # not this test process's own collector (gcpolicy's tests cover it)
         self.gc = RecordingGC()
         self.sys = FakeSys(0.005)
-        top = ServerService(gc=self.gc, sys_module=self.sys)
+        # not this test process's own reactor either
+        self.reactor = _WallReactor()
+        top = ServerService(gc=self.gc, sys_module=self.sys, clock=self.reactor)
         top.setName("styx-server")
         top.log = Logger(observer=events.append)
         top.setServiceParent(application)   # as twistd does
@@ -224,6 +235,13 @@ class StartupTests(_AcceleratorCase):
         self.with_it()
         self.start()
         self.assertEqual(self.sys.interval, SWITCH_INTERVAL)
+
+    def test_steady_timers(self):
+        """The process's server puts its reactor's timers on the monotonic
+        clock (streamproto.core.clock.steady_timers)."""
+        self.with_it()
+        self.start()
+        self.assertIsInstance(self.reactor.seconds, SteadySeconds)
 
     def test_embedded_says_nothing(self):
         """Inside a program's own services: the program decides what to log."""

@@ -18,7 +18,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from streamproto.core.clock import default_reactor
+from streamproto.core.clock import default_reactor, wall_seconds
 from streamproto.log.errors import AppendConflict
 from streamproto.log.interfaces import ILog, ILogStore
 from streamproto.log.versions import CONTROLLER_VERSION, check_mapping
@@ -563,7 +563,7 @@ class ControllerState:
 
     # -- transactions ----------------------------------------------------
     def _now_ms(self):
-        return int(self.clock.seconds() * 1000)
+        return int(wall_seconds(self.clock)() * 1000)
 
     @_mutation
     def create_txn(self, scope: str, stream: str, lease_ms: int
