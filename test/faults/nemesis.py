@@ -113,6 +113,21 @@ class ClockJump(Fault):
         return f"clock {offset:+.0f} s for {hold:.2f} s"
 
 
+class NodeClockJump(Fault):
+    """
+    Jump a cluster node's wall clock (not the front-end's): which nothing
+    here can do, so the target only says why (L{node_clock_unavailable}).
+    """
+
+    name = "nodeclock"
+
+    def unavailable(self, target):
+        return target.node_clock_unavailable()
+
+    def inject(self, reactor, rng, target):
+        raise AssertionError("no target can jump a node's clock here")
+
+
 class Partition(Fault):
     """
     Cut the network (L{test.faults.netns}: silent drops at the router
@@ -167,8 +182,8 @@ class Flap(Fault):
         return f"link of {member} flapped {flips} times in {length:.2f} s"
 
 
-FAULTS = {f.name: f for f in (Kill9(), PowerLoss(), Pause(), ClockJump(), Partition(),
-                                Flap())}
+FAULTS = {f.name: f for f in (Kill9(), PowerLoss(), Pause(), ClockJump(), NodeClockJump(),
+                                Partition(), Flap())}
 
 
 class Nemesis:

@@ -48,6 +48,8 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           # sync_interval: always ("nats") and with nats-server's default ("nats-lazy")
           + [(fault, store, "styx") for store in ("nats", "nats-lazy")
              for fault in ("partition", "flap", "clock")]
+          # a node's clock: a row that says why it cannot be jumped here
+          + [("nodeclock", "nats", "styx")]
           # the other protocols' workloads on the file store
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")

@@ -41,6 +41,41 @@ def abort_all():
         target.abort()
 
 
+def node_clock_unavailable(binary=None):
+    """
+    Why a nats-server node's wall clock cannot be jumped here: libfaketime
+    works by LD_PRELOAD on a dynamically linked program's libc calls, the
+    kernel's time namespaces offset only the monotonic and boot clocks
+    (never CLOCK_REALTIME), and setting the machine's clock would step
+    every process on it (the tests, CI, other people's work).
+    """
+    from test.support.natsutil import nats_server_binary
+    binary = binary or nats_server_binary()
+    if binary is None:
+        return "nats-server not installed"
+    with open(binary, "rb") as f:
+        static = not _has_interpreter(f.read(1 << 16))
+    how = ("a statically linked Go binary: it reads the clock through the vDSO, "
+           "out of LD_PRELOAD's (libfaketime's) reach" if static else
+           "dynamically linked, but Go reads the clock through the vDSO, not libc")
+    return (f"{binary} is {how}; time namespaces offset only the monotonic clocks, and "
+            "stepping this machine's clock would step every process on it")
+
+
+def _has_interpreter(head):
+    """Whether an ELF file's program headers (in C{head}) name a dynamic loader."""
+    import struct
+    if head[:4] != b"\x7fELF" or head[4] != 2:
+        return False
+    phoff, = struct.unpack_from("<Q", head, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", head, 0x36)
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        if at + 4 <= len(head) and struct.unpack_from("<I", head, at)[0] == 3:  # PT_INTERP
+            return True
+    return False
+
+
 def faketime_unavailable():
     if not os.path.exists(FAKETIME_LIB):
         return f"libfaketime not installed ({FAKETIME_LIB}: Debian package faketime)"
@@ -189,6 +224,9 @@ class StyxFileTarget:
     def partition_unavailable(self):
         return ("one file-store server has no peers to be cut from: partitions run "
                 "against the JetStream cluster (the nats rows)")
+
+    def node_clock_unavailable(self):
+        return "one file-store server has no cluster nodes (the clock row jumps its own)"
 
     # -- the end ---------------------------------------------------------
 
@@ -394,6 +432,9 @@ class StyxNatsTarget(StyxFileTarget):
     def clock_unavailable(self):
         # the front-end's clock (libfaketime): the nodes keep true time
         return super().clock_unavailable()
+
+    def node_clock_unavailable(self):
+        return node_clock_unavailable()
 
     def _keep_fatal_logs(self):
         """Copy the nodes' logs out of the doomed directory when one died."""

@@ -134,3 +134,28 @@ class NoNamespacesTests(TestCase):
             self.assertEqual(netns.ours(), [])
         from twisted.internet.defer import Deferred
         return Deferred.fromCoroutine(go())
+
+
+class NodeClockTests(TestCase):
+    """A nats-server node's clock cannot be jumped here: the row says why."""
+
+    def test_row_says_why(self):
+        async def go():
+            row = await run.run_one(reactor, "nodeclock", "nats", "styx", 5.0, SEED)
+            self.assertEqual(row.runs, 0)
+            self.assertIn("time namespaces offset only the monotonic clocks", row.unavailable)
+            self.assertIn("not run: ", run.table([row], 1, SEED))
+        from twisted.internet.defer import Deferred
+        return Deferred.fromCoroutine(go())
+
+    def test_how_the_binary_is_linked(self):
+        """Told from the ELF program headers: a dynamic loader or none."""
+        import sys
+
+        from test.faults.targets import _has_interpreter
+        from test.support.natsutil import nats_server_binary
+        with open(sys.executable, "rb") as f:
+            self.assertTrue(_has_interpreter(f.read(1 << 16)))
+        with open(nats_server_binary(), "rb") as f:
+            self.assertFalse(_has_interpreter(f.read(1 << 16)))
+        self.assertFalse(_has_interpreter(b"#!/bin/sh\n"))
