@@ -161,6 +161,55 @@ class InlineReadTests(unittest.SynchronousTestCase):
         self.assertEqual(self.reads(), ["read_records"])
 
 
+class SharedReadTests(unittest.SynchronousTestCase):
+    """
+    Followers woken together by one fsync ask the same read: the file
+    store reads and decodes it once and hands each the same batch, until
+    the log's end moves.
+    """
+
+    def setUp(self):
+        self.io = ScriptedIO()
+        self.log = InlineReadTests.make_log(self, self.io)
+
+    def test_the_same_read_read_once(self):
+        first = self.successResultOf(self.log.read(100))
+        calls = self.io.cached_calls
+        for _ in range(10):
+            self.assertIs(self.successResultOf(self.log.read(100)), first)
+        self.assertEqual(self.io.cached_calls, calls)
+        self.assertEqual(first.records(), self.recs[100:])
+
+    def test_another_read_is_read(self):
+        self.successResultOf(self.log.read(100))
+        calls = self.io.cached_calls
+        self.assertEqual(self.successResultOf(self.log.read(100, 5)).records(),
+                         self.recs[100:105])
+        self.assertEqual(self.successResultOf(self.log.read(101)).records(), self.recs[101:])
+        self.assertEqual(self.io.cached_calls, calls + 2)
+
+    def test_new_records_are_read(self):
+        """An append moves the end: the same request now reads the new records too."""
+        before = self.successResultOf(self.log.read(250))
+        more = records(5, start=300)
+        self.successResultOf(self.log.append(more))
+        after = self.successResultOf(self.log.read(250))
+        self.assertEqual(before.records(), self.recs[250:])
+        self.assertEqual(after.records(), self.recs[250:] + more)
+
+    def test_truncated_is_refused(self):
+        self.successResultOf(self.log.read(10))
+        self.successResultOf(self.log.truncate(200))
+        from streamproto.log.errors import PositionOutOfRange
+        self.failureResultOf(self.log.read(10), PositionOutOfRange)
+
+    def test_closed_is_refused(self):
+        self.successResultOf(self.log.read(10))
+        self.log._close()
+        from streamproto.log.errors import LogClosed
+        self.failureResultOf(self.log.read(10), LogClosed)
+
+
 class PageCacheReadTests(unittest.SynchronousTestCase):
     """The C accelerator's C{pread_cached} on this machine's file system."""
 
