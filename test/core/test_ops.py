@@ -172,7 +172,11 @@ class TrackingTests(unittest.TestCase):
     def test_json_log_format_installs_observer(self):
         o = Options()
         o.parseOptions(["--data", tempfile.mkdtemp(), "--log-format", "json"])
-        top = server_service(o, lambda store: protocol.Factory.forProtocol(Echo), name="t-json")
+        # a reactor of its own: a server at the top of an application tunes
+        # the process (its timers, the collector), not this test run's
+        from twisted.internet.testing import MemoryReactorClock
+        top = server_service(o, lambda store: protocol.Factory.forProtocol(Echo), name="t-json",
+                             reactor=MemoryReactorClock())
         app = service.Application("t")
         top.setServiceParent(app)  # as twistd does
         self.assertIsNotNone(app.getComponent(ILogObserver, None))
