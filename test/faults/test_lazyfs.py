@@ -229,12 +229,16 @@ class MountTests(SynchronousTestCase):
                 with self.assertRaises(OSError, msg=name):
                     mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 
-    def crash_sqlite_writer(self, mode):
+    def crash_sqlite_writer(self, mode, stale_index=False):
         """
         Run L{SQLITE_WRITER} with C{mode}, SIGKILL it, cut the power: the
         rows before the kill and after the cut.  The first read maps the
         wal-index (page-cached) before the cut; the second must see only
         what the model kept.
+
+        @param stale_index: put the wal-index as it was before the kill
+            back after the cut, as if it had survived it (it describes WAL
+            frames the cut lost).
         """
         os.mkdir(self.path("d"))
         self.fsync_dir()
@@ -246,9 +250,15 @@ class MountTests(SynchronousTestCase):
         self.addCleanup(writer.stdout.close)
         self.assertEqual(writer.stdout.readline(), b"ready\n")
         before = self.rows(path)
+        with open(path + "-shm", "rb") as f:
+            index = f.read()
         writer.send_signal(signal.SIGKILL)
         writer.wait()
         self.mount.drop()
+        if stale_index:
+            self.assertGreaterEqual(len(index), 32768)   # a wal-index, not a stub
+            with open(path + "-shm", "wb") as f:
+                f.write(index)
         return before, self.rows(path)
 
     def rows(self, path):
@@ -281,4 +291,14 @@ class MountTests(SynchronousTestCase):
         """With synchronous=OFF nothing after the FULL commit is synced: lost."""
         before, after = self.crash_sqlite_writer("OFF")
         self.assertEqual(before, ["full", "off"])
+        self.assertEqual(after, ["full"])
+
+    def test_sqlite_stale_wal_index_not_believed(self):
+        """
+        Why the wal-index may be page-cached (L{lazyfs.page_cached}): one
+        that survived the cut, describing the lost commit's frames, is
+        rebuilt from the WAL by the first connection, not believed.
+        """
+        before, after = self.crash_sqlite_writer("NORMAL", stale_index=True)
+        self.assertEqual(before, ["full", "normal"])
         self.assertEqual(after, ["full"])
