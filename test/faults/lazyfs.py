@@ -20,9 +20,11 @@ libfuse 2 through C{mfusepy}):
 It is driven through a control file at the mount's root, C{.lazyfs}: write
 C{drop}, C{sync} (make everything durable), C{stats} or C{lie} (from
 now on fsync flushes nothing: a disk that lies), then read it back
-for the answer (C{ok ...}).  Mounted with C{direct_io} and zero attribute
-and entry timeouts so that the kernel caches nothing that a drop would
-make stale.
+for the answer (C{ok ...}).  Every file is opened with C{direct_io} (set
+per open, L{LazyFS.open}) and the mount has zero attribute and entry
+timeouts, so that the kernel caches nothing that a drop would make stale;
+the one exception is SQLite's C{-shm} wal-index, which must be mapped
+shared (L{page_cached} says why that is safe).
 
 Run as a process (root, /dev/fuse, libfuse2)::
 
@@ -52,6 +54,34 @@ else:
 PAGE = 4096
 CONTROL = "/.lazyfs"
 STASH = ".lazyfs-stash"
+#: the suffix of SQLite's wal-index (the shared memory of WAL mode)
+SHM_SUFFIX = "-shm"
+
+
+def page_cached(path):
+    """
+    Whether the file at C{path} may go through the kernel's page cache
+    (every other file is C{direct_io}): only SQLite's C{-shm} wal-index.
+
+    WAL mode maps it C{MAP_SHARED} and writable, which FUSE refuses on a
+    C{direct_io} file ("disk I/O error" when the first connection opens
+    the database); a page-cached file can be mapped so.  This cannot make
+    a dropped write visible:
+
+    - the wal-index is not durable data.  SQLite never fsyncs it; the
+      first connection to open the database after a crash finds no live
+      lock on its dead-man's-switch byte (the dead process's locks died
+      with it), truncates the index and rebuilds it from the WAL and the
+      database file, both C{direct_io} and so read from this model.  So
+      what a stale C{-shm} holds is never believed, only rebuilt;
+    - no C{keep_cache}: the kernel drops the file's cached pages at every
+      open, so a process opening it after a drop reads what the model
+      holds, not pages from before it (and attributes are never cached:
+      C{attr_timeout=0}, the size is asked each time);
+    - the cache is per file: the pages of C{X-shm} are never the pages of
+      C{X} or C{X-wal}, which stay uncached, as everything else does.
+    """
+    return path.endswith(SHM_SUFFIX)
 
 
 def unavailable():
@@ -313,8 +343,19 @@ else:   # pragma: no cover - the module still imports, unavailable() says why
     _Base = object
 
 
+def _handle(fi):
+    """Our handle of an open file, from its C{fuse_file_info} (C{raw_fi} mode)."""
+    return None if fi is None else fi.fh
+
+
 class LazyFS(_Base):
-    """The FUSE operations: paths in, L{LazyState} on the backing directory."""
+    """
+    The FUSE operations: paths in, L{LazyState} on the backing directory.
+
+    Mounted in C{raw_fi} mode: the file operations get the kernel's
+    C{fuse_file_info}, whose C{fh} is our handle, so that C{open} and
+    C{create} can choose C{direct_io} for each file (L{page_cached}).
+    """
 
     #: times as nanoseconds (utimens)
     use_ns = True
@@ -339,7 +380,7 @@ class LazyFS(_Base):
 
     # -- attributes ----------------------------------------------------
 
-    def getattr(self, path, fh=None):
+    def getattr(self, path, fi=None):
         if path == CONTROL:
             now = time.time()
             return {"st_mode": stat.S_IFREG | 0o600, "st_nlink": 1, "st_size": 0,
@@ -438,21 +479,33 @@ class LazyFS(_Base):
         return (flags & ~(os.O_WRONLY | os.O_RDONLY | os.O_APPEND | os.O_TRUNC
                           | os.O_CREAT | os.O_EXCL)) | os.O_RDWR
 
-    def create(self, path, mode, fi=None):
+    @staticmethod
+    def _cache_policy(path, fi):
+        # uncached unless it is a wal-index; never keep_cache: see page_cached
+        fi.direct_io = 0 if page_cached(path) else 1
+        fi.keep_cache = 0
+
+    def create(self, path, mode, fi):
         if path == CONTROL:
             raise fuse.FuseOSError(errno.EEXIST)
         real = self._real(path)
         with self._mutex:
             fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
             self.state.created(path)
-            return self._fh(fd, 0)
+            fi.fh = self._fh(fd, 0)
+        self._cache_policy(path, fi)
+        return 0
 
-    def open(self, path, flags):
+    def open(self, path, fi):
+        flags = fi.flags
         if path == CONTROL:
             with self._mutex:
                 self.next_fh += 1
                 self.control[self.next_fh] = b""
-                return self.next_fh
+                fi.fh = self.next_fh
+            # its answer is read past the size getattr shows (0): never cached
+            fi.direct_io = 1
+            return 0
         real = self._real(path)
         try:
             fd = os.open(real, self._backing_flags(flags))
@@ -460,7 +513,9 @@ class LazyFS(_Base):
             raise fuse.FuseOSError(e.errno) from None
         if flags & os.O_TRUNC:
             self.state.truncate(fd, 0)
-        return self._fh(fd, flags)
+        fi.fh = self._fh(fd, flags)
+        self._cache_policy(path, fi)
+        return 0
 
     def _fd(self, fh):
         try:
@@ -468,13 +523,15 @@ class LazyFS(_Base):
         except KeyError:
             raise fuse.FuseOSError(errno.EBADF) from None
 
-    def read(self, path, size, offset, fh):
+    def read(self, path, size, offset, fi):
+        fh = _handle(fi)
         if fh in self.control:
             return self.control[fh][offset:offset + size]
         fd, _ = self._fd(fh)
         return self.state.read(fd, size, offset)
 
-    def write(self, path, data, offset, fh):
+    def write(self, path, data, offset, fi):
+        fh = _handle(fi)
         if fh in self.control:
             self.control[fh] = self._command(bytes(data).decode().strip()).encode() + b"\n"
             return len(data)
@@ -484,7 +541,8 @@ class LazyFS(_Base):
                 offset = self.state.size_of(fd, os.fstat(fd).st_size)
             return self.state.write(fd, bytes(data), offset)
 
-    def truncate(self, path, length, fh=None):
+    def truncate(self, path, length, fi=None):
+        fh = _handle(fi)
         if path == CONTROL:
             return 0
         if fh is not None and fh in self.fds:
@@ -497,16 +555,18 @@ class LazyFS(_Base):
             os.close(fd)
         return 0
 
-    def flush(self, path, fh):
+    def flush(self, path, fi):
         return 0
 
-    def fsync(self, path, datasync, fh):
+    def fsync(self, path, datasync, fi):
+        fh = _handle(fi)
         if fh in self.control:
             return 0
         self.state.fsync(self._fd(fh)[0])
         return 0
 
-    def release(self, path, fh):
+    def release(self, path, fi):
+        fh = _handle(fi)
         with self._mutex:
             if self.control.pop(fh, None) is not None:
                 return 0
@@ -628,8 +688,9 @@ def main(argv=None):
     why = unavailable()
     if why:
         parser.exit(2, f"lazyfs: {why}\n")
-    fuse.FUSE(LazyFS(args.backing), args.mountpoint, foreground=True, nothreads=False,
-              direct_io=True, attr_timeout=0, entry_timeout=0, negative_timeout=0,
+    # no global direct_io: LazyFS.open sets it for each file (raw_fi)
+    fuse.FUSE(LazyFS(args.backing), args.mountpoint, raw_fi=True, foreground=True,
+              nothreads=False, attr_timeout=0, entry_timeout=0, negative_timeout=0,
               fsname="lazyfs")
     return 0
 

@@ -169,24 +169,16 @@ class ReliableFileTarget(LogFileTarget):
     server recovers it) holds it at or past its client's last id, with the
     next message when it has one (L{resumable_on_disk}).
 
-    The session store is SQLite in WAL mode, whose C{-shm} index is a
-    shared memory map, which the lazy FS (FUSE with C{direct_io}) cannot
-    give ("disk I/O error" at startup): its data directory is on the real
-    file system, and the power-loss row says why it is not run.
+    The data directory, and so the session database (SQLite in WAL mode:
+    the database, its WAL and its C{-shm} wal-index), is on the lazy FS,
+    so a power cut loses whatever SQLite had not synced; the wal-index is
+    the one file the lazy FS lets the kernel cache, since WAL maps it
+    shared (L{test.faults.lazyfs.page_cached}).
     """
 
-    #: why the power-loss row is not run
-    NO_LAZY = ("SQLite's WAL needs a shared memory map, which the lazy FS "
-               "(FUSE, direct_io) cannot give")
-
-    def __init__(self, reactor, clock=False, power=False):
+    def __init__(self, reactor, clock=False):
         super().__init__(reactor, "reliable", clock=clock)
         self.history = None
-        self.power = power
-        self.server.data_dir = os.path.join(self.work, "data")
-
-    def lazy_unavailable(self):
-        return self.NO_LAZY if self.power else super().lazy_unavailable()
 
     def start_client(self, history, duration, producers=3, timeout=3.0):
         self.history = history

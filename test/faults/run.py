@@ -122,8 +122,7 @@ def make_target(reactor, fault, store, protocol):
         return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
     if (store, protocol) == ("file", "reliable"):
         from test.faults.logtargets import ReliableFileTarget
-        return ReliableFileTarget(reactor, clock=(fault == "clock"),
-                                  power=(fault == "powerloss"))
+        return ReliableFileTarget(reactor, clock=(fault == "clock"))
     if store == "file" and protocol in ("lumberjack", "pravega", "relink", "relink-tx"):
         from test.faults.logtargets import LogFileTarget
         return LogFileTarget(reactor, protocol, clock=(fault == "clock"))

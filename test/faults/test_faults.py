@@ -4,10 +4,11 @@ the harness implements, against a real styx-server on the file store whose
 data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes); and one run of each other protocol's workload on the
-file store (Lumberjack, Pravega, Relink log and log-tx, reliable streams), judged by the
-checker (python -m test.faults.run runs the full matrix).  Needs root,
-/dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
-them): without them the runs fail and say why.
+file store (Lumberjack, Pravega, Relink log and log-tx; reliable streams:
+clock jumps and power loss), judged by the checker (python -m
+test.faults.run runs the full matrix).  Needs root, /dev/fuse, libfuse2,
+mfusepy, libfaketime and iproute2 (.ci/run installs them): without them
+the runs fail and say why.
 """
 
 from twisted.internet import reactor
@@ -100,6 +101,15 @@ class FaultMatrixSubsetTests(TestCase):
         set forward again.
         """
         return self._deferred(self.check_class("clock", protocol="reliable", seconds=10.0))
+
+    def test_reliable_power_loss(self):
+        """
+        Reliable-stream sessions through power cuts of the server's disk,
+        the SQLite session database included: every session resumes where
+        its client left it (a commit acknowledged before it was synced
+        would lose the messages after it).
+        """
+        return self._deferred(self.check_class("powerloss", protocol="reliable"))
 
     def test_lying_disk_is_caught(self):
         """

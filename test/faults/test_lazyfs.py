@@ -5,13 +5,42 @@ state logic without FUSE (any machine), then through a real mount (root,
 fail and say why, they do not skip).
 """
 
+import mmap
 import os
 import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
 import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from test.faults import lazyfs
+
+#: a SQLite writer in WAL mode, killed mid-transaction by the test: it
+#: commits rows with synchronous=FULL, then (argv[2]) with the mode given,
+#: then opens a transaction it never commits, and says so
+SQLITE_WRITER = """
+import os, sqlite3, sys
+path, mode = sys.argv[1], sys.argv[2]
+db = sqlite3.connect(path, isolation_level=None)
+assert db.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+db.execute("PRAGMA synchronous=FULL")
+db.execute("CREATE TABLE t (name TEXT)")
+# SQLite syncs the WAL's name (its first sync), never the database's
+fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+os.fsync(fd)
+os.close(fd)
+db.execute("INSERT INTO t VALUES ('full')")
+db.execute("PRAGMA synchronous=" + mode)
+db.execute("INSERT INTO t VALUES (?)", (mode.lower(),))
+db.execute("BEGIN")
+db.execute("INSERT INTO t VALUES ('uncommitted')")
+assert os.path.exists(path + "-shm")
+print("ready", flush=True)
+sys.stdin.read()
+"""
 
 
 class StateTests(SynchronousTestCase):
@@ -181,3 +210,95 @@ class MountTests(SynchronousTestCase):
         self.mount.drop()
         with open(self.path("f"), "rb") as f:
             self.assertEqual(f.read(), b"x")
+
+    def test_only_the_wal_index_is_page_cached(self):
+        """
+        Every file is direct_io (FUSE refuses it a shared writable map)
+        except SQLite's -shm wal-index, which must be mapped so.
+        """
+        for name, shared in (("data", False), ("db-wal", False), ("db-shm", True)):
+            fd = os.open(self.path(name), os.O_RDWR | os.O_CREAT)
+            self.addCleanup(os.close, fd)
+            os.ftruncate(fd, 4096)
+            if shared:
+                m = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                m[:3] = b"shm"
+                m.close()
+                self.assertEqual(os.pread(fd, 3, 0), b"shm")
+            else:
+                with self.assertRaises(OSError, msg=name):
+                    mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+    def crash_sqlite_writer(self, mode, stale_index=False):
+        """
+        Run L{SQLITE_WRITER} with C{mode}, SIGKILL it, cut the power: the
+        rows before the kill and after the cut.  The first read maps the
+        wal-index (page-cached) before the cut; the second must see only
+        what the model kept.
+
+        @param stale_index: put the wal-index as it was before the kill
+            back after the cut, as if it had survived it (it describes WAL
+            frames the cut lost).
+        """
+        os.mkdir(self.path("d"))
+        self.fsync_dir()
+        path = self.path("d", "s.sqlite")
+        writer = subprocess.Popen([sys.executable, "-c", SQLITE_WRITER, path, mode],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.addCleanup(writer.wait)
+        self.addCleanup(writer.stdin.close)
+        self.addCleanup(writer.stdout.close)
+        self.assertEqual(writer.stdout.readline(), b"ready\n")
+        before = self.rows(path)
+        with open(path + "-shm", "rb") as f:
+            index = f.read()
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+        self.mount.drop()
+        if stale_index:
+            self.assertGreaterEqual(len(index), 32768)   # a wal-index, not a stub
+            with open(path + "-shm", "wb") as f:
+                f.write(index)
+        return before, self.rows(path)
+
+    def rows(self, path):
+        db = sqlite3.connect(path)
+        try:
+            return sorted(name for name, in db.execute("SELECT name FROM t"))
+        finally:
+            db.close()
+
+    def test_sqlite_wal_full_commits_survive_power_loss(self):
+        """
+        SQLite in WAL mode works on the lazy FS; with synchronous=FULL
+        every committed row survives a crash and a power cut, the
+        uncommitted one does not.
+        """
+        before, after = self.crash_sqlite_writer("FULL")
+        self.assertEqual(before, ["full", "full"])
+        self.assertEqual(after, ["full", "full"])
+
+    def test_sqlite_wal_unsynced_commit_lost(self):
+        """
+        With synchronous=NORMAL a commit in WAL mode is not synced (only a
+        checkpoint is): a power cut loses it, and only it.
+        """
+        before, after = self.crash_sqlite_writer("NORMAL")
+        self.assertEqual(before, ["full", "normal"])
+        self.assertEqual(after, ["full"])
+
+    def test_sqlite_wal_commit_never_synced_lost(self):
+        """With synchronous=OFF nothing after the FULL commit is synced: lost."""
+        before, after = self.crash_sqlite_writer("OFF")
+        self.assertEqual(before, ["full", "off"])
+        self.assertEqual(after, ["full"])
+
+    def test_sqlite_stale_wal_index_not_believed(self):
+        """
+        Why the wal-index may be page-cached (L{lazyfs.page_cached}): one
+        that survived the cut, describing the lost commit's frames, is
+        rebuilt from the WAL by the first connection, not believed.
+        """
+        before, after = self.crash_sqlite_writer("NORMAL", stale_index=True)
+        self.assertEqual(before, ["full", "normal"])
+        self.assertEqual(after, ["full"])

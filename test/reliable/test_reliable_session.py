@@ -194,6 +194,18 @@ class SQLiteSessionStoreTests(SessionStoreTestsMixin, TestCase):
         self.assertEqual(store._table.sessions["a"].state["seen"], [1, 2, 3, 4, 5, 6])
         self.assertEqual(store._table.sessions["a"].state["nested"], {"x": [1, None]})
 
+    def test_commit_is_synced(self):
+        """
+        WAL with synchronous=FULL: each commit syncs the WAL before the
+        store's Deferred fires.  NORMAL would sync only at checkpoints, so
+        an acknowledged message would not survive a power cut (the fault
+        matrix's reliable power-loss row loses ~1,100-1,800 messages a
+        run with it).
+        """
+        db = self.store._db
+        self.assertEqual(db.execute("PRAGMA journal_mode").fetchone(), ("wal",))
+        self.assertEqual(db.execute("PRAGMA synchronous").fetchone(), (2,))   # FULL
+
     @defer.inlineCallbacks
     def test_put_fires_after_commit(self):
         yield self.store.register("a", {"n": 0, "seen": []})
