@@ -49,6 +49,9 @@ WRONG_LAST_MSG_ID = 10070
 STREAM_NOT_FOUND = 10059
 NO_MESSAGE_FOUND = 10037
 STREAM_NAME_IN_USE = 10058
+#: "no suitable peers for placement": a peer offline (for a moment), or a
+#: placement the cluster can never meet
+NO_SUITABLE_PEERS = 10005
 
 
 class JetStreamError(Exception):

@@ -766,3 +766,32 @@ class NewStreamTests(unittest.SynchronousTestCase):
         self.assertEqual(len(self.markers()), 1)
         self.successResultOf(log.append([b"a"]))
         self.assertEqual(log.end_position, 1)
+
+    def test_placement_refused_for_a_moment(self):
+        """
+        "No suitable peers for placement" (a peer the meta leader sees
+        offline for a moment; seen in CI on a loaded machine): the stream
+        is asked for again, within the timeout.
+        """
+        from streamproto.log.natsio import NO_SUITABLE_PEERS
+        self.io.add_stream_faults.extend([NO_SUITABLE_PEERS] * 3)
+        log = self.successResultOf(self.store().create("events"))
+        self.assertEqual(len(self.io.added), 4)
+        self.assertEqual(self.io.paused, [0.05, 0.1, 0.2])
+        self.successResultOf(log.append([b"a"]))
+
+    def test_placement_never_met(self):
+        """A placement refused for longer than the timeout fails the create, as unavailable."""
+        from streamproto.log.natsio import NO_SUITABLE_PEERS
+        self.io.add_stream_faults.extend([NO_SUITABLE_PEERS] * 1000)
+        failure = self.failureResultOf(self.store(timeout=2.0).create("events"),
+                                       StoreUnavailable)
+        self.assertIn("refused", failure.getErrorMessage())
+        self.assertLessEqual(sum(self.io.paused), 2.0)
+
+    def test_other_refusals_not_asked_again(self):
+        """Any other refusal of the stream is the create's answer at once."""
+        self.io.add_stream_faults.append(10052)
+        self.failureResultOf(self.store().create("events"), StoreUnavailable)
+        self.assertEqual(len(self.io.added), 1)
+        self.assertEqual(self.io.paused, [])

@@ -105,6 +105,8 @@ class FakeJetStream:
         self.published = []       # (subject, headers, body) in the order received
         self.late = deque()       # publishes timed out, to be applied later
         self.paused = []          # the seconds of each pause between two tries
+        self.added = []           # the stream names of every add_stream asked
+        self.add_stream_faults = deque()  # err_codes the next add_streams are refused with
 
     def _check(self):
         if self.down:
@@ -129,6 +131,9 @@ class FakeJetStream:
 
     async def add_stream(self, config):
         self._check()
+        self.added.append(config["name"])
+        if self.add_stream_faults:
+            raise JetStreamError("refused", 400, self.add_stream_faults.popleft())
         if config["name"] in self.streams:
             raise JetStreamError("stream name already in use", 400, STREAM_NAME_IN_USE)
         self.streams[config["name"]] = FakeStream(json.loads(json.dumps(config)))

@@ -1,8 +1,9 @@
 """
 What the modules of L{streamproto.log.jetstream} share: the type of their
 C{inlineCallbacks} generators, the logger they log to, the translation
-of the cluster's own errors into what every protocol reports, and what
-each side of a log's work (L{LogPart}) knows of its log.
+of the cluster's own errors into what every protocol reports, the pauses
+between tries of a call the cluster cannot answer yet (L{Patience}), and
+what each side of a log's work (L{LogPart}) knows of its log.
 
 Kept apart so that the log, its collaborators and the store import it
 without importing each other.
@@ -14,6 +15,7 @@ import functools
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -22,6 +24,7 @@ from streamproto.log.errors import StoreUnavailable
 from streamproto.log.natsio import JetStreamError, NotAvailable
 
 if TYPE_CHECKING:
+    from streamproto.log.jetstream.views import StoreView
     from streamproto.log.jetstream.views import LogView as JetStreamLog
 
 _T = TypeVar("_T")
@@ -48,6 +51,45 @@ def _store_errors(method: Callable[_P, Deferred[_T]]) -> Callable[_P, Deferred[_
     def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Deferred[_T]:
         return method(*args, **kwargs).addErrback(translated)
     return wrapper
+
+
+#: seconds between two tries of a call the cluster could not answer yet
+#: (doubling up to the last)
+RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
+
+
+class Patience:
+    """
+    The pauses between tries of one call that the cluster refused for a
+    passing reason (a new stream without a leader yet, a peer seen offline
+    for a moment), up to the store's timeout in all.
+
+    Paced on the client's loop (C{io.pause}) and counted, not on the
+    store's clock: a synchronous bridge (Spark, the store copy) runs no
+    reactor to fire a timer.
+    """
+
+    def __init__(self, store: StoreView) -> None:
+        self._store = store
+        self._delays = iter(RETRY_DELAYS)
+        self._delay = next(self._delays)
+        self.waited = 0.0
+
+    @defer.inlineCallbacks
+    def pause(self) -> _Inline[bool]:
+        """
+        Wait before the next try.
+
+        @return: (a Deferred of) False, at once, when the next try would
+            go past the store's timeout or the store is closed: give up.
+        """
+        store = self._store
+        if store.closed or self.waited + self._delay > store.timeout:
+            return False
+        yield store._call(store.io.pause, self._delay)
+        self.waited += self._delay
+        self._delay = next(self._delays, self._delay)
+        return True
 
 
 class LogPart:

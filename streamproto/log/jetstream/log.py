@@ -36,7 +36,7 @@ from streamproto.log.errors import (
 from streamproto.log.gate import AppendRequest, GatedLog
 from streamproto.log.interfaces import ILog
 from streamproto.log.jetstream.chain import AppendChain, _Append
-from streamproto.log.jetstream.common import _Inline, _store_errors, log
+from streamproto.log.jetstream.common import Patience, _Inline, _store_errors, log
 from streamproto.log.jetstream.reading import MessageReader
 from streamproto.log.jetstream.truncation import Truncation
 from streamproto.log.msgindex import MessageIndex
@@ -64,10 +64,6 @@ CATCH_UP_TIMEOUT = 1.0
 #: unique id tells a writer's own earlier try (a duplicate) from another
 #: writer's marker (a wrong last sequence)
 INIT_MSG_ID = "streamproto-init"
-
-#: seconds between two tries of a first marker the stream had no leader
-#: for (doubling up to the last)
-INIT_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0)
 
 _log_ids = itertools.count(1)
 
@@ -212,20 +208,12 @@ class JetStreamLog(GatedLog):
         headers = dict(encode_headers(0, 0, 0, 0, 0, {}, (0, 0)),
                        **{MSG_ID: f"{INIT_MSG_ID}-{uuid.uuid4().hex}",
                           EXPECTED_LAST_SEQUENCE: "0"})
-        # paced on the client's loop and counted, not on the store's clock:
-        # a synchronous bridge (Spark, the store copy) runs no reactor
-        waited = 0.0
-        delays = iter(INIT_RETRY_DELAYS)
-        delay = next(delays)
+        patience = Patience(self.store)
         while True:
             outcome: PublishOutcome = yield self._publish_direct(
                 self._subject(MARKER), headers, b"")
-            if not isinstance(outcome.error, NotAvailable) or self.store.closed or \
-                    waited + delay > self.store.timeout:
+            if not isinstance(outcome.error, NotAvailable) or not (yield patience.pause()):
                 break
-            yield self.store._call(self.store.io.pause, delay)
-            waited += delay
-            delay = next(delays, delay)
         if outcome.error is not None and getattr(outcome.error, "err_code", None) not in (
                 WRONG_LAST_SEQUENCE,):
             raise outcome.error

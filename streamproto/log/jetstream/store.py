@@ -29,14 +29,16 @@ from streamproto.base.observer import SharedCall
 from streamproto.log.config import LogConfig, name_checked, validate_name
 from streamproto.log.errors import CorruptLog, LogClosed, LogExists, LogNotFound
 from streamproto.log.interfaces import ILog, ILogStore, IStartingStore, StoreHealth
-from streamproto.log.jetstream.common import _Inline, _store_errors, log
+from streamproto.log.jetstream.common import Patience, _Inline, _store_errors, log
 from streamproto.log.jetstream.log import JetStreamLog
 from streamproto.log.msgindex import BodyCache
 from streamproto.log.natsformat import (
     DEFAULT_PREFIX, HEADER_OVERHEAD, MAX_STREAM_NAME, check_prefix, log_name, stream_name,
     subjects_filter,
 )
-from streamproto.log.natsio import STREAM_NAME_IN_USE, JetStreamError, NatsIO, NotAvailable
+from streamproto.log.natsio import (
+    NO_SUITABLE_PEERS, STREAM_NAME_IN_USE, JetStreamError, NatsIO, NotAvailable,
+)
 from streamproto.log.versions import JETSTREAM_VERSION
 from streamproto.log.versions import check as check_version
 
@@ -284,7 +286,7 @@ class JetStreamLogStore(StoreHealth):
             raise LogExists(f"log {name!r} exists")
         if info is None:
             try:
-                yield self._call(self.io.add_stream, self._stream_config(name, config))
+                yield self._add_stream(name, config)
             except JetStreamError as e:
                 if e.err_code != STREAM_NAME_IN_USE:
                     raise
@@ -301,6 +303,26 @@ class JetStreamLogStore(StoreHealth):
             self._names.add(name)
         result: JetStreamLog = yield self._get(name)
         return result
+
+    @defer.inlineCallbacks
+    def _add_stream(self, name: str, config: LogConfig) -> _Inline[None]:
+        """
+        Add the log's stream, asked again while the cluster answers "no
+        suitable peers for placement": a peer the meta leader sees offline
+        for a moment (a loaded machine, a node restarting; seen in CI) or
+        not yet joined (a cluster just started).  The same answer for a
+        placement that can never be met (more replicas than nodes) comes
+        back after the store's timeout.  Not on a timeout, which may have
+        added it (then asked again it would be "in use": another's log).
+        """
+        patience = Patience(self)
+        while True:
+            try:
+                yield self._call(self.io.add_stream, self._stream_config(name, config))
+                return
+            except JetStreamError as e:
+                if e.err_code != NO_SUITABLE_PEERS or not (yield patience.pause()):
+                    raise
 
     @defer.inlineCallbacks
     def _get(self, name: str) -> _Inline[JetStreamLog]:
