@@ -67,12 +67,14 @@ class StyxFileTarget:
 
     @param clock: run the server under libfaketime (a clock the nemesis
         can jump); off unless the run has clock faults.
+    @param plugin: the server (the other protocols' targets,
+        L{test.faults.logtargets}, run theirs), with C{args}.
     """
 
     store = "file"
     protocol = "styx"
 
-    def __init__(self, reactor, clock=False, log="faults"):
+    def __init__(self, reactor, clock=False, log="faults", plugin="styx-server", args=()):
         self.reactor = reactor
         self.work = tempfile.mkdtemp(prefix="faults-styx-")
         self.lazy = lazyfs.LazyMount(os.path.join(self.work, "disk"),
@@ -86,8 +88,8 @@ class StyxFileTarget:
                 f.write("+0\n")
             env = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": self.clock_file,
                    "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
-        self.server = ServerProcess(reactor, "styx-server",
-                                    os.path.join(self.lazy.mountpoint, "data"), env=env)
+        self.server = ServerProcess(reactor, plugin, os.path.join(self.lazy.mountpoint, "data"),
+                                    args=args, env=env)
         self.client = None
         self.client_transport = None
         self.notes = []
@@ -100,6 +102,7 @@ class StyxFileTarget:
     def setup(self):
         LIVE.add(self)
         self.lazy.mount()
+        os.makedirs(self.server.data_dir, exist_ok=True)
         yield self.server.start()
         yield self.create_log(segment_max_size=SEGMENT_MAX_SIZE)
         # the log and its directory are durable before the workload starts
@@ -131,9 +134,9 @@ class StyxFileTarget:
         return []
 
     def start_client(self, history, duration, producers=3, timeout=3.0):
-        """Spawn the workload process (L{test.faults.workload})."""
+        """Spawn the workload process of this protocol (L{test.faults.workload})."""
         argv = self.client_prefix() + [
-            sys.executable, "-m", "test.faults.workload", "styx", "--url", self.url,
+            sys.executable, "-m", "test.faults.workload", self.protocol, "--url", self.url,
             "--log", self.log, "--history", history, "--duration", str(duration),
             "--producers", str(producers), "--timeout", str(timeout)]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -232,13 +235,17 @@ class StyxFileTarget:
                 self.notes.append(disk_error)
         yield self.server.start()
         records = yield self.read_settled()
+        self.note_tracebacks()
+        return {"disk": disk, "disk_error": disk_error, "served": records}
+
+    def note_tracebacks(self):
+        """Note (and keep) the server's output if it holds tracebacks."""
         bad = suspicious_output(self.server.output_text())
         if bad:
             fd, path = tempfile.mkstemp(prefix="faults-server-", suffix=".log")
             with os.fdopen(fd, "w") as f:
                 f.write(self.server.output_text())
             self.notes.append(f"{len(bad)} tracebacks in the server's output: {path}")
-        return {"disk": disk, "disk_error": disk_error, "served": records}
 
     @defer.inlineCallbacks
     def teardown(self):
@@ -281,9 +288,9 @@ class StyxNatsTarget(StyxFileTarget):
 
     store = "nats"
 
-    def __init__(self, reactor, clock=False, log="faults", sync_interval="always"):
+    def __init__(self, reactor, clock=False, log="faults", sync_interval="always", **kwargs):
         self.sync_interval = sync_interval
-        super().__init__(reactor, clock=clock, log=log)
+        super().__init__(reactor, clock=clock, log=log, **kwargs)
         self.cluster = self.make_cluster()
         self.node_lazy = [
             lazyfs.LazyMount(os.path.join(self.work, f"n{i}-disk"),
@@ -398,8 +405,17 @@ class StyxNatsTarget(StyxFileTarget):
                 shutil.copy(path, keep)
             self.notes.append(f"a nats-server node died ([FTL]): logs in {keep}")
 
+    def on_cluster(self, function, *args):
+        """
+        C{function(*args)} (blocking) in a thread from where the nodes are
+        reached; a Deferred of its result.
+        """
+        from twisted.internet import threads
+        return threads.deferToThread(function, *args)
+
     @defer.inlineCallbacks
-    def final_records(self, power_cut=True):
+    def heal_cluster(self, power_cut=True):
+        """Resume every node (and cut their power a last time); fires once the cluster is ready."""
         for name in self.disks():
             self.signal(name, signal.SIGCONT)
         if power_cut:
@@ -407,6 +423,10 @@ class StyxNatsTarget(StyxFileTarget):
             yield self.power_on(self.disks())
         from twisted.internet import threads
         yield threads.deferToThread(self.cluster.wait_ready)
+
+    @defer.inlineCallbacks
+    def final_records(self, power_cut=True):
+        yield self.heal_cluster(power_cut)
         return (yield super().final_records(power_cut=False))
 
     @defer.inlineCallbacks
