@@ -14,11 +14,9 @@ test.faults.nstargets create|read ...}); its requests to the nodes
 namespace (L{netns.Fabric.call}).
 """
 
-import json
 import os
 import sys
 import tempfile
-import urllib.request
 
 from twisted.internet import defer, threads
 
@@ -53,15 +51,15 @@ class NsNatsCluster(NatsCluster):
     def wait_placement(self, timeout=30.0):
         return self.fabric.call(super().wait_placement, timeout)
 
+    def wait_streams_settled(self, timeout=30.0):
+        return self.fabric.call(super().wait_streams_settled, timeout)
+
     def stream_leader(self):
         """The name (C{n<i>}) of a stream's leader as a node reports it, or None."""
         def ask():
             for i in range(self.size):
-                url = f"http://{self.host(i)}:{self.http_ports[i]}/jsz?streams=true"
-                try:
-                    with urllib.request.urlopen(url, timeout=1) as response:
-                        jsz = json.loads(response.read())
-                except (OSError, ValueError):
+                jsz = self.jsz(i)
+                if jsz is None:
                     continue
                 for account in jsz.get("account_details") or ():
                     for stream in account.get("stream_detail") or ():

@@ -392,18 +392,19 @@ class StyxNatsTarget(StyxFileTarget):
         return super().clock_unavailable()
 
     def _keep_fatal_logs(self):
-        """Copy the nodes' logs out of the doomed directory when one died."""
+        """Copy the nodes' logs out of the doomed directory when one died (fatal error, panic)."""
         logs = [os.path.join(self.cluster.directory, f"n{i}.log") for i in range(3)]
         logs = [path for path in logs if os.path.exists(path)]   # never started: none
         fatal = False
         for path in logs:
             with open(path, errors="replace") as f:
-                fatal = fatal or "[FTL]" in f.read()
+                text = f.read()
+                fatal = fatal or "[FTL]" in text or "\npanic: " in text
         if fatal:
             keep = tempfile.mkdtemp(prefix="faults-nats-logs-")
             for path in logs:
                 shutil.copy(path, keep)
-            self.notes.append(f"a nats-server node died ([FTL]): logs in {keep}")
+            self.notes.append(f"a nats-server node died ([FTL] or a panic): logs in {keep}")
 
     def on_cluster(self, function, *args):
         """
@@ -423,6 +424,11 @@ class StyxNatsTarget(StyxFileTarget):
             yield self.power_on(self.disks())
         from twisted.internet import threads
         yield threads.deferToThread(self.cluster.wait_ready)
+        # a deposed stream leader still answers, with its stale state,
+        # for seconds after a partition heals (finding 15)
+        settled = yield threads.deferToThread(self.cluster.wait_streams_settled, 60.0)
+        if not settled:
+            self.notes.append("the streams' leaders did not settle in 60 s")
 
     @defer.inlineCallbacks
     def final_records(self, power_cut=True):

@@ -4,8 +4,8 @@ the harness implements, against a real styx-server on the file store whose
 data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes); and one run of each other protocol's workload on the
-file store (Lumberjack, Pravega, Relink log and log-tx, reliable streams), judged by the
-checker (python -m test.faults.run runs the full matrix).  Needs root,
+file store (Lumberjack, Pravega, Relink log and log-tx, reliable streams) and
+Relink log-tx on JetStream, judged by the checker (python -m test.faults.run runs the full matrix).  Needs root,
 /dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
 them): without them the runs fail and say why.
 """
@@ -91,6 +91,14 @@ class FaultMatrixSubsetTests(TestCase):
     def test_relink_tx_kill9(self):
         """Relink log-tx (exactly once, whole transactions)."""
         return self._deferred(self.check_class("kill9", protocol="relink-tx"))
+
+    def test_nats_relink_tx_kill9(self):
+        """
+        Relink log-tx on JetStream (another protocol's server as a
+        front-end): kill -9 of it or of a node; the log read back from the
+        store over the cluster.
+        """
+        return self._deferred(self.check_class("kill9", "nats", "relink-tx"))
 
     def test_reliable_clock_jump(self):
         """
