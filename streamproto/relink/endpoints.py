@@ -17,6 +17,7 @@ from zope.interface import implementer
 
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, ANONYMOUS, AuthorizationDenied, denied
+from streamproto.core.errors import log_failure
 from streamproto.relink.api import SERVER_NAME, ChannelHandler, IChannelHandler, RelinkEndpoint
 from streamproto.relink.config import LinkConfig
 from streamproto.relink.errors import LinkError
@@ -209,8 +210,9 @@ class LogBridgeHandler(ChannelHandler):
         records = [m[0] if len(m) == 1 else b"".join(m) for m in messages]
 
         def failed(f):
-            self.log.failure("relink log bridge: commit on channel {channel} failed", f,
-                             channel=channel_id)
+            # the store's own refusals (no quorum...) are one line, a bug a traceback
+            log_failure(self.log, f, "relink log bridge: commit on channel {channel} failed",
+                        channel=channel_id)
             return False
 
         return self._append(channel_id, records).addCallbacks(lambda _: True, failed)

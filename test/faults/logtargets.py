@@ -17,13 +17,12 @@ document C{{"event": ..., ...}}: the payload is its C{m} field.
 import json
 import os
 import signal
-import sys
 
 from twisted.internet import defer
 
 from test.faults.checker import encode
-from test.faults.targets import StyxFileTarget, _ClientProtocol
-from test.support.torture_harness import ROOT, ServerProcess, suspicious_output
+from test.faults.targets import StyxFileTarget
+from test.support.torture_harness import suspicious_output
 
 #: protocol -> (server plugin, the log the workload's records land in)
 SERVERS = {
@@ -52,48 +51,27 @@ class LogFileTarget(StyxFileTarget):
 
     def __init__(self, reactor, protocol, clock=False):
         plugin, log = SERVERS[protocol]
-        super().__init__(reactor, clock=clock, log=log)
         self.protocol = protocol
         # the segment store only: no gRPC controller (it would bind :9090)
         args = ["--controller", "none"] if protocol == "pravega" else []
-        self.server = ServerProcess(reactor, plugin, self.server.data_dir, args=args,
-                                    env=self.server.env)
+        super().__init__(reactor, clock=clock, log=log, plugin=plugin, args=args)
 
     @property
     def url(self):
         return f"tcp://127.0.0.1:{self.server.port}"
 
-    @defer.inlineCallbacks
-    def setup(self):
-        self.lazy.mount()
-        os.makedirs(self.server.data_dir, exist_ok=True)
-        yield self.server.start()
-        if self.protocol == "pravega":
-            from streamproto.pravega.client import connect
-            proto = yield connect(self._endpoint())
-            try:
-                yield proto.create_segment(self.log)
-            finally:
-                proto.transport.loseConnection()
-                yield proto.closed
-        # the data directory (and the segment) are durable before the
-        # workload starts; the other logs are created by their first write
-        self.lazy.control("sync")
+    def create_log(self, **config):
+        """
+        Pravega's segment, which the setup then syncs with the data
+        directory before the workload starts; the other logs are created by
+        their first write.
+        """
+        if self.protocol != "pravega":
+            return defer.succeed(None)
+        return create_segment(self._endpoint(), self.log)
 
     def _endpoint(self):
-        from streamproto.core.tls import client_endpoint
-        return client_endpoint(self.reactor, "127.0.0.1", self.server.port)
-
-    def start_client(self, history, duration, producers=3, timeout=3.0):
-        """Spawn the workload process of this protocol (L{test.faults.workload})."""
-        argv = [sys.executable, "-m", "test.faults.workload", self.protocol, "--url", self.url,
-                "--log", self.log, "--history", history, "--duration", str(duration),
-                "--producers", str(producers), "--timeout", str(timeout)]
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.client = _ClientProtocol()
-        self.client_transport = self.reactor.spawnProcess(
-            self.client, sys.executable, argv, env=env, path=ROOT)
-        return self.client.ended
+        return local_endpoint(self.reactor, self.server.port)
 
     def disk_records(self):
         if self.protocol == "pravega":
@@ -227,7 +205,9 @@ class ReliableFileTarget(LogFileTarget):
             disk_error = f"the session database could not be read: {e!r}"
             self.notes.append(disk_error)
         else:
-            disk = self.records(sessions, refused | (set(sessions) - on_disk), corrupt)
+            # None: no database to read (the JetStream targets)
+            disk = None if on_disk is None else self.records(
+                sessions, refused | (set(sessions) - on_disk), corrupt)
         if restart:
             yield self.server.start()
         for name, ids in sorted(sessions.items()):
@@ -283,41 +263,66 @@ class ReliableFileTarget(LogFileTarget):
         finally:
             db.close()
 
-    @defer.inlineCallbacks
     def resume(self, name, last):
         """None if the server resumes session C{name} after C{last}, else why not."""
-        from twisted.internet import protocol
+        return resume_session(self.reactor, self._endpoint(), name, last)
 
-        from streamproto.reliable import codec
-        from test.faults.workload import reliable_session_id
 
-        class First(protocol.Protocol):
-            def __init__(self):
-                self.decoder = codec.LineDecoder()
-                self.line = defer.Deferred()
+def local_endpoint(reactor, port):
+    from streamproto.core.tls import client_endpoint
+    return client_endpoint(reactor, "127.0.0.1", port)
 
-            def dataReceived(self, data):
-                lines = self.decoder.feed(data)
-                if lines and not self.line.called:
-                    self.line.callback(lines[0])
 
-            def connectionLost(self, reason):
-                if not self.line.called:
-                    self.line.callback(None)
+@defer.inlineCallbacks
+def create_segment(endpoint, segment):
+    """Create Pravega segment C{segment} on the server at C{endpoint}."""
+    from streamproto.pravega.client import connect
+    proto = yield connect(endpoint)
+    try:
+        yield proto.create_segment(segment)
+    finally:
+        proto.transport.loseConnection()
+        yield proto.closed
 
-        conn = yield self._endpoint().connect(protocol.Factory.forProtocol(First))
-        conn.transport.write(codec.encode_resume(reliable_session_id(name), last))
-        try:
-            line = yield conn.line.addTimeout(10, self.reactor)
-        except defer.TimeoutError:
-            return "no answer in 10 s"
-        finally:
-            conn.transport.loseConnection()
-        if line is None:
-            return "closed without an answer"
-        message = codec.parse_server_message(line, stateful=True)
-        if isinstance(message, codec.ErrorMessage):
-            return message.text
-        if message.message_id != last + 1:
-            return f"message {message.message_id} came next"
-        return None
+
+@defer.inlineCallbacks
+def resume_session(reactor, endpoint, name, last):
+    """
+    None if the reliable-stream server at C{endpoint} resumes the
+    workload's session C{name} after message C{last}, else why not.
+    """
+    from twisted.internet import protocol
+
+    from streamproto.reliable import codec
+    from test.faults.workload import reliable_session_id
+
+    class First(protocol.Protocol):
+        def __init__(self):
+            self.decoder = codec.LineDecoder()
+            self.line = defer.Deferred()
+
+        def dataReceived(self, data):
+            lines = self.decoder.feed(data)
+            if lines and not self.line.called:
+                self.line.callback(lines[0])
+
+        def connectionLost(self, reason):
+            if not self.line.called:
+                self.line.callback(None)
+
+    conn = yield endpoint.connect(protocol.Factory.forProtocol(First))
+    conn.transport.write(codec.encode_resume(reliable_session_id(name), last))
+    try:
+        line = yield conn.line.addTimeout(10, reactor)
+    except defer.TimeoutError:
+        return "no answer in 10 s"
+    finally:
+        conn.transport.loseConnection()
+    if line is None:
+        return "closed without an answer"
+    message = codec.parse_server_message(line, stateful=True)
+    if isinstance(message, codec.ErrorMessage):
+        return message.text
+    if message.message_id != last + 1:
+        return f"message {message.message_id} came next"
+    return None

@@ -14,11 +14,9 @@ test.faults.nstargets create|read ...}); its requests to the nodes
 namespace (L{netns.Fabric.call}).
 """
 
-import json
 import os
 import sys
 import tempfile
-import urllib.request
 
 from twisted.internet import defer, threads
 
@@ -53,15 +51,15 @@ class NsNatsCluster(NatsCluster):
     def wait_placement(self, timeout=30.0):
         return self.fabric.call(super().wait_placement, timeout)
 
+    def wait_streams_settled(self, timeout=30.0):
+        return self.fabric.call(super().wait_streams_settled, timeout)
+
     def stream_leader(self):
         """The name (C{n<i>}) of a stream's leader as a node reports it, or None."""
         def ask():
             for i in range(self.size):
-                url = f"http://{self.host(i)}:{self.http_ports[i]}/jsz?streams=true"
-                try:
-                    with urllib.request.urlopen(url, timeout=1) as response:
-                        jsz = json.loads(response.read())
-                except (OSError, ValueError):
+                jsz = self.jsz(i)
+                if jsz is None:
                     continue
                 for account in jsz.get("account_details") or ():
                     for stream in account.get("stream_detail") or ():
@@ -121,9 +119,9 @@ class StyxPartitionTarget(StyxNatsTarget):
         None: nats-server's default, 2 minutes).
     """
 
-    def __init__(self, reactor, sync_interval="always", clock=False, log="faults"):
+    def __init__(self, reactor, sync_interval="always", clock=False, log="faults", **kwargs):
         self.fabric = netns.Fabric(("fe",) + NODES)
-        super().__init__(reactor, clock=clock, log=log, sync_interval=sync_interval)
+        super().__init__(reactor, clock=clock, log=log, sync_interval=sync_interval, **kwargs)
         old = self.server
         self.server = NsServerProcess(self.fabric, "fe", reactor, old.plugin, old.data_dir,
                                       args=old.args, env=old.env)
@@ -163,6 +161,10 @@ class StyxPartitionTarget(StyxNatsTarget):
     def create_log(self, **config):
         size = config.get("segment_max_size") or SEGMENT_MAX_SIZE
         return self._in_fe("create", self.url, self.log, str(size))
+
+    def on_cluster(self, function, *args):
+        """C{function(*args)} in a thread inside the router's namespace."""
+        return threads.deferToThread(self.fabric.call, function, *args)
 
     @defer.inlineCallbacks
     def read_back(self):
@@ -217,9 +219,9 @@ class StyxPartitionTarget(StyxNatsTarget):
 
     # -- the end -------------------------------------------------------------
 
-    def final_records(self, power_cut=True):
+    def heal_cluster(self, power_cut=True):
         self.fabric.heal()
-        return super().final_records(power_cut=power_cut)
+        return super().heal_cluster(power_cut=power_cut)
 
     @defer.inlineCallbacks
     def teardown(self):
@@ -246,13 +248,19 @@ def _read_frames(path):
 
 
 def main(argv):
-    """C{create URL LOG SEGMENT_SIZE} or C{read URL LOG OUT}: run inside C{fe}."""
+    """
+    Run inside C{fe}: C{create URL LOG SEGMENT_SIZE} or C{read URL LOG OUT}
+    (Styx), C{pravega-create PORT SEGMENT}, or C{resume PORT SESSION LAST}
+    (a reliable-stream session; prints why it did not resume, nothing if
+    it did).
+    """
     from twisted.internet import task
 
     from streamproto.styx.api_client import StyxClient
+    from test.faults import logtargets
 
     @defer.inlineCallbacks
-    def go(reactor):
+    def styx(reactor):
         client = StyxClient(argv[1], reactor=reactor)
         try:
             if argv[0] == "create":
@@ -265,7 +273,20 @@ def main(argv):
                         f.write(len(record).to_bytes(4, "big") + record)
         finally:
             yield client.close()
-    task.react(go)
+
+    def pravega_create(reactor):
+        return logtargets.create_segment(logtargets.local_endpoint(reactor, int(argv[1])),
+                                         argv[2])
+
+    @defer.inlineCallbacks
+    def resume(reactor):
+        why = yield logtargets.resume_session(
+            reactor, logtargets.local_endpoint(reactor, int(argv[1])), argv[2], int(argv[3]))
+        sys.stdout.write(why or "")
+
+    commands = {"create": styx, "read": styx, "pravega-create": pravega_create,
+                "resume": resume}
+    task.react(commands[argv[0]])
 
 
 if __name__ == "__main__":

@@ -53,7 +53,11 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           # the other protocols' workloads on the file store
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")
-             for fault in ("kill9", "powerloss", "pause", "clock")])
+             for fault in ("kill9", "powerloss", "pause", "clock")]
+          # and on JetStream (no power loss: finding 2)
+          + [(fault, "nats", protocol) for protocol in ("lumberjack", "pravega", "relink",
+                                                    "relink-tx", "reliable")
+             for fault in ("kill9", "pause", "partition", "clock")])
 
 #: each JetStream store of the matrix: its nodes' sync_interval (None: not
 #: set, nats-server's default of 2 minutes)
@@ -126,6 +130,9 @@ def make_target(reactor, fault, store, protocol):
     if store == "file" and protocol in ("lumberjack", "pravega", "relink", "relink-tx"):
         from test.faults.logtargets import LogFileTarget
         return LogFileTarget(reactor, protocol, clock=(fault == "clock"))
+    if store == "nats":
+        from test.faults.jstargets import nats_target
+        return nats_target(reactor, fault, protocol)
     raise ValueError(f"no target for {protocol} on {store}")
 
 
@@ -183,12 +190,13 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
     return row
 
 
-def command(fault, store, protocol, minutes, seed):
+def command(fault, store, protocol, minutes, seed, run_seconds=None):
+    length = "" if run_seconds is None else f" --run-seconds {run_seconds:g}"
     return (f"python -m test.faults.run --only {fault} --store {store} "
-            f"--protocol {protocol} --minutes {minutes:g} --seed {seed}")
+            f"--protocol {protocol} --minutes {minutes:g}{length} --seed {seed}")
 
 
-def table(rows, minutes, seed):
+def table(rows, minutes, seed, run_seconds=None):
     """The results as a reStructuredText table, and each row's command."""
     head = ("fault", "store", "protocol", "runs", "errors", "faults", "acked", "unknown", "lost",
             "dup", "reordered", "corrupt", "disk", "longest unavail.")
@@ -213,7 +221,7 @@ def table(rows, minutes, seed):
     lines += [rule, ""]
     for r in rows:
         lines.append(f"{r.fault}/{r.store}/{r.protocol}: "
-                     f"{command(r.fault, r.store, r.protocol, minutes, seed)}")
+                     f"{command(r.fault, r.store, r.protocol, minutes, seed, run_seconds)}")
         lines += ["  " + n for n in r.notes]
     return "\n".join(lines)
 
@@ -252,7 +260,7 @@ def run_matrix(reactor, args):
         repetition += 1
         if time.monotonic() + per_run > deadline or all(r.unavailable for r in results.values()):
             break
-    print(table(list(results.values()), args.minutes, args.seed))
+    print(table(list(results.values()), args.minutes, args.seed, args.run_seconds))
     if any(r.verdicts and not r.valid for r in results.values()):
         raise SystemExit(1)   # task.react exits with its code
 
@@ -323,7 +331,7 @@ def _interrupted(signum, frame):
         results, args = _progress.get("results"), _progress.get("args")
         if results:
             print(f"(interrupted by {name}: the runs finished so far)")
-            print(table(list(results.values()), args.minutes, args.seed))
+            print(table(list(results.values()), args.minutes, args.seed, args.run_seconds))
         sys.stdout.flush()
         sys.stderr.flush()
         # threads may be blocked on the processes just killed: leave now

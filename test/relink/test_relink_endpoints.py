@@ -194,3 +194,30 @@ class LogBridge(SynchronousTestCase):
         p.run()
         self.assertEqual(again, [True])
         self.assertEqual(self.records("relink-3"), [b"y"])
+
+    def test_commit_failed_by_the_store_is_one_line(self):
+        """
+        A commit the store could not make (no quorum: L{StoreUnavailable})
+        is logged as one error line saying why, not as a critical failure
+        with a traceback: expected in operation (a JetStream partition).
+        """
+        from twisted.logger import globalLogPublisher
+
+        from streamproto.log.errors import StoreUnavailable
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        p = Pair(server=LogBridgeHandler(self.store), transactions=(True, False)).connect()
+        ch = p.link.channel(3)
+        ch.send([b"x"], ack=None)
+        committed = fired(ch.commit())
+        p.run()
+        self.store.fail_all(StoreUnavailable("JetStream did not acknowledge within 20s"))
+        p.run()
+        self.assertEqual(committed, [False])
+        mine = [e for e in events if "commit on channel" in e.get("log_format", "")]
+        self.assertEqual(len(mine), 1)
+        self.assertNotIn("log_failure", mine[0])
+        self.assertEqual(mine[0]["log_level"].name, "error")
+        self.assertIn("did not acknowledge", mine[0]["error"])
+

@@ -243,6 +243,51 @@ class NatsCluster:
                 raise RuntimeError(f"no JetStream meta leader in {timeout}s")
             time.sleep(0.1)
 
+    def jsz(self, i):
+        """Node C{i}'s C{/jsz?streams=true} (its view of every stream it holds), or None."""
+        import json
+        url = f"http://{self.host(i)}:{self.http_ports[i]}/jsz?streams=true"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return json.loads(response.read())
+        except (OSError, ValueError):
+            return None
+
+    def streams_settled(self):
+        """
+        Whether every running node names the same leader for each stream
+        it holds, and that leader sees every replica current.  After a
+        partition heals, a deposed leader answers requests about its stream
+        as the leader (with its stale state) until it learns of the new
+        term, seconds later (doc/reliability.rst): a read that must see
+        everything acknowledged waits for this.
+        """
+        leaders, current = {}, {}
+        for i in range(self.size):
+            if self.processes[i] is None:
+                continue
+            jsz = self.jsz(i)
+            if jsz is None:
+                return False
+            for account in jsz.get("account_details") or ():
+                for stream in account.get("stream_detail") or ():
+                    cluster = stream.get("cluster") or {}
+                    leaders.setdefault(stream["name"], set()).add(cluster.get("leader"))
+                    if cluster.get("leader") == f"n{i}":
+                        current[stream["name"]] = all(
+                            r.get("current") for r in cluster.get("replicas") or ())
+        return all(names == {next(iter(names))} and None not in names and current.get(name)
+                   for name, names in leaders.items())
+
+    def wait_streams_settled(self, timeout=30.0):
+        """Wait until L{streams_settled}; False if it did not within C{timeout}."""
+        deadline = time.monotonic() + timeout
+        while not self.streams_settled():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def kill(self, i):
         """SIGKILL node C{i} (its store stays, as after a crash)."""
         p = self.processes[i]
