@@ -54,6 +54,8 @@ class LogFileTarget(StyxFileTarget):
         plugin, log = SERVERS[protocol]
         super().__init__(reactor, clock=clock, log=log)
         self.protocol = protocol
+        #: the workload process: C{python -m MODULE NAME} (L{test.faults.reftargets})
+        self.workload = ("test.faults.workload", protocol)
         # the segment store only: no gRPC controller (it would bind :9090)
         args = ["--controller", "none"] if protocol == "pravega" else []
         self.server = ServerProcess(reactor, plugin, self.server.data_dir, args=args,
@@ -86,7 +88,7 @@ class LogFileTarget(StyxFileTarget):
 
     def start_client(self, history, duration, producers=3, timeout=3.0):
         """Spawn the workload process of this protocol (L{test.faults.workload})."""
-        argv = [sys.executable, "-m", "test.faults.workload", self.protocol, "--url", self.url,
+        argv = [sys.executable, "-m", *self.workload, "--url", self.url,
                 "--log", self.log, "--history", history, "--duration", str(duration),
                 "--producers", str(producers), "--timeout", str(timeout)]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
