@@ -28,6 +28,9 @@ from test.support.torture_harness import ROOT, ServerProcess, wait_for_port
 
 MODULE = "test.faults.refworkloads"
 
+#: set-ups tried (new ports each time) before the run is an error
+SETUP_ATTEMPTS = 3
+
 
 class PravegaOfficialTarget(LogFileTarget):
     """C{pravega-server} with its controller, for C{pravega-official[-tx]}."""
@@ -35,11 +38,16 @@ class PravegaOfficialTarget(LogFileTarget):
     def __init__(self, reactor, workload, clock=False):
         super().__init__(reactor, "pravega", clock=clock)
         self.workload = (MODULE, workload)
-        self.controller_port = free_port()
         self.segments = [f"{SCOPE}/{STREAM}/{i}.#epoch.0" for i in range(SEGMENTS)]
-        self.server = ServerProcess(
-            reactor, "pravega-server", self.server.data_dir, env=self.server.env,
-            args=["--controller", f"tcp:{self.controller_port}:interface=127.0.0.1"])
+        self.server = ServerProcess(reactor, "pravega-server", self.server.data_dir,
+                                    env=self.server.env)
+        self.new_ports()
+
+    def new_ports(self):
+        """Ports for the segment store and the controller, fixed across restarts."""
+        self.server.port = free_port()
+        self.controller_port = free_port()
+        self.server.args = ["--controller", f"tcp:{self.controller_port}:interface=127.0.0.1"]
 
     @property
     def url(self):
@@ -50,17 +58,40 @@ class PravegaOfficialTarget(LogFileTarget):
     def setup(self):
         self.lazy.mount()
         os.makedirs(self.server.data_dir, exist_ok=True)
-        yield self.server.start()
-        yield wait_for_port(self.reactor, self.controller_port, process=self.server)
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        out, err, code = yield utils.getProcessOutputAndValue(
-            sys.executable, ["-m", MODULE, "create", "--url", self.url, "--history", os.devnull,
-                             "--duration", "30"], env=env, path=ROOT)
-        if code:
-            raise RuntimeError(f"the official client could not create the stream: {err!r}")
+        for _ in range(SETUP_ATTEMPTS):
+            why = yield self.create_stream()
+            if why is None:
+                break
+            # a port taken meanwhile by another process of the machine
+            # (the controller's: the server stops; another listener: no
+            # answer): new ports, once more
+            self.notes.append(f"creating the stream failed ({why}); server output: "
+                              f"{self.server.output_text()[-1000:]}")
+            yield self.server.kill()
+            self.new_ports()
+        else:
+            raise RuntimeError(f"the official client could not create the stream "
+                               f"{SETUP_ATTEMPTS} times")
         # the stream's segments and the controller's state are durable
         # before the workload starts
         self.lazy.control("sync")
+
+    @defer.inlineCallbacks
+    def create_stream(self):
+        """Start the server, create the workloads' stream with the official client:
+        None, or why not."""
+        try:
+            yield self.server.start()
+            yield wait_for_port(self.reactor, self.controller_port, timeout=10,
+                                process=self.server)
+        except Exception as e:   # noqa: BLE001 - said, and tried again
+            return repr(e)
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # "--duration 0": the process ends itself after HARD_STOP seconds
+        out, err, code = yield utils.getProcessOutputAndValue(
+            sys.executable, ["-m", MODULE, "create", "--url", self.url, "--history", os.devnull,
+                             "--duration", "0"], env=env, path=ROOT)
+        return None if code == 0 else err.decode(errors="replace")[-500:]
 
     @defer.inlineCallbacks
     def read_segment(self):
