@@ -19,19 +19,21 @@ reconnection with the same event numbers, which the segment store drops
 when it has them: the client's documentation promises each event
 "exactly once" across its internal retries), each event with the
 producer's name as its routing key, one event at a time.  The Python
-binding exposes no conditional append (the Rust client's
-C{ConditionalWriter}-like paths are not bound): none is used.
+binding exposes no conditional append (event writers, transactions, byte
+streams and readers only): none is used.
 
 C{pravega-official-tx}: each producer a transactional writer; an
 operation is a transaction of L{TX_PARTS} events (routing key: the
-producer) and its commit, C{ok} when C{commit()} returned.
+producer) and its commit, C{ok} when C{commit()} returned.  These calls
+block (see below): they are not bounded by C{--timeout}.
 
 C{lumberjack-pylogbeat}: each producer a C{PyLogBeatClient} (one
 connection) sending windows of L{BATCH} events C{{"m": payload}}; each
 event of a window is an operation, C{ok} when C{send} returned (every
 event acknowledged).  pylogbeat never resends: after an error the
 producer drops the connection and carries on with a new client and new
-payloads.
+payloads.  A window is invoked once its client is connected, so that a
+server away (restarting) costs no operations.
 
 The binding's blocking calls (transactions; C{flush}) hold the GIL in the
 Rust runtime's C{block_on}, so a call stuck on a paused server stalls the
