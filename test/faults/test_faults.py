@@ -4,7 +4,8 @@ the harness implements, against a real styx-server on the file store whose
 data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes); and one run of each other protocol's workload on the
-file store (Lumberjack, Pravega, Relink log and log-tx, reliable streams), judged by the
+file store (Lumberjack, Pravega, Relink log and log-tx, reliable streams,
+pylogbeat), judged by the
 checker (python -m test.faults.run runs the full matrix).  Needs root,
 /dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
 them): without them the runs fail and say why.
@@ -91,6 +92,14 @@ class FaultMatrixSubsetTests(TestCase):
     def test_relink_tx_kill9(self):
         """Relink log-tx (exactly once, whole transactions)."""
         return self._deferred(self.check_class("kill9", protocol="relink-tx"))
+
+    def test_pylogbeat_kill9(self):
+        """
+        pylogbeat, a reference Lumberjack client (at least once; never
+        resends), through kill -9 of lumberjack-server.
+        """
+        return self._deferred(self.check_class("kill9", protocol="lumberjack-pylogbeat",
+                                               seconds=6.0))
 
     def test_reliable_clock_jump(self):
         """
