@@ -52,6 +52,8 @@ class LogFileTarget(StyxFileTarget):
     def __init__(self, reactor, protocol, clock=False):
         plugin, log = SERVERS[protocol]
         self.protocol = protocol
+        #: the workload process: C{python -m MODULE NAME} (L{test.faults.reftargets})
+        self.workload = ("test.faults.workload", protocol)
         # the segment store only: no gRPC controller (it would bind :9090)
         args = ["--controller", "none"] if protocol == "pravega" else []
         super().__init__(reactor, clock=clock, log=log, plugin=plugin, args=args)

@@ -40,6 +40,18 @@ PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime"),
             # session ids and message ids: at most once, in order
             "reliable": checker.Promise(at_most_once=True, order="realtime")}
 
+# the reference clients (test.faults.refworkloads): the official Pravega
+# client resends with its writer id and event numbers, deduplicated by the
+# segment store ("exactly once" across its retries, its documentation
+# says): at most once, in order; its transactions: each whole, at most
+# once; pylogbeat never resends: at least once is all Lumberjack promises
+REF_PROTOCOLS = ("pravega-official", "pravega-official-tx", "lumberjack-pylogbeat")
+PROMISES.update({
+    "pravega-official": checker.Promise(at_most_once=True, order="realtime"),
+    "pravega-official-tx": checker.Promise(at_most_once=True, order="realtime",
+                                           parts=TX_PARTS),
+    "lumberjack-pylogbeat": checker.Promise(at_most_once=False, order="realtime")})
+
 #: the rows of the matrix: (fault class, store, protocol)
 MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", "clock",
                                                    "partition")]
@@ -58,6 +70,10 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           + [(fault, "nats", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")
              for fault in ("kill9", "pause", "partition", "clock")])
+
+# the reference clients' workloads on the file store
+MATRIX += [(fault, "file", protocol) for protocol in REF_PROTOCOLS
+           for fault in ("kill9", "powerloss", "pause", "clock")]
 
 #: each JetStream store of the matrix: its nodes' sync_interval (None: not
 #: set, nats-server's default of 2 minutes)
@@ -116,6 +132,9 @@ class Row:
 
 def make_target(reactor, fault, store, protocol):
     from test.faults.targets import StyxFileTarget, StyxNatsTarget
+    if (store, protocol) in [("file", p) for p in REF_PROTOCOLS]:
+        from test.faults.reftargets import make_target as make_ref_target
+        return make_ref_target(reactor, fault, protocol)
     if (store, protocol) == ("file", "styx"):
         return StyxFileTarget(reactor, clock=(fault == "clock"))
     if store in SYNC_INTERVALS and protocol == "styx":

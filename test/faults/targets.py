@@ -108,6 +108,9 @@ class StyxFileTarget:
 
     store = "file"
     protocol = "styx"
+    #: the workload process: C{python -m MODULE PROTOCOL} (L{test.faults.workload};
+    #: the reference clients', L{test.faults.refworkloads})
+    workload = ("test.faults.workload", "styx")
 
     def __init__(self, reactor, clock=False, log="faults", plugin="styx-server", args=()):
         self.reactor = reactor
@@ -171,7 +174,7 @@ class StyxFileTarget:
     def start_client(self, history, duration, producers=3, timeout=3.0):
         """Spawn the workload process of this protocol (L{test.faults.workload})."""
         argv = self.client_prefix() + [
-            sys.executable, "-m", "test.faults.workload", self.protocol, "--url", self.url,
+            sys.executable, "-m", *self.workload, "--url", self.url,
             "--log", self.log, "--history", history, "--duration", str(duration),
             "--producers", str(producers), "--timeout", str(timeout)]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -5,7 +5,7 @@ data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes); and one run of each other protocol's workload on the
 file store (Lumberjack, Pravega, Relink log and log-tx; reliable streams:
-clock jumps and power loss) and Relink log-tx on JetStream, judged by the
+clock jumps and power loss; pylogbeat) and Relink log-tx on JetStream, judged by the
 checker (python -m test.faults.run runs the full matrix).  Needs root,
 /dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
 them): without them the runs fail and say why.
@@ -103,6 +103,14 @@ class FaultMatrixSubsetTests(TestCase):
         finding 16), not ours to test here.
         """
         return self._deferred(self.check_class("kill9", "nats", "relink-tx", seconds=6.0))
+
+    def test_pylogbeat_kill9(self):
+        """
+        pylogbeat, a reference Lumberjack client (at least once; never
+        resends), through kill -9 of lumberjack-server.
+        """
+        return self._deferred(self.check_class("kill9", protocol="lumberjack-pylogbeat",
+                                               seconds=6.0))
 
     def test_reliable_clock_jump(self):
         """

@@ -398,9 +398,10 @@ WORKLOADS = {
 }
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m test.faults.workload")
-    parser.add_argument("protocol", choices=sorted(WORKLOADS))
+def arguments(prog, choices):
+    """The workload processes' argument parser (L{main}, L{test.faults.refworkloads})."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("protocol", choices=sorted(choices))
     parser.add_argument("--url", required=True,
                         help="styx: http://HOST:PORT; the others: tcp://HOST:PORT")
     parser.add_argument("--log", default="faults")
@@ -410,7 +411,11 @@ def main(argv=None):
     parser.add_argument("--timeout", type=float, default=3.0)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--tag", default="w", help="producer name prefix")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = arguments("python -m test.faults.workload", WORKLOADS).parse_args(argv)
     from twisted.internet import task
     task.react(lambda reactor: WORKLOADS[args.protocol](reactor, args))
 

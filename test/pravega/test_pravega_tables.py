@@ -347,6 +347,51 @@ class ControllerStateTests(unittest.TestCase):
         self.assertEqual(s.txn_state("sc", "st", "f" * 32), "UNKNOWN")
 
     @defer.inlineCallbacks
+    def test_lease_survives_a_wall_clock_step(self):
+        """
+        A step of the wall clock forward (NTP, an operator) does not expire
+        an open transaction: leases run on the monotonic clock (before, the
+        fault matrix's clock row saw every open transaction aborted by a
+        step of more than its lease).  After a restart, the lease left
+        (the persisted wall-time deadline) carries on on the new monotonic
+        clock.
+        """
+        from twisted.internet import task
+        wall = task.Clock()
+        wall.advance(1_000_000)
+        s = ControllerState(self.store, self.segments, clock=wall)
+        yield s.open()
+        monotonic = [0.0]
+        s.monotonic = lambda: monotonic[0]
+        yield s.create_scope("sc")
+        yield s.create_stream("sc", "st", 1)
+        _, txn, _ = yield s.create_txn("sc", "st", 60000)
+        wall.advance(3600)                 # the wall clock steps an hour forward
+        yield s.expire_txns()
+        self.assertEqual(s.txn_state("sc", "st", txn), "OPEN")
+        monotonic[0] = 59.0
+        yield s.expire_txns()
+        self.assertEqual(s.txn_state("sc", "st", txn), "OPEN")
+        monotonic[0] = 61.0
+        yield s.expire_txns()
+        self.assertEqual(s.txn_state("sc", "st", txn), "ABORTED")
+        # a restart: 30 s of the lease left in wall time
+        _, kept, _ = yield s.create_txn("sc", "st", 30000)
+        restarted = ControllerState(self.store, self.segments, clock=wall)
+        yield restarted.open()
+        monotonic = [500.0]
+        restarted.monotonic = lambda: monotonic[0]
+        yield restarted.expire_txns()
+        self.assertEqual(restarted.txn_state("sc", "st", kept), "OPEN")
+        wall.advance(-3600)   # a step back does not lengthen it either
+        monotonic[0] = 529.0
+        yield restarted.expire_txns()
+        self.assertEqual(restarted.txn_state("sc", "st", kept), "OPEN")
+        monotonic[0] = 531.0
+        yield restarted.expire_txns()
+        self.assertEqual(restarted.txn_state("sc", "st", kept), "ABORTED")
+
+    @defer.inlineCallbacks
     def test_interrupted_commit_finishes_on_open(self):
         s = self.state
         yield s.create_scope("sc")

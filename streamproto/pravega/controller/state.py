@@ -18,7 +18,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from streamproto.core.clock import default_reactor, wall_seconds
+from streamproto.core.clock import default_reactor, monotonic_seconds, wall_seconds
 from streamproto.log.errors import AppendConflict
 from streamproto.log.interfaces import ILog, ILogStore
 from streamproto.log.versions import CONTROLLER_VERSION, check_mapping
@@ -82,6 +82,11 @@ class ControllerState:
                  clock: IReactorTime | None = None) -> None:
         clock = default_reactor(clock)
         self.clock = clock
+        #: leases run on this clock: a step of the wall clock must not
+        #: expire (or prolong) every open transaction at once
+        self.monotonic = monotonic_seconds(clock)
+        #: txn id -> (its persisted wall deadline, ms; its monotonic one, s)
+        self._leases: dict[str, tuple[int, float]] = {}
         self.store = store
         self.segments = segments
         self.scopes: dict[str, dict[str, dict[str, Any]]] = {}
@@ -592,7 +597,7 @@ class ControllerState:
             yield self.segments.create(txn_name_of(scope, stream, i, txn_id))
         self.txns[txn_id] = {"scope": scope, "stream": stream, "state": "OPEN",
                              "segments": ids, "epoch": epoch,
-                             "deadline": self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)}
+                             "deadline": self._lease(txn_id, lease_ms)}
         yield self._save()
         self.log.info("opened transaction {txn} on {scope}/{stream}", txn=txn_id,
                       scope=scope, stream=stream)
@@ -662,9 +667,30 @@ class ControllerState:
             return "ABORTED"
         if lease_ms > MAX_LEASE_MS:
             return "LEASE_TOO_LARGE"
-        txn["deadline"] = self._now_ms() + (lease_ms or DEFAULT_LEASE_MS)
+        txn["deadline"] = self._lease(txn_id, lease_ms)
         yield self._save()
         return "OK"
+
+    def _lease(self, txn_id: str, lease_ms: int) -> int:
+        """Start a lease of C{lease_ms} (0: the default); return its wall deadline (ms)."""
+        lease_ms = lease_ms or DEFAULT_LEASE_MS
+        deadline = self._now_ms() + lease_ms
+        self._leases[txn_id] = deadline, self.monotonic() + lease_ms / 1000
+        return deadline
+
+    def _lease_end(self, txn_id: str, txn: dict[str, Any]) -> float:
+        """
+        The monotonic end of C{txn}'s lease.  A deadline this process did
+        not set (read after a restart, or set by another controller on a
+        shared store) is persisted in wall time: what is left of it then
+        runs on the monotonic clock.
+        """
+        known = self._leases.get(txn_id)
+        if known is None or known[0] != txn["deadline"]:
+            left = min(max(0, txn["deadline"] - self._now_ms()), MAX_LEASE_MS)
+            known = txn["deadline"], self.monotonic() + left / 1000
+            self._leases[txn_id] = known
+        return known[1]
 
     def txn_state(self, scope: str, stream: str, txn_id: str) -> str:
         txn = self._txn(scope, stream, txn_id)
@@ -673,9 +699,11 @@ class ControllerState:
     @defer.inlineCallbacks
     def expire_txns(self) -> Generator[defer.Deferred[Any], Any, None]:
         """Abort every open transaction whose lease ran out."""
-        now = self._now_ms()
+        for txn_id in set(self._leases) - {t for t, v in self.txns.items()
+                                           if v["state"] == "OPEN"}:
+            del self._leases[txn_id]
         for txn_id, txn in list(self.txns.items()):
-            if txn["state"] == "OPEN" and txn["deadline"] < now:
+            if txn["state"] == "OPEN" and self._lease_end(txn_id, txn) <= self.monotonic():
                 self.log.info("transaction {txn} lease expired", txn=txn_id)
                 yield self.abort_txn(txn["scope"], txn["stream"], txn_id)
 
