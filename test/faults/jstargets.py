@@ -135,13 +135,17 @@ class ReliablePartitionTarget(InFrontEndNamespace, SessionsOnJetStream, Reliable
     """The same in namespaces."""
 
 
-def nats_target(reactor, fault, protocol):
-    """The target of C{protocol} (one of L{SERVERS}) on JetStream for C{fault}."""
+def nats_target(reactor, fault, protocol, sync_interval="always"):
+    """
+    The target of C{protocol} (one of L{SERVERS}) on JetStream for C{fault},
+    its nodes on C{sync_interval} (None: nats-server's default).
+    """
     partition = fault in ("partition", "flap")
+    kwargs = dict(clock=(fault == "clock"), sync_interval=sync_interval)
     if protocol == "reliable":
         cls = ReliablePartitionTarget if partition else ReliableNatsTarget
-        return cls(reactor, clock=(fault == "clock"))
+        return cls(reactor, **kwargs)
     if protocol not in SERVERS:
         raise ValueError(f"no target for {protocol} on nats")
     cls = LogPartitionTarget if partition else LogNatsTarget
-    return cls(reactor, protocol, clock=(fault == "clock"))
+    return cls(reactor, protocol, **kwargs)

@@ -49,14 +49,15 @@ class LogFileTarget(StyxFileTarget):
 
     store = "file"
 
-    def __init__(self, reactor, protocol, clock=False):
+    def __init__(self, reactor, protocol, clock=False, **kwargs):
         plugin, log = SERVERS[protocol]
         self.protocol = protocol
         #: the workload process: C{python -m MODULE NAME} (L{test.faults.reftargets})
         self.workload = ("test.faults.workload", protocol)
         # the segment store only: no gRPC controller (it would bind :9090)
         args = ["--controller", "none"] if protocol == "pravega" else []
-        super().__init__(reactor, clock=clock, log=log, plugin=plugin, args=args)
+        # kwargs: the cluster's (sync_interval) when composed with a JetStream target
+        super().__init__(reactor, clock=clock, log=log, plugin=plugin, args=args, **kwargs)
 
     @property
     def url(self):
@@ -156,8 +157,8 @@ class ReliableFileTarget(LogFileTarget):
     shared (L{test.faults.lazyfs.page_cached}).
     """
 
-    def __init__(self, reactor, clock=False):
-        super().__init__(reactor, "reliable", clock=clock)
+    def __init__(self, reactor, clock=False, **kwargs):
+        super().__init__(reactor, "reliable", clock=clock, **kwargs)
         self.history = None
 
     def start_client(self, history, duration, producers=3, timeout=3.0):

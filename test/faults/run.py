@@ -66,10 +66,13 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")
              for fault in ("kill9", "powerloss", "pause", "clock")]
-          # and on JetStream (no power loss: finding 2)
-          + [(fault, "nats", protocol) for protocol in ("lumberjack", "pravega", "relink",
-                                                    "relink-tx", "reliable")
-             for fault in ("kill9", "pause", "partition", "clock")])
+          # and on JetStream (no power loss: finding 2), flapping links too, and
+          # the network's faults on nats-server's default sync_interval as well
+          + [(fault, store, protocol) for protocol in ("lumberjack", "pravega", "relink",
+                                                   "relink-tx", "reliable")
+             for store, faults in (("nats", ("kill9", "pause", "partition", "flap", "clock")),
+                                   ("nats-lazy", ("partition", "flap")))
+             for fault in faults])
 
 # the reference clients' workloads on the file store
 MATRIX += [(fault, "file", protocol) for protocol in REF_PROTOCOLS
@@ -149,9 +152,9 @@ def make_target(reactor, fault, store, protocol):
     if store == "file" and protocol in ("lumberjack", "pravega", "relink", "relink-tx"):
         from test.faults.logtargets import LogFileTarget
         return LogFileTarget(reactor, protocol, clock=(fault == "clock"))
-    if store == "nats":
+    if store in SYNC_INTERVALS:
         from test.faults.jstargets import nats_target
-        return nats_target(reactor, fault, protocol)
+        return nats_target(reactor, fault, protocol, SYNC_INTERVALS[store])
     raise ValueError(f"no target for {protocol} on {store}")
 
 
