@@ -29,6 +29,8 @@ from test.faults.workload import TX_PARTS, read_history
 
 #: the promise of each protocol's workload (see L{test.faults.workload})
 PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime"),
+            # styx/0: nothing resent after a lost connection
+            "styx0": checker.Promise(at_most_once=True, order="realtime"),
             # at least once (resent after a reconnection), one connection's order
             "lumberjack": checker.Promise(at_most_once=False, order="realtime"),
             "relink": checker.Promise(at_most_once=False, order="realtime"),
@@ -62,6 +64,10 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
              for fault in ("partition", "flap", "clock")]
           # a node's clock: a row that says why it cannot be jumped here
           + [("nodeclock", "nats", "styx")]
+          # Styx over styx/0 (the Go reference's streaming protocol)
+          + [(fault, store, "styx0") for store, faults in (
+              ("file", ("kill9", "powerloss", "pause", "clock")),
+              ("nats", ("kill9", "pause", "partition", "clock"))) for fault in faults]
           # the other protocols' workloads on the file store
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")
@@ -134,18 +140,15 @@ class Row:
 
 
 def make_target(reactor, fault, store, protocol):
-    from test.faults.targets import StyxFileTarget, StyxNatsTarget
     if (store, protocol) in [("file", p) for p in REF_PROTOCOLS]:
         from test.faults.reftargets import make_target as make_ref_target
         return make_ref_target(reactor, fault, protocol)
-    if (store, protocol) == ("file", "styx"):
-        return StyxFileTarget(reactor, clock=(fault == "clock"))
-    if store in SYNC_INTERVALS and protocol == "styx":
-        sync = SYNC_INTERVALS[store]
-        if fault in ("partition", "flap"):
-            from test.faults.nstargets import StyxPartitionTarget
-            return StyxPartitionTarget(reactor, sync_interval=sync)
-        return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
+    if protocol in ("styx", "styx0"):
+        target = _styx_target(reactor, fault, store)
+        # the same server and final read; the workload over HTTP or styx/0
+        target.protocol = protocol
+        target.workload = ("test.faults.workload", protocol)
+        return target
     if (store, protocol) == ("file", "reliable"):
         from test.faults.logtargets import ReliableFileTarget
         return ReliableFileTarget(reactor, clock=(fault == "clock"))
@@ -156,6 +159,17 @@ def make_target(reactor, fault, store, protocol):
         from test.faults.jstargets import nats_target
         return nats_target(reactor, fault, protocol, SYNC_INTERVALS[store])
     raise ValueError(f"no target for {protocol} on {store}")
+
+
+def _styx_target(reactor, fault, store):
+    from test.faults.targets import StyxFileTarget, StyxNatsTarget
+    if store == "file":
+        return StyxFileTarget(reactor, clock=(fault == "clock"))
+    sync = SYNC_INTERVALS[store]
+    if fault in ("partition", "flap"):
+        from test.faults.nstargets import StyxPartitionTarget
+        return StyxPartitionTarget(reactor, sync_interval=sync)
+    return StyxNatsTarget(reactor, clock=(fault == "clock"), sync_interval=sync)
 
 
 @defer.inlineCallbacks

@@ -119,6 +119,49 @@ def run_styx(reactor, args):
     return d
 
 
+class _Stream:
+    """One styx/0 producer's connection, made again after any failure."""
+
+    producer = None
+
+    def drop(self):
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            producer.abort()
+
+
+def run_styx0(reactor, args):
+    """
+    Styx over styx/0, the streaming protocol of the Go reference's own
+    clients: each producer a L{StyxProducer} (one connection: its order),
+    writing one record and waiting for the ack that covers it.  A failure
+    or a timeout is C{unknown}, the connection is dropped and made again,
+    and nothing is resent: at most once.
+    """
+    from twisted.internet import defer
+
+    from streamproto.styx.stream_client import StyxProducer
+
+    @defer.inlineCallbacks
+    def send(stream, name, seq):
+        try:
+            if stream.producer is None:
+                stream.producer = yield StyxProducer.connect_url(
+                    reactor, args.url, args.log, timeout=args.timeout)
+            ack = yield stream.producer.write(encode(name, seq, args.size))
+        except BaseException:
+            stream.drop()
+            raise
+        return OK if ack is not None else UNKNOWN
+
+    def teardown(stream):
+        if stream.producer is not None:
+            return stream.producer.close()
+        return None
+
+    return _producers(reactor, args, send, lambda name: _Stream(), teardown)
+
+
 def _endpoint(reactor, url):
     """The client endpoint of C{tcp://HOST:PORT}."""
     from streamproto.core.tls import client_endpoint
@@ -390,6 +433,7 @@ TX_PARTS = 3
 
 WORKLOADS = {
     "styx": run_styx,
+    "styx0": run_styx0,
     "lumberjack": run_lumberjack,
     "relink": lambda reactor, args: run_relink(reactor, args, False),
     "relink-tx": lambda reactor, args: run_relink(reactor, args, True),
