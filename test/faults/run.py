@@ -36,6 +36,8 @@ PROMISES = {"styx": checker.Promise(at_most_once=True, order="realtime"),
             "relink": checker.Promise(at_most_once=False, order="realtime"),
             # writer ids and event numbers: at most once, in order
             "pravega": checker.Promise(at_most_once=True, order="realtime"),
+            # conditional appends: the same, and a refused one never stored
+            "pravega-conditional": checker.Promise(at_most_once=True, order="realtime"),
             # exactly once, each transaction whole
             "relink-tx": checker.Promise(at_most_once=True, order="realtime",
                                          parts=TX_PARTS),
@@ -68,6 +70,10 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           + [(fault, store, "styx0") for store, faults in (
               ("file", ("kill9", "powerloss", "pause", "clock")),
               ("nats", ("kill9", "pause", "partition", "clock"))) for fault in faults]
+          # Pravega's conditional appends, racing producers
+          + [(fault, store, "pravega-conditional") for store, faults in (
+              ("file", ("kill9", "powerloss", "pause", "clock")),
+              ("nats", ("kill9", "pause", "partition"))) for fault in faults]
           # the other protocols' workloads on the file store
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")
@@ -143,6 +149,11 @@ def make_target(reactor, fault, store, protocol):
     if (store, protocol) in [("file", p) for p in REF_PROTOCOLS]:
         from test.faults.reftargets import make_target as make_ref_target
         return make_ref_target(reactor, fault, protocol)
+    if protocol == "pravega-conditional":
+        # the Pravega target (server, segment, final read), another workload
+        target = make_target(reactor, fault, store, "pravega")
+        target.workload = ("test.faults.workload", protocol)
+        return target
     if protocol in ("styx", "styx0"):
         target = _styx_target(reactor, fault, store)
         # the same server and final read; the workload over HTTP or styx/0

@@ -293,6 +293,73 @@ def run_pravega(reactor, args):
     return _producers(reactor, args, send, setup, lambda w: w.close())
 
 
+class _Conditional:
+    """One conditional producer: its writer, its info connection, the length it expects."""
+
+    def __init__(self, writer):
+        self.writer = writer
+        self.info = None
+        self.expected = None
+
+    def drop_info(self):
+        info, self.info = self.info, None
+        if info is not None:
+            info.transport.loseConnection()
+
+
+def run_pravega_conditional(reactor, args):
+    """
+    Producers racing with conditional appends on one segment: each
+    appends its event only if the segment has the length it last saw
+    (C{GetStreamSegmentInfo} on a connection of its own, asked again after
+    every refusal or doubt).  Stored is C{ok}; refused by the condition
+    (C{ConditionalCheckFailed}) is C{failed}: the event must not be in the
+    segment; anything else is C{unknown}.  The writer resends what was not
+    acknowledged after a reconnection with the same event number, and the
+    server drops what it has: at most once, in order.
+    """
+    import uuid
+
+    from twisted.internet import defer
+
+    from streamproto.pravega.client import SegmentWriter, connect
+    from streamproto.pravega.errors import ConditionalCheckFailedError
+
+    endpoint = _endpoint(reactor, args.url)
+
+    def setup(name):
+        return _Conditional(SegmentWriter(
+            _endpoint(reactor, args.url), args.log, clock=reactor,
+            writer_id=uuid.uuid5(uuid.NAMESPACE_URL, f"faults-conditional:{name}"),
+            max_retries=10000, retry_delay=0.05, max_retry_delay=0.3))
+
+    @defer.inlineCallbacks
+    def send(producer, name, seq):
+        event = encode(name, seq, args.size)
+        try:
+            if producer.expected is None:
+                if producer.info is None:
+                    producer.info = yield connect(endpoint)
+                reply = yield producer.info.segment_info(args.log)
+                producer.expected = reply.write_offset
+            yield producer.writer.write_conditional(event, producer.expected)
+        except ConditionalCheckFailedError:
+            producer.expected = None
+            return FAILED
+        except BaseException:
+            producer.expected = None
+            producer.drop_info()
+            raise
+        producer.expected += 8 + len(event)     # the Event frame's header and the event
+        return OK
+
+    def teardown(producer):
+        producer.drop_info()
+        return producer.writer.close()
+
+    return _producers(reactor, args, send, setup, teardown)
+
+
 #: messages of one reliable-stream session of the workload
 RELIABLE_COUNT = 200
 
@@ -438,6 +505,7 @@ WORKLOADS = {
     "relink": lambda reactor, args: run_relink(reactor, args, False),
     "relink-tx": lambda reactor, args: run_relink(reactor, args, True),
     "pravega": run_pravega,
+    "pravega-conditional": run_pravega_conditional,
     "reliable": run_reliable,
 }
 
