@@ -5,7 +5,8 @@ data is on the lazy FS; kill -9, pauses, a partition (network
 namespaces) and clock jumps of the front-end on the JetStream store (3
 nats-server nodes); and one run of each other protocol's workload on the
 file store (Lumberjack, Pravega, Relink log and log-tx; reliable streams:
-clock jumps and power loss; pylogbeat) and Relink log-tx on JetStream, judged by the
+clock jumps and power loss; pylogbeat; Pravega conditional appends; Styx
+over styx/0) and Relink log-tx on JetStream, judged by the
 checker (python -m test.faults.run runs the full matrix).  Needs root,
 /dev/fuse, libfuse2, mfusepy, libfaketime and iproute2 (.ci/run installs
 them): without them the runs fail and say why.
@@ -35,7 +36,7 @@ class FaultMatrixSubsetTests(TestCase):
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
         self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
         # Pravega: read through the server
-        if store == "file" and protocol != "pravega":
+        if store == "file" and not protocol.startswith("pravega"):
             self.assertEqual(len(row.disk_verdicts), 1,
                              "the disk could not be read: " + "\n".join(row.notes))
         self.assertTrue(row.valid, "\n".join(row.notes))
@@ -111,6 +112,19 @@ class FaultMatrixSubsetTests(TestCase):
         """
         return self._deferred(self.check_class("kill9", protocol="lumberjack-pylogbeat",
                                                seconds=6.0))
+
+    def test_pravega_conditional_kill9(self):
+        """
+        Pravega's conditional appends, producers racing on one segment,
+        through kill -9: a refused append is never stored, a resent one
+        once.
+        """
+        return self._deferred(self.check_class("kill9", protocol="pravega-conditional",
+                                               seconds=6.0))
+
+    def test_styx0_pause(self):
+        """Styx over styx/0 (the Go reference's streaming protocol) through pauses."""
+        return self._deferred(self.check_class("pause", protocol="styx0", seconds=6.0))
 
     def test_reliable_clock_jump(self):
         """
