@@ -33,17 +33,10 @@ measured()   # which streamproto and path this measures (bench/benchenv.py)
 
 from twisted.internet.task import Clock  # noqa: E402
 
+from bench.logstore_bench import result  # noqa: E402
 from streamproto.log.file import synchronous  # noqa: E402
 from streamproto.log.filestore import FileLogStore  # noqa: E402
 from streamproto.styx.follow import DEFAULT_READ_BYTES, LogFollower  # noqa: E402
-
-
-def result(d):
-    out = []
-    d.addBoth(out.append)
-    if hasattr(out[0], "raiseException"):
-        out[0].raiseException()
-    return out[0]
 
 
 def run(mode, followers, rounds, records, size):
