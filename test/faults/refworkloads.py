@@ -52,6 +52,7 @@ import time
 
 from test.faults.checker import OK, UNKNOWN, encode, encode_part
 from test.faults.workload import HistoryWriter, TX_PARTS, arguments, now
+from test.support.pravega_binding import settle
 
 #: events of one pylogbeat window
 BATCH = 4
@@ -86,28 +87,6 @@ def create_stream(controller):
     manager = pravega_client.StreamManager(controller)
     manager.create_scope(SCOPE)
     return manager.create_stream(SCOPE, STREAM, SEGMENTS)
-
-
-async def settle():
-    """
-    Wait until no client thread is inside the event loop's
-    C{call_soon_threadsafe}: the binding completes a future from a tokio
-    worker that needs the GIL once more after its wake-up write (see
-    L{test.pravega.test_pravega_interop}).
-    """
-    me = threading.get_ident()
-    deadline = time.monotonic() + 5
-
-    def waking_the_loop():
-        for tid, frame in sys._current_frames().items():
-            while tid != me and frame is not None:
-                if frame.f_code.co_name in ("call_soon_threadsafe", "_write_to_self"):
-                    return True
-                frame = frame.f_back
-        return False
-    await asyncio.sleep(0)
-    while waking_the_loop() and time.monotonic() < deadline:
-        await asyncio.sleep(0.001)
 
 
 def run_pravega_official(args):

@@ -39,6 +39,8 @@ import uuid
 from twisted.trial.unittest import SynchronousTestCase
 
 from test.support.ciutil import missing
+# settle() as source, for every client program below
+from test.support.pravega_binding import SETTLE
 
 try:
     import pravega_client  # noqa: F401
@@ -46,36 +48,6 @@ except ImportError:  # pragma: no cover - the dependency is in the dev venv
     pravega_client = None
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-# Used by every client program below (and bench/pravega_client_bench.py).
-SETTLE = r'''
-import asyncio, sys, threading, time
-
-
-async def settle():
-    """
-    Wait until no client thread is still inside the event loop's
-    call_soon_threadsafe.  The binding completes an awaited future from a
-    tokio worker that wakes the event loop there and needs the GIL once
-    more after the wake-up write, while the binding's blocking calls
-    (flush, write_event, reader_offline...) hold the GIL in block_on: one
-    made meanwhile can leave that worker, and the connections it serves,
-    stuck until a 30 s request timeout (see the module docstring).
-    """
-    me = threading.get_ident()
-    deadline = time.monotonic() + 5
-
-    def waking_the_loop():
-        for tid, frame in sys._current_frames().items():
-            while tid != me and frame is not None:
-                if frame.f_code.co_name in ("call_soon_threadsafe", "_write_to_self"):
-                    return True
-                frame = frame.f_back
-        return False
-    await asyncio.sleep(0)
-    while waking_the_loop() and time.monotonic() < deadline:
-        await asyncio.sleep(0.001)
-'''
 
 # The client side: "python -c CLIENT command json-args" prints one JSON line.
 CLIENT = SETTLE + r'''
