@@ -11,7 +11,9 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial import unittest
 
-from streamproto.log.errors import AppendConflict, StoreUnavailable, WriteFailed
+from streamproto.log.errors import (
+    AppendConflict, LogNotFound, StoreUnavailable, WriteFailed,
+)
 from streamproto.log.jetstream import JetStreamLogStore
 from test.support.jetstream_fake import FakeJetStream, InlineBridge
 
@@ -756,12 +758,18 @@ class NewStreamTests(unittest.SynchronousTestCase):
         leader was elected) is finished by the next front-end opening it,
         as patiently.
         """
+        now = [1_800_000_000.0]
+        self.io.wall = lambda: now[0]
         self.io.faults.extend(["timeout"] * 1000)
         self.failureResultOf(self.store(timeout=1.0).create("events"), StoreUnavailable)
         self.assertEqual(self.markers(), [])
         self.io.faults.clear()
-        self.io.faults.extend(["timeout"] * 2)
         other = self.store()
+        # its creator may still be writing it: not there yet, and left alone
+        self.failureResultOf(other.get("events"), LogNotFound)
+        self.assertEqual(self.markers(), [])
+        now[0] += 10.5
+        self.io.faults.extend(["timeout"] * 2)
         log = self.successResultOf(other.get("events"))
         self.assertEqual(len(self.markers()), 1)
         self.successResultOf(log.append([b"a"]))
@@ -795,3 +803,24 @@ class NewStreamTests(unittest.SynchronousTestCase):
         self.failureResultOf(self.store().create("events"), StoreUnavailable)
         self.assertEqual(len(self.io.added), 1)
         self.assertEqual(self.io.paused, [])
+
+    def test_reader_leaves_a_new_stream_to_its_creator(self):
+        """
+        A reader opening a log whose stream was just added, its marker not
+        written yet (its creator is still at it), finds no log and writes
+        nothing: a marker of the reader's first made that create fail as
+        "exists" (seen in CI with the store copy).  get_or_create, a
+        creator too, writes the marker.
+        """
+        now = [1_800_000_000.0]
+        self.io.wall = lambda: now[0]
+        creator, reader = self.store(), self.store()
+        self.io.faults.extend(["timeout"] * 1000)
+        self.failureResultOf(creator.create("events"), StoreUnavailable)
+        self.io.faults.clear()
+        self.failureResultOf(reader.get("events"), LogNotFound)
+        self.assertEqual(self.markers(), [])
+        log = self.successResultOf(reader.get_or_create("events"))
+        self.assertEqual(len(self.markers()), 1)
+        self.successResultOf(log.append([b"a"]))
+        self.assertEqual(self.successResultOf(creator.get("events")).end_position, 1)

@@ -10,6 +10,7 @@ tests here.
 """
 
 import json
+import time
 from collections import deque
 
 from twisted.internet.defer import fail, succeed
@@ -49,6 +50,11 @@ class InlineBridge:
 
     def stop(self):
         pass
+
+
+def _rfc3339(seconds):
+    whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(int(seconds)))
+    return f"{whole}.{int((seconds % 1) * 1e9):09d}Z"
 
 
 class FakeStream:
@@ -105,6 +111,7 @@ class FakeJetStream:
         self.published = []       # (subject, headers, body) in the order received
         self.late = deque()       # publishes timed out, to be applied later
         self.paused = []          # the seconds of each pause between two tries
+        self.wall = None          # the leader's clock (stream ages) when a test sets one
         self.added = []           # the stream names of every add_stream asked
         self.add_stream_faults = deque()  # err_codes the next add_streams are refused with
 
@@ -127,7 +134,10 @@ class FakeJetStream:
         s = self.streams.get(name)
         if s is None:
             return None
-        return {"config": s.config, "state": s.state()}
+        info = {"config": s.config, "state": s.state()}
+        if self.wall is not None:
+            info.update(created=_rfc3339(s.created), ts=_rfc3339(self.wall()))
+        return info
 
     async def add_stream(self, config):
         self._check()
@@ -136,7 +146,8 @@ class FakeJetStream:
             raise JetStreamError("refused", 400, self.add_stream_faults.popleft())
         if config["name"] in self.streams:
             raise JetStreamError("stream name already in use", 400, STREAM_NAME_IN_USE)
-        self.streams[config["name"]] = FakeStream(json.loads(json.dumps(config)))
+        self.streams[config["name"]] = stream = FakeStream(json.loads(json.dumps(config)))
+        stream.created = self.wall() if self.wall is not None else 0.0
         return {"config": config}
 
     async def delete_stream(self, name):

@@ -38,7 +38,7 @@ from streamproto.log.interfaces import ILog
 from streamproto.log.jetstream.chain import AppendChain, _Append
 from streamproto.log.jetstream.common import Patience, _Inline, _store_errors, log
 from streamproto.log.jetstream.reading import MessageReader
-from streamproto.log.jetstream.truncation import Truncation
+from streamproto.log.jetstream.truncation import Truncation, stream_age
 from streamproto.log.msgindex import MessageIndex
 from streamproto.log.natsformat import (
     ATTRS, EXPECTED_LAST_SEQUENCE, MARKER, MSG_ID, BatchInfo, MessageFormatError, decode_info,
@@ -122,6 +122,14 @@ class JetStreamLog(GatedLog):
         state = stream_info.get("state", {})
         first_seq, last_seq = state.get("first_seq", 0), state.get("last_seq", 0)
         if last_seq == 0:
+            # a stream without its first marker: its creator may be writing
+            # it now, and a marker of ours first would make that create
+            # fail as "exists" (seen in CI: a reader polling for a log the
+            # store copy was creating).  Finished here only once the
+            # creator had its whole timeout; until then not there yet.
+            age = stream_age(stream_info)
+            if age is not None and age < self.store.timeout:
+                raise LogNotFound(f"log {self.name!r} is being created")
             yield self._write_init()
             stream_info = yield self.store._call(self.store.io.stream_info, self.stream)
             if stream_info is None:

@@ -284,6 +284,10 @@ class JetStreamLogStore(StoreHealth):
         info = yield self._call(self.io.stream_info, stream)
         if info is not None and must_be_new:
             raise LogExists(f"log {name!r} exists")
+        if info is not None and not (info.get("state") or {}).get("last_seq"):
+            # another creator's stream, its marker not written yet: as a
+            # creator too (get_or_create), write it (whichever is first)
+            yield JetStreamLog(self, name, config)._write_init()
         if info is None:
             try:
                 yield self._add_stream(name, config)

@@ -40,15 +40,32 @@ def cluster_time(stream_info: dict[str, Any] | None) -> float:
     RFC 3339 with nanoseconds), in seconds since the epoch; ours when the
     server gives none (before nats-server 2.10).
     """
-    ts = (stream_info or {}).get("ts")
-    if not isinstance(ts, str):
-        return time.time()
+    seconds = _epoch_seconds((stream_info or {}).get("ts"))
+    return time.time() if seconds is None else seconds
+
+
+def stream_age(stream_info: dict[str, Any] | None) -> float | None:
+    """
+    Seconds since the stream was added, on the stream leader's clock (its
+    C{ts} less its C{created}); None when the server does not say.
+    """
+    info = stream_info or {}
+    now, created = _epoch_seconds(info.get("ts")), _epoch_seconds(info.get("created"))
+    if now is None or created is None:
+        return None
+    return now - created
+
+
+def _epoch_seconds(value: object) -> float | None:
+    """An RFC 3339 time of nats-server (nanoseconds, UTC) in seconds since the epoch."""
+    if not isinstance(value, str):
+        return None
     try:
-        whole, _, fraction = ts.rstrip("Z").partition(".")
+        whole, _, fraction = value.rstrip("Z").partition(".")
         seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
         return seconds + (float("0." + fraction) if fraction.isdigit() else 0.0)
     except ValueError:
-        return time.time()
+        return None
 
 
 class Truncation(LogPart):
