@@ -29,7 +29,7 @@ from streamproto.core.progress import Progress
 from streamproto.log.copy import CopyFailed, CopyRefused
 from streamproto.log.copy.readonly import open_read_only, reopening_store
 from streamproto.log.copy.store import StoreCopy, last_journal_entry
-from streamproto.log.interfaces import ILogStore
+from streamproto.log.interfaces import ILogStore, IStartingStore
 from streamproto.log.storeurl import is_store_url
 
 PROG = "streamproto store"
@@ -115,10 +115,9 @@ def open_store(options: dict[str, Any], reactor: Any, read_only: bool = False) -
         store = open_read_only(options["data"], reactor)
     else:
         store = open_log_store(options, reactor)
-    start = getattr(store, "start", None)
-    if start is not None:
+    if IStartingStore.providedBy(store):        # a JetStream cluster connects first
         try:
-            yield start()
+            yield IStartingStore(store).start()
         except Exception as e:
             yield store.close()
             raise CommandError(f"{describe_store(options)} cannot be reached: {e}")

@@ -80,6 +80,10 @@ class ISessionStore(Interface):
     """The spec's Session API.  Every method returns a Deferred."""
 
     expiry = Attribute("Seconds after disconnect() before a session is deleted.")
+    closed = Attribute("True once the store is closed: it serves no more calls.")
+    failure = Attribute(
+        "The StoreFailed that stopped the store (a commit that failed: every call is "
+        "refused until it is opened again), or None while it works.  /ready reports both.")
 
     def register(uuid: str, state: Any) -> defer.Deferred[None]:
         """
@@ -264,6 +268,9 @@ class MemorySessionStore:
         """
         clock = default_reactor(clock)
         self._table = _SessionTable(clock, expiry, monotonic=monotonic)
+        self.closed = False
+        #: memory never fails a commit
+        self.failure: StoreFailed | None = None
 
     @property
     def expiry(self) -> float:
@@ -300,6 +307,7 @@ class MemorySessionStore:
         return uuid in self._table.sessions
 
     def close(self) -> defer.Deferred[None]:
+        self.closed = True
         self._table.cancel_timers()
         return defer.succeed(None)
 

@@ -122,11 +122,11 @@ class SessionStoreHealth:
         self.sessions = sessions
 
     def open_logs(self):
-        failure = getattr(self.sessions, "failure", None)
+        failure = self.sessions.failure
         return [] if failure is None else [_FailedSessions(failure)]
 
     def problems(self):
-        if getattr(self.sessions, "closed", False):
+        if self.sessions.closed:
             return ["store closed"]
         own = IReadiness(self.sessions, None)      # a JetStream bucket
         return (own.problems() if own is not None else []) + log_problems(self.open_logs())

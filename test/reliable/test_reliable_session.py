@@ -48,6 +48,15 @@ class SessionStoreTestsMixin:
         self.assertTrue(verifyObject(ISessionStore, self.store))
 
     @defer.inlineCallbacks
+    def test_closed_and_failure_say_what_ready_reports(self):
+        # /ready reads them on every store (reliable.tap.SessionStoreHealth)
+        self.assertIs(self.store.closed, False)
+        self.assertIsNone(self.store.failure)
+        yield self.store.close()
+        self.assertIs(self.store.closed, True)
+        self.assertIsNone(self.store.failure)
+
+    @defer.inlineCallbacks
     def test_put_numbers_messages_and_threads_state(self):
         yield self.store.register("a", {"n": 0, "seen": []})
         messages = yield self.put_n("a", 3)
