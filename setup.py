@@ -20,6 +20,7 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("streamproto._speedups", ["streamproto/_speedups.c"], optional=True)],
+    ext_modules=[Extension("streamproto._speedups", ["streamproto/_speedups.c", "streamproto/_syncer.c"],
+                           depends=["streamproto/_syncer.h"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "_syncer.h"
+
 static inline void put_be32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
     p[2] = (unsigned char)(v >> 8); p[3] = (unsigned char)v;
@@ -448,4 +450,9 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "streamproto._speedups", "Optional C accelerator.", -1, methods
 };
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__speedups(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && add_syncer(m) < 0)
+        Py_CLEAR(m);
+    return m;
+}

@@ -27,7 +27,6 @@ import bisect
 import errno
 import json
 import os
-import time
 import uuid
 from array import array
 from collections import deque
@@ -59,6 +58,7 @@ from streamproto.log.format import (
 from streamproto.log.interfaces import ILog
 from streamproto.log.recovery import LogRecovery
 from streamproto.log.result import AppendResult
+from streamproto.log.syncer import ISyncer, ThreadSyncer
 from streamproto.log.segments import (
     Cursor, FileIO, PageCacheIO, Segment, offset_in_segment, position_in_segment, read_payload,
     read_records,
@@ -131,7 +131,7 @@ class FileLog(GatedLog):
 
     def __init__(self, name: str, path: str, config: LogConfig, io: FileIO,
                  run_blocking: RunBlocking, clock: IReactorTime,
-                 inline_reads: bool = False) -> None:
+                 inline_reads: bool = False, syncer: ISyncer | None = None) -> None:
         self.name = name
         self.path = path
         self.config = config
@@ -139,6 +139,8 @@ class FileLog(GatedLog):
         self.corrupt: str | None = None
         self._io = io
         self._run_blocking = run_blocking
+        #: where the group commit's fsyncs run (the store's; L{streamproto.log.syncer})
+        self._syncer: ISyncer = syncer or ThreadSyncer(run_blocking, io)
         # reads try the page cache on the calling thread first
         self._inline_io: PageCacheIO | None = PageCacheIO(io) if inline_reads else None
         #: the last read answered, with its request and the end it was read
@@ -348,17 +350,9 @@ class FileLog(GatedLog):
             s.refs += 1
         self._syncing = True
         fds = [s.fd for s in segs]
-        d = self._run_blocking(self._fsync_blocking, fds, dir_dirty)
+        d = self._syncer.sync(fds, self.path if dir_dirty else None)
         d.addCallbacks(self._synced, self._sync_failed, callbackArgs=(target, segs),
                        errbackArgs=(segs,))
-
-    def _fsync_blocking(self, fds: list[int], dir_dirty: bool) -> None:
-        started = time.monotonic()
-        for fd in fds:
-            self._io.fsync(fd)
-        if dir_dirty:
-            self._io.fsync_dir(self.path)
-        metrics.FSYNC_SECONDS.observe(time.monotonic() - started)
 
     def _release(self, segs: Iterable[Segment]) -> None:
         for s in segs:

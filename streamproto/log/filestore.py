@@ -27,6 +27,7 @@ from streamproto.log.file import (
 )
 from streamproto.log.interfaces import ILog, ILogDirectories, ILogStore, StoreHealth
 from streamproto.log.segments import FileIO
+from streamproto.log.syncer import make_syncer
 from streamproto.log.versions import (
     LOG_FILES_VERSION, SEGMENT_VERSION, check, check_mapping,
 )
@@ -67,6 +68,9 @@ class FileLogStore(StoreHealth):
         # without run_blocking, reactor is a real one, with a thread pool
         self._run_blocking = run_blocking or thread_runner(cast(IReactorThreads, reactor))
         self._io = io or FileIO()
+        # every log's group commits: on native threads where the accelerator can
+        self._syncer = make_syncer(reactor, run_blocking, self._run_blocking, self._io,
+                                   default_io=io is None)
         self._logs: dict[str, FileLog] = {}
         self.closed = False
         # the data directory and the parents made for it must survive a
@@ -106,7 +110,7 @@ class FileLogStore(StoreHealth):
         with open(cfg_path, "rb") as f:
             config = LogConfig.from_mapping(json.loads(f.read()))
         log = FileLog(name, path, config, self._io, self._run_blocking, self._reactor,
-                      self._inline_reads)
+                      self._inline_reads, self._syncer)
         self._logs[name] = log
         if self._retention_interval and self._retention_call is None:
             # age-based retention also runs while no append comes in
@@ -184,6 +188,7 @@ class FileLogStore(StoreHealth):
         def close_all(_: object) -> None:
             for log in logs:
                 log._close()
+            self._syncer.close()
         return DeferredList([log.sync() for log in logs if not log._closed and
                              log.failed is None], consumeErrors=True).addCallback(close_all)
 

@@ -1,0 +1,387 @@
+/*
+ * The file store's group commit without the interpreter: fsync on native
+ * threads that never take the GIL, each finished job announced on an
+ * eventfd the reactor watches (streamproto.log.syncer.NativeSyncer).
+ *
+ * Why: with the fsync on a Python thread, every group commit changes the
+ * GIL's hands twice.  The thread pool's worker needs the interpreter to
+ * start (to call os.fsync) and again to return (callFromThread), and while
+ * the reactor thread is busy each of those waits up to a switch interval
+ * (streamproto.core.gil).  That wait is added to every acknowledgement's
+ * latency.  Here the reactor hands a job over under a mutex, a native
+ * thread runs the fsyncs, and the reactor learns of it from epoll, like
+ * any other readable descriptor.
+ *
+ * Linux only (eventfd); elsewhere the module has no Syncer and the store
+ * keeps its thread pool.
+ */
+#define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <Python.h>
+
+#include "_syncer.h"
+
+#if defined(__linux__)
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct job {
+    struct job *next;
+    long long id;
+    int nfds;
+    int *fds;
+    char *dir;          /* a directory to fsync after the files, or NULL */
+    int error;          /* the errno of the first failure, or 0 */
+    double seconds;     /* how long the fsyncs took */
+} job;
+
+/* What the threads share with the Python object.  It outlives the object
+ * while a thread still runs: the last of them (object included) frees it. */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    job *todo, *todo_tail;
+    job *done, *done_tail;
+    int queued;         /* jobs in todo */
+    int threads;        /* threads running */
+    int idle;           /* threads waiting for a job */
+    int max_threads;
+    int closing;
+    int refs;           /* the object, and each thread */
+    int efd;
+} shared;
+
+typedef struct {
+    PyObject_HEAD
+    shared *s;
+    long long next_id;
+    pid_t pid;
+} SyncerObject;
+
+static void free_job(job *j) {
+    free(j->fds);
+    free(j->dir);
+    free(j);
+}
+
+static void release(shared *s) {
+    /* called with s->lock held; unlocks it */
+    int last = --s->refs == 0;
+    pthread_mutex_unlock(&s->lock);
+    if (!last)
+        return;
+    for (job *j = s->todo; j;) { job *n = j->next; free_job(j); j = n; }
+    for (job *j = s->done; j;) { job *n = j->next; free_job(j); j = n; }
+    close(s->efd);
+    pthread_cond_destroy(&s->wake);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void run_job(job *j) {
+    double start = now();
+    for (int i = 0; i < j->nfds && !j->error; i++) {
+        while (fsync(j->fds[i]) < 0) {
+            if (errno != EINTR) { j->error = errno; break; }
+        }
+    }
+    if (j->dir && !j->error) {
+        int fd = open(j->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0) {
+            j->error = errno;
+        } else {
+            while (fsync(fd) < 0) {
+                if (errno != EINTR) { j->error = errno; break; }
+            }
+            close(fd);
+        }
+    }
+    j->seconds = now() - start;
+}
+
+static void *worker(void *arg) {
+    shared *s = (shared *)arg;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->todo && !s->closing) {
+            s->idle++;
+            pthread_cond_wait(&s->wake, &s->lock);
+            s->idle--;
+        }
+        if (!s->todo)
+            break;              /* closing, and nothing left to sync */
+        job *j = s->todo;
+        s->todo = j->next;
+        if (!s->todo)
+            s->todo_tail = NULL;
+        s->queued--;
+        pthread_mutex_unlock(&s->lock);
+        run_job(j);
+        pthread_mutex_lock(&s->lock);
+        j->next = NULL;
+        if (s->done_tail)
+            s->done_tail->next = j;
+        else
+            s->done = j;
+        s->done_tail = j;
+        uint64_t one = 1;
+        /* the counter cannot overflow at one a job; a failed write leaves
+         * nothing to do but what the next job's write does */
+        ssize_t ignored = write(s->efd, &one, sizeof one);
+        (void)ignored;
+    }
+    s->threads--;
+    release(s);
+    return NULL;
+}
+
+static int Syncer_init(SyncerObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"max_threads", NULL};
+    int max_threads = 8;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i:Syncer", kwlist, &max_threads))
+        return -1;
+    if (max_threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "max_threads must be at least 1");
+        return -1;
+    }
+    if (self->s) {
+        PyErr_SetString(PyExc_RuntimeError, "Syncer already initialised");
+        return -1;
+    }
+    shared *s = calloc(1, sizeof *s);
+    if (!s) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (s->efd < 0) {
+        free(s);
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    s->max_threads = max_threads;
+    s->refs = 1;
+    self->s = s;
+    self->pid = getpid();
+    return 0;
+}
+
+static int check(SyncerObject *self) {
+    if (!self->s) {
+        PyErr_SetString(PyExc_RuntimeError, "Syncer not initialised");
+        return -1;
+    }
+    if (self->pid != getpid()) {
+        /* a fork keeps the memory, not the threads */
+        PyErr_SetString(PyExc_RuntimeError, "Syncer used in a forked process");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *Syncer_submit(SyncerObject *self, PyObject *args) {
+    PyObject *fds_obj, *dir_obj;
+    if (!PyArg_ParseTuple(args, "OO:submit", &fds_obj, &dir_obj))
+        return NULL;
+    if (check(self) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(fds_obj, "fds must be a sequence of file descriptors");
+    if (!seq)
+        return NULL;
+    job *j = calloc(1, sizeof *j);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (!j || n > INT_MAX) {
+        free(j);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    j->nfds = (int)n;
+    j->fds = malloc((n ? n : 1) * sizeof(int));
+    if (!j->fds) {
+        free(j);
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long fd = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (fd == -1 && PyErr_Occurred()) {
+            free_job(j);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        if (fd < 0 || fd > INT_MAX) {
+            free_job(j);
+            Py_DECREF(seq);
+            PyErr_SetString(PyExc_ValueError, "not a file descriptor");
+            return NULL;
+        }
+        j->fds[i] = (int)fd;
+    }
+    Py_DECREF(seq);
+    if (dir_obj != Py_None) {
+        PyObject *path = NULL;
+        if (!PyUnicode_FSConverter(dir_obj, &path)) {
+            free_job(j);
+            return NULL;
+        }
+        j->dir = strdup(PyBytes_AS_STRING(path));
+        Py_DECREF(path);
+        if (!j->dir) {
+            free_job(j);
+            return PyErr_NoMemory();
+        }
+    }
+    j->id = ++self->next_id;
+    shared *s = self->s;
+    int err = 0;
+    pthread_mutex_lock(&s->lock);
+    if (s->queued + 1 > s->idle && s->threads < s->max_threads) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        /* fsync needs little stack: keep thousands of logs' threads cheap */
+        pthread_attr_setstacksize(&attr, 256 * 1024);
+        err = pthread_create(&t, &attr, worker, s);
+        pthread_attr_destroy(&attr);
+        if (!err) {
+            s->threads++;
+            s->refs++;
+        }
+    }
+    if (err && s->threads == 0) {
+        pthread_mutex_unlock(&s->lock);
+        free_job(j);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (s->todo_tail)
+        s->todo_tail->next = j;
+    else
+        s->todo = j;
+    s->todo_tail = j;
+    s->queued++;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->lock);
+    return PyLong_FromLongLong(j->id);
+}
+
+static PyObject *Syncer_completed(SyncerObject *self, PyObject *unused) {
+    if (check(self) < 0)
+        return NULL;
+    shared *s = self->s;
+    uint64_t count;
+    ssize_t ignored = read(s->efd, &count, sizeof count);   /* EAGAIN: none yet */
+    (void)ignored;
+    pthread_mutex_lock(&s->lock);
+    job *j = s->done;
+    s->done = s->done_tail = NULL;
+    pthread_mutex_unlock(&s->lock);
+    PyObject *out = PyList_New(0);
+    while (j) {
+        job *next = j->next;
+        if (out) {
+            PyObject *item = Py_BuildValue("(Lid)", j->id, j->error, j->seconds);
+            if (!item || PyList_Append(out, item) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(item);
+        }
+        free_job(j);
+        j = next;
+    }
+    return out;
+}
+
+static PyObject *Syncer_fileno(SyncerObject *self, PyObject *unused) {
+    if (!self->s) {
+        PyErr_SetString(PyExc_RuntimeError, "Syncer not initialised");
+        return NULL;
+    }
+    return PyLong_FromLong(self->s->efd);
+}
+
+static void stop(SyncerObject *self) {
+    shared *s = self->s;
+    if (!s)
+        return;
+    self->s = NULL;
+    pthread_mutex_lock(&s->lock);
+    s->closing = 1;       /* the threads finish what is queued, then exit */
+    pthread_cond_broadcast(&s->wake);
+    release(s);
+}
+
+static PyObject *Syncer_close(SyncerObject *self, PyObject *unused) {
+    if (self->s && self->pid != getpid()) {
+        self->s = NULL;   /* a fork's copy: its threads and lock are the parent's */
+        Py_RETURN_NONE;
+    }
+    stop(self);
+    Py_RETURN_NONE;
+}
+
+static void Syncer_dealloc(SyncerObject *self) {
+    if (self->s && self->pid == getpid())
+        stop(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Syncer_methods[] = {
+    {"submit", (PyCFunction)Syncer_submit, METH_VARARGS,
+     "submit(fds, directory) -> job id: fsync the fds, then the directory (or None)"},
+    {"completed", (PyCFunction)Syncer_completed, METH_NOARGS,
+     "completed() -> [(job id, errno or 0, seconds)], clearing fileno()'s readiness"},
+    {"fileno", (PyCFunction)Syncer_fileno, METH_NOARGS,
+     "fileno() -> the eventfd that is readable when a job completed"},
+    {"close", (PyCFunction)Syncer_close, METH_NOARGS,
+     "close(): the threads finish what was submitted, then exit"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyTypeObject SyncerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamproto._speedups.Syncer",
+    .tp_doc = "fsync jobs on native threads, completions on an eventfd",
+    .tp_basicsize = sizeof(SyncerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Syncer_init,
+    .tp_dealloc = (destructor)Syncer_dealloc,
+    .tp_methods = Syncer_methods,
+};
+
+int add_syncer(PyObject *module) {
+    if (PyType_Ready(&SyncerType) < 0)
+        return -1;
+    Py_INCREF(&SyncerType);
+    if (PyModule_AddObject(module, "Syncer", (PyObject *)&SyncerType) < 0) {
+        Py_DECREF(&SyncerType);
+        return -1;
+    }
+    return 0;
+}
+
+#else
+
+int add_syncer(PyObject *module) {
+    (void)module;
+    return 0;
+}
+
+#endif

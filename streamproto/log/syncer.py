@@ -1,0 +1,185 @@
+"""
+Where the file store's group commit runs its fsyncs.
+
+A L{FileLog} hands each group commit (the segment files written since the
+last one, and the log's directory when a segment was created) to a
+syncer and acknowledges when the syncer's Deferred fires:
+
+- L{ThreadSyncer} runs them through the store's C{run_blocking}: the
+  reactor's thread pool in a server, inline in tests and tools, and
+  through the store's L{FileIO}, so fault injection (fsync errors, power
+  loss) sees every call.
+- L{NativeSyncer} gives them to native threads of the C accelerator
+  (C{streamproto._speedups.Syncer}), which never take the GIL, and learns
+  that they are done from an eventfd the reactor watches.  With a Python
+  thread, each group commit waits twice for the interpreter (to start the
+  fsync, and to hand back its result) and, while the reactor thread is
+  busy, each wait can last a switch interval (L{streamproto.core.gil}):
+  that wait is in every acknowledgement's latency.  Figures:
+  doc/performance.rst.
+
+L{make_syncer} picks the native one where it can: the accelerator is
+built (and not disabled by C{STREAMPROTO_PURE_PYTHON}), the store uses
+the real file layer and the thread pool, and the reactor watches file
+descriptors.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, Callable, Protocol, cast
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorFDSet, IReadDescriptor
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from streamproto.base.durable import DirectoryIO
+from streamproto.log import metrics
+
+#: what L{streamproto.core.accelerator} reads too: set, the accelerator is off
+PURE_ENV = "STREAMPROTO_PURE_PYTHON"
+
+#: native fsync threads per store at most: logs sync in parallel, as many
+#: as the reactor's thread pool (10) ran before, less one for its reads
+MAX_THREADS = 8
+
+_Syncer: Callable[..., Any] | None
+try:
+    from streamproto import _speedups
+    _Syncer = getattr(_speedups, "Syncer", None)     # Linux only (eventfd)
+except ImportError:     # no accelerator
+    _Syncer = None
+
+
+class ISyncer(Protocol):
+    def sync(self, fds: Sequence[int], directory: str | None) -> Deferred[None]:
+        """
+        fsync C{fds} in order, then C{directory} when given (a segment file
+        was created in it).
+
+        @return: a Deferred firing once all of them are durable, or failing
+            with the first C{OSError}.
+        """
+
+    def close(self) -> None:
+        """Stop once what was handed over is synced (the store closed)."""
+
+
+class ThreadSyncer:
+    """The fsyncs through C{run_blocking} and the store's file layer."""
+
+    def __init__(self, run_blocking: Callable[..., Deferred[Any]], io: DirectoryIO) -> None:
+        self._run_blocking = run_blocking
+        self._io = io
+
+    def sync(self, fds: Sequence[int], directory: str | None) -> Deferred[None]:
+        return self._run_blocking(self._sync, list(fds), directory)
+
+    def _sync(self, fds: list[int], directory: str | None) -> None:
+        started = time.monotonic()
+        for fd in fds:
+            self._io.fsync(fd)
+        if directory is not None:
+            self._io.fsync_dir(directory)
+        metrics.FSYNC_SECONDS.observe(time.monotonic() - started)
+
+    def close(self) -> None:
+        pass
+
+
+@implementer(IReadDescriptor)
+class NativeSyncer:
+    """
+    The fsyncs on the accelerator's native threads; their completions read
+    from its eventfd on the reactor thread.  The eventfd is watched only
+    while a job is out, so an idle store leaves nothing in the reactor.
+
+    A fork (twistd daemonizing after the store opened) keeps no thread: the
+    first sync in the new process starts a new native syncer.
+    """
+
+    def __init__(self, reactor: IReactorFDSet, max_threads: int = MAX_THREADS) -> None:
+        if _Syncer is None:
+            raise RuntimeError("the C accelerator's Syncer is not built")
+        self._reactor = reactor
+        self._max_threads = max_threads
+        self._native: Any = None
+        self._pid = -1
+        self._out: dict[int, Deferred[None]] = {}
+        #: the eventfd the reactor watches (kept: the reactor finds a
+        #: reader by the descriptor it was added with)
+        self._fd = -1
+        self._watching = False
+
+    def sync(self, fds: Sequence[int], directory: str | None) -> Deferred[None]:
+        if self._native is None or self._pid != os.getpid():
+            assert _Syncer is not None
+            self._native, self._pid = _Syncer(self._max_threads), os.getpid()
+            self._out, self._watching = {}, False
+        job = self._native.submit(fds, directory)
+        d: Deferred[None] = Deferred()
+        self._out[job] = d
+        if not self._watching:
+            self._fd = self._native.fileno()
+            self._reactor.addReader(self)
+            self._watching = True
+        return d
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._reactor.removeReader(self)
+            self._watching = False
+
+    # -- IReadDescriptor ----------------------------------------------------
+    def fileno(self) -> int:
+        return self._fd
+
+    def doRead(self) -> None:
+        # settle the bookkeeping before any callback runs: an acknowledged
+        # client may append (and sync) again, or close the store, inside it
+        done = [(self._out.pop(job), error, seconds)
+                for job, error, seconds in self._native.completed()]
+        if not self._out:
+            self._unwatch()
+        for d, error, seconds in done:
+            if error:
+                d.errback(Failure(OSError(error, os.strerror(error))))
+            else:
+                metrics.FSYNC_SECONDS.observe(seconds)
+                d.callback(None)
+
+    def connectionLost(self, reason: Failure) -> None:
+        pass
+
+    def logPrefix(self) -> str:
+        return "fsync"
+
+    def close(self) -> None:
+        """
+        Stop the threads once what was submitted is synced (L{FileLogStore}
+        closes its logs after their last fsync).
+        """
+        self._unwatch()
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+
+
+def make_syncer(reactor: Any, run_blocking: Callable[..., Deferred[Any]] | None,
+                default_run_blocking: Callable[..., Deferred[Any]],
+                io: DirectoryIO, default_io: bool) -> ISyncer:
+    """
+    The native syncer when the store runs its blocking work on the
+    reactor's thread pool (C{run_blocking} None) through the real file
+    layer (C{default_io}), the accelerator has one, and C{reactor} watches
+    file descriptors; L{ThreadSyncer} otherwise.
+    """
+    native = (_Syncer is not None and run_blocking is None and default_io
+              and os.environ.get(PURE_ENV, "") in ("", "0")
+              and IReactorFDSet.providedBy(reactor))
+    if native:
+        return NativeSyncer(reactor)
+    return ThreadSyncer(run_blocking or default_run_blocking, io)

@@ -1,0 +1,169 @@
+"""
+Where the group commit's fsyncs run (L{streamproto.log.syncer}): the
+accelerator's native threads when it can, the thread pool (or inline)
+otherwise; either way an acknowledgement comes only after its fsync.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from twisted.internet import defer, reactor
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from streamproto.log import metrics, syncer
+from streamproto.log.file import synchronous
+from streamproto.log.filestore import FileLogStore
+from streamproto.log.segments import FileIO
+from streamproto.log.syncer import NativeSyncer, ThreadSyncer, make_syncer
+
+needs_native = None if syncer._Syncer is not None else (
+    "the C accelerator's Syncer is not built (Linux and build_ext)")
+
+
+class FsyncCounter(FileIO):
+    def __init__(self):
+        self.fsyncs = 0
+
+    def fsync(self, fd):
+        self.fsyncs += 1
+        super().fsync(fd)
+
+
+def fsync_count() -> float:
+    """How many group commits the fsync histogram has seen."""
+    [family] = metrics.FSYNC_SECONDS.collect()
+    return next(s.value for s in family.samples if s.name.endswith("_count"))
+
+
+class ChoiceTests(SynchronousTestCase):
+    def test_native_by_default(self):
+        if needs_native:
+            self.skipTest(needs_native)
+        chosen = make_syncer(reactor, None, synchronous, FileIO(), default_io=True)
+        self.assertIsInstance(chosen, NativeSyncer)
+
+    def test_thread_pool_where_the_store_was_given_its_own_runner_or_file_layer(self):
+        # fault injection wraps the file layer: its fsyncs must go through it
+        self.assertIsInstance(make_syncer(reactor, synchronous, synchronous, FileIO(), True),
+                              ThreadSyncer)
+        self.assertIsInstance(make_syncer(reactor, None, synchronous, FsyncCounter(), False),
+                              ThreadSyncer)
+
+    def test_pure_python_on_request(self):
+        self.patch(os, "environ", {**os.environ, syncer.PURE_ENV: "1"})
+        self.assertIsInstance(make_syncer(reactor, None, synchronous, FileIO(), True),
+                              ThreadSyncer)
+
+    def test_reactor_without_file_descriptors(self):
+        from twisted.internet.task import Clock
+        self.assertIsInstance(make_syncer(Clock(), None, synchronous, FileIO(), True),
+                              ThreadSyncer)
+
+    def test_injected_file_layer_sees_every_fsync(self):
+        io = FsyncCounter()
+        with tempfile.TemporaryDirectory() as d:
+            store = FileLogStore(d, run_blocking=synchronous, io=io)
+            log = self.successResultOf(store.create("a"))
+            before = io.fsyncs
+            self.successResultOf(log.append([b"x"]))
+            self.assertGreater(io.fsyncs, before)
+            self.successResultOf(store.close())
+
+
+class NativeSyncerTests(TestCase):
+    skip = needs_native
+
+    def setUp(self):
+        self.syncer = NativeSyncer(reactor, max_threads=2)
+        self.addCleanup(self.syncer.close)
+        self.file = tempfile.NamedTemporaryFile()
+        self.addCleanup(self.file.close)
+
+    @defer.inlineCallbacks
+    def test_fsyncs_fire_on_the_reactor_and_leave_nothing_watched(self):
+        before = fsync_count()
+        os.write(self.file.fileno(), b"data")
+        results = yield defer.gatherResults([
+            self.syncer.sync([self.file.fileno()], None) for _ in range(5)
+        ] + [self.syncer.sync([self.file.fileno()], os.path.dirname(self.file.name))])
+        self.assertEqual(results, [None] * 6)
+        self.assertEqual(fsync_count() - before, 6)
+        # the eventfd is watched only while a job is out
+        self.assertNotIn(self.syncer, reactor.getReaders())
+
+    @defer.inlineCallbacks
+    def test_a_failed_fsync_fails_its_deferred_only(self):
+        bad = self.syncer.sync([10 ** 6], None)    # no such descriptor: EBADF
+        good = self.syncer.sync([self.file.fileno()], None)
+        error = yield self.assertFailure(bad, OSError)
+        self.assertEqual(error.errno, 9)
+        self.assertIsNone((yield good))
+
+    @defer.inlineCallbacks
+    def test_a_missing_directory_fails(self):
+        error = yield self.assertFailure(self.syncer.sync([], "/nonexistent/dir"), OSError)
+        self.assertEqual(error.errno, 2)
+
+    @defer.inlineCallbacks
+    def test_a_new_process_gets_new_threads(self):
+        yield self.syncer.sync([self.file.fileno()], None)
+        first = self.syncer._native
+        self.syncer._pid = -1     # what a fork leaves: the pid it was made in
+        yield self.syncer.sync([self.file.fileno()], None)
+        self.assertIsNot(self.syncer._native, first)
+        first.close()
+
+    def test_bad_arguments(self):
+        self.assertRaises(ValueError, self.syncer.sync, [-1], None)
+        self.assertRaises(TypeError, self.syncer.sync, ["x"], None)
+        self.assertRaises(TypeError, self.syncer.sync, 5, None)
+        self.assertEqual(self.syncer._out, {})
+        from streamproto._speedups import Syncer
+        self.assertRaises(ValueError, Syncer, 0)
+
+
+class StoreOnNativeThreadsTests(TestCase):
+    """A store on the real reactor: its acks wait for the native fsync."""
+
+    skip = needs_native
+
+    @defer.inlineCallbacks
+    def test_acknowledged_appends_are_read_back_by_a_fresh_process(self):
+        d = self.mktemp()
+        store = FileLogStore(d)
+        self.assertIsInstance(store._syncer, NativeSyncer)
+        log = yield store.create("events")
+        before = fsync_count()
+        results = yield defer.gatherResults(
+            [log.append([b"record-%d" % i]) for i in range(50)])
+        self.assertEqual(results[-1].end_position, 50)
+        self.assertGreater(fsync_count(), before)
+        yield store.close()
+        self.assertIsNone(store._syncer._native)
+        out = subprocess.run(
+            [sys.executable, "-c",
+             "import sys\n"
+             "from streamproto.log.filestore import FileLogStore\n"
+             "from streamproto.log.file import synchronous\n"
+             "s = FileLogStore(sys.argv[1], run_blocking=synchronous)\n"
+             "log = s.get(sys.argv[2]).result\n"
+             "print(log.info()['record_count'])\n", d, "events"],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+        self.assertEqual(out.stdout.strip(), "50")
+
+    @defer.inlineCallbacks
+    def test_a_failed_fsync_fail_stops_the_log(self):
+        d = self.mktemp()
+        store = FileLogStore(d)
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        yield log.append([b"first"])
+        real = store._syncer.sync
+        self.patch(store._syncer, "sync", lambda fds, directory: real([10 ** 6], directory))
+        yield self.assertFailure(log.append([b"second"]), Exception)
+        self.assertIsNotNone(log.failed)
