@@ -12,6 +12,7 @@ fsync on the same disk.
     python bench/latency.py --seconds 20 --size 1000
     python bench/latency.py --store nats          # a 3-node JetStream cluster, R3, sync always
     python bench/latency.py --go-server /path/to/styx-server   # the reference, beside ours
+    python bench/latency.py --targets styx0 --baseline ../old-checkout   # before/after
 
 How it measures (open loop, coordinated omission corrected): first the
 server's maximum rate for each target is measured closed loop (as many
@@ -39,6 +40,9 @@ With C{--go-server}, the Go reference runs beside ours (both started
 first): for each Styx target and load, ours then the reference, at the
 same offered rate (the fraction of ours' maximum), so that the machine's
 other load hits both alike; each server's own maximum is printed too.
+C{--baseline CHECKOUT} does the same with another checkout's
+C{styx-server} (its accelerator built): a change against the code before
+it, in one run.
 
 The last column, send lag, is how late the client itself was at worst
 in sending a record after its planned time: latency it caused rather
@@ -509,18 +513,19 @@ def print_rows(title, rows, fsync_p50_ms, out):
     out.flush()
 
 
-def start_ours(directory, store, plugin="styx-server", *extra):
+def start_ours(directory, store, plugin="styx-server", *extra, root=gorefs.ROOT,
+               name=None):
     """
     Start our C{plugin} server (C{twistd}) on a free port of 127.0.0.1, its
     data under C{directory} (or in C{store}, a C{--store} URL), its output
     in C{directory/PLUGIN.log}; @return: C{(process, port)} once it listens.
     """
     port = gorefs.free_port()
-    storage = ["--store", store] if store else [
-        "--data", os.path.join(directory, "ours" if plugin == "styx-server" else plugin)]
-    log = open(os.path.join(directory, f"{plugin}.log"), "wb")
+    name = name or ("ours" if plugin == "styx-server" else plugin)
+    storage = ["--store", store] if store else ["--data", os.path.join(directory, name)]
+    log = open(os.path.join(directory, f"{name}.log"), "wb")
     server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
-                           *extra, log=log)
+                           *extra, log=log, root=root)
     gorefs.wait_port(port)
     return server, port
 
@@ -556,6 +561,10 @@ def main(argv=None):
                    help="the reference styx-server, built outside this repository: "
                         "the Styx targets against it too, alternated with ours load by "
                         "load at the same offered rates (fractions of ours' maximum)")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="another checkout of streamproto (accelerator built): its "
+                        "styx-server beside ours for the Styx targets, alternated load by "
+                        "load at the same offered rates, to see what a change did")
     args = p.parse_args(argv)
     args.targets = set(args.targets.split(","))
     args.loads = [float(x) for x in args.loads.split(",")]
@@ -586,6 +595,11 @@ def main(argv=None):
         server, port = start_ours(directory, store)
         started.append(server)
         styx_servers = [(title, port)]
+        if args.baseline:
+            base, base_port = start_ours(directory, store, root=os.path.abspath(args.baseline),
+                                         name="baseline")
+            started.append(base)
+            styx_servers.append((f"baseline: the checkout at {args.baseline}", base_port))
         if args.go_server:
             go_port = gorefs.free_port()
             started.append(gorefs.go_styx_server(args.go_server, go_port,

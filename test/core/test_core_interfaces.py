@@ -100,6 +100,9 @@ class ReadinessTests(unittest.SynchronousTestCase):
         from streamproto.reliable.tap import SessionStoreHealth
 
         class Sessions:
+            closed = False          # what every ISessionStore says
+            failure = None
+
             def problems(self):
                 raise AssertionError("asked without declaring IReadiness")
         self.assertEqual(store_problems([SessionStoreHealth(Sessions())]), [])
