@@ -5,6 +5,7 @@ Many connections on one server: a C{twistd styx-server} (file store) with
     python bench/connections.py                           # 8,000 idle producers,
                                                           # 1,000 idle followers, 1,000 active
     python bench/connections.py --idle 4000 --idle-followers 500 --seconds 20
+    python bench/connections.py --go-server /path/to/styx-server   # the reference instead
 
 In order, on one server:
 
@@ -59,8 +60,10 @@ from streamproto.core.gcpolicy import tune_for_server  # noqa: E402
 
 
 def full_collections(port):
-    """The server's full garbage collections so far (its C{/metrics})."""
+    """The server's full garbage collections so far (its C{/metrics}; None: not ours)."""
     import urllib.request
+    if port is None:
+        return None
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line.startswith('python_gc_collections_total{generation="2"}'):
@@ -122,6 +125,8 @@ def open_many(n, connect, batch=250):
 def run(reactor, port, server_pid, args, out):
     from twisted.internet import defer, threads
 
+    metrics_port = None if args.go_server else port
+
     from streamproto.styx.api_client import StyxClient
     from streamproto.styx.stream_client import StyxConsumer, StyxProducer
 
@@ -144,14 +149,15 @@ def run(reactor, port, server_pid, args, out):
         p99s = []
         for run in range(args.repeat):
             acks = histogram()
-            gcs = yield threads.deferToThread(full_collections, port)
+            gcs = yield threads.deferToThread(full_collections, metrics_port)
             sent, lag = yield open_loop(reactor, send, payload, args.rate, args.seconds, acks)
-            gcs = (yield threads.deferToThread(full_collections, port)) - gcs
+            after = yield threads.deferToThread(full_collections, metrics_port)
             p50, p99, p999, worst = summary(acks)
             print(f"  active {label} ({run + 1}/{args.repeat}): {sent:,} records at "
                   f"{args.rate:,.0f}/s: p50 {p50:.2f} ms, p99 {p99:.2f} ms, p99.9 {p999:.2f} "
-                  f"ms, max {worst:.2f} ms (send lag {lag * 1000:.1f} ms; {gcs} full "
-                  "collections in the server)", file=out, flush=True)
+                  f"ms, max {worst:.2f} ms (send lag {lag * 1000:.1f} ms"
+                  + (f"; {after - gcs} full collections in the server)" if gcs is not None
+                     else ")"), file=out, flush=True)
             p99s.append(p99)
         return statistics.median(p99s)
 
@@ -239,6 +245,10 @@ def main(argv=None):
     p.add_argument("--repeat", type=int, default=3,
                    help="active runs alone and with the idle connections (3 each)")
     p.add_argument("--data", help="directory for the store (default: a temporary one)")
+    p.add_argument("--go-server", metavar="PATH",
+                   help="the same run against the reference styx-server (built outside "
+                        "this repository) instead of ours: run it after ours, one "
+                        "server at a time, as a user compares them")
     p.add_argument("--hold-idle", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     out = sys.stdout
@@ -253,15 +263,21 @@ def main(argv=None):
     print(f"this client's open files limit: {now} (was {before}); the idle connections "
           "are held by another process", file=out)
     directory = args.data or tempfile.mkdtemp(prefix="connections-bench-")
-    server, port = start_ours(directory, None)
+    if args.go_server:
+        port = gorefs.free_port()
+        server = gorefs.go_styx_server(args.go_server, port, os.path.join(directory, "go"))
+        print(f"  server: the Go reference ({args.go_server})", file=out)
+    else:
+        server, port = start_ours(directory, None)
     try:
         refused = run_reactor(lambda reactor: run(reactor, port, server.pid, args, out))
     finally:
         gorefs.stop(server)
-        with open(os.path.join(directory, "styx-server.log"), "rb") as f:
-            for line in f.read().decode("utf-8", "replace").splitlines():
-                if "open files limit" in line or "accelerator" in line:
-                    print("  server:", line.split(" ", 2)[-1], file=out)
+        if not args.go_server:
+            with open(os.path.join(directory, "styx-server.log"), "rb") as f:
+                for line in f.read().decode("utf-8", "replace").splitlines():
+                    if "open files limit" in line or "accelerator" in line:
+                        print("  server:", line.split(" ", 2)[-1], file=out)
         if not args.data:
             shutil.rmtree(directory, ignore_errors=True)
     return 1 if refused else 0

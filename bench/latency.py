@@ -521,9 +521,9 @@ def start_ours(directory, store, plugin="styx-server", *extra, root=gorefs.ROOT,
     in C{directory/PLUGIN.log}; @return: C{(process, port)} once it listens.
     """
     port = gorefs.free_port()
-    name = name or ("ours" if plugin == "styx-server" else plugin)
-    storage = ["--store", store] if store else ["--data", os.path.join(directory, name)]
-    log = open(os.path.join(directory, f"{name}.log"), "wb")
+    data = name or ("ours" if plugin == "styx-server" else plugin)
+    storage = ["--store", store] if store else ["--data", os.path.join(directory, data)]
+    log = open(os.path.join(directory, f"{name or plugin}.log"), "wb")
     server = gorefs.twistd(plugin, *storage, "--port", f"tcp:{port}:interface=127.0.0.1",
                            *extra, log=log, root=root)
     gorefs.wait_port(port)

@@ -75,6 +75,17 @@ def redirect_channel_input(channel: HTTPChannel, receive: Callable[[bytes], obje
         lambda line: receive(line + b"\r\n"))
 
 
+def forget_requests(channel: HTTPChannel) -> None:
+    """
+    Drop C{channel}'s list of its requests once its connection was taken
+    over (an upgrade): each request points back at its channel, a cycle
+    only a full collection would free, and servers make those rarely
+    (L{streamproto.core.gcpolicy}).  Without the list, the two go as soon
+    as nothing else holds them.
+    """
+    del channel.requests[:]
+
+
 def endpoint_tls_options(endpoint: IStreamServerEndpoint) -> ssl.CertificateOptions | None:
     """The C{CertificateOptions} of an C{ssl:} server endpoint, or None."""
     if not isinstance(endpoint, SSL4ServerEndpoint):

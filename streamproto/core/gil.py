@@ -1,9 +1,12 @@
 """
 How soon a thread finishing blocking work gets the interpreter back.
 
-Why: the file store's group commit runs C{fsync} in a thread
-(L{streamproto.log.file}); the acknowledgements wait for that thread to
-hand its result to the reactor.  The thread releases the GIL while in
+Why: without the C accelerator (or with a file layer of the caller's),
+the file store's group commit runs C{fsync} in a Python thread
+(L{streamproto.log.syncer}); the acknowledgements wait for that thread to
+hand its result to the reactor.  (With it, the fsync runs on native
+threads that never take the GIL; the SQLite session store and reads that
+miss the page cache still use Python threads.)  The thread releases the GIL while in
 C{fsync}, but to return it needs the GIL again, and while the reactor
 thread is busy (decoding, appending, acking: any load) CPython makes the
 thread wait a whole switch interval, 5 ms by default, before the reactor

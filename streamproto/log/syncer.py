@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, Callable, Protocol, cast
+from typing import Any, Callable, Protocol
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorFDSet, IReadDescriptor

@@ -31,3 +31,33 @@ class EndpointTests(unittest.SynchronousTestCase):
         """Fields escaped and joined with C{:} split back into the same fields."""
         escaped = ":".join(f.replace("\\", "\\\\").replace(":", "\\:") for f in fields)
         self.assertEqual(split_fields(escaped), fields)
+
+
+class BacklogTests(unittest.SynchronousTestCase):
+    """
+    L{streamproto.core.tap.server_endpoint} listens with a queue for bursts
+    of connections (Twisted's default of 50 made 8,000 connections opened
+    250 at a time take 46 s: every dropped SYN waited for a retransmission).
+    """
+
+    def test_default_backlog(self):
+        from streamproto.core.tap import LISTEN_BACKLOG, with_backlog
+        self.assertEqual(with_backlog("tcp:7123:interface=127.0.0.1"),
+                         f"tcp:7123:interface=127.0.0.1:backlog={LISTEN_BACKLOG}")
+        self.assertEqual(with_backlog("mtls:443:privateKey=k.pem"),
+                         f"mtls:443:privateKey=k.pem:backlog={LISTEN_BACKLOG}")
+
+    def test_named_backlog_and_other_kinds_left_alone(self):
+        from streamproto.core.tap import with_backlog
+        for description in ("tcp:7123:backlog=10", "unix:/run/x.sock", "systemd:domain=INET:index=0"):
+            self.assertEqual(with_backlog(description), description)
+
+    def test_listening_port_gets_it(self):
+        from twisted.internet.testing import MemoryReactor
+
+        from streamproto.core.tap import LISTEN_BACKLOG, server_endpoint
+        reactor = MemoryReactor()
+        server_endpoint("tcp:0:interface=127.0.0.1", reactor).listen(object())
+        server_endpoint("tcp:0:backlog=7", reactor).listen(object())
+        # (port, factory, backlog, interface)
+        self.assertEqual([t[2] for t in reactor.tcpServers], [LISTEN_BACKLOG, 7])
