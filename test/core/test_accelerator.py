@@ -12,6 +12,7 @@ import glob
 import importlib
 import json
 import os
+import sys
 import time
 from importlib import metadata
 
@@ -113,6 +114,10 @@ class InstalledTests(unittest.SynchronousTestCase):
         shipped = [f for f in files if f.startswith("streamproto/_speedups") and
                    f.endswith(".so")]
         self.assertTrue(shipped, "the installed streamproto has no _speedups extension")
+        # the file store's native fsync threads (Linux: eventfd), built from
+        # a second source file (_syncer.c): test.log.test_syncer skips without it
+        if sys.platform.startswith("linux"):
+            self.assertTrue(hasattr(_speedups, "Syncer"), "the accelerator has no Syncer")
 
 
 class ReadyTests(_AcceleratorCase):
