@@ -824,3 +824,39 @@ class NewStreamTests(unittest.SynchronousTestCase):
         self.assertEqual(len(self.markers()), 1)
         self.successResultOf(log.append([b"a"]))
         self.assertEqual(self.successResultOf(creator.get("events")).end_position, 1)
+
+
+class OpenPatientlyTests(unittest.SynchronousTestCase):
+    """
+    Opening a log (C{get}, C{get_or_create}) is asked again while the
+    cluster has no meta leader (elections after a restart, a loaded
+    machine), with the same pauses as a new stream's first marker
+    (L{streamproto.log.jetstream.common.Patience}), up to the timeout.
+    """
+
+    def setUp(self):
+        self.clock = Clock()
+        self.io = FakeJetStream()
+
+    store = ChainTests.store
+
+    def test_get_waits_for_a_meta_leader(self):
+        store = self.store()
+        self.successResultOf(store.create("events"))
+        self.io.paused.clear()
+        self.io.info_unavailable = 3
+        self.successResultOf(self.store().get("events"))
+        self.assertEqual(self.io.paused, [0.05, 0.1, 0.2])
+
+    def test_get_or_create_too(self):
+        self.io.info_unavailable = 2
+        self.successResultOf(self.store().get_or_create("events"))
+        self.assertEqual(self.io.paused[:2], [0.05, 0.1])
+
+    def test_no_meta_leader_within_the_timeout(self):
+        from streamproto.log.errors import StoreUnavailable
+        store = self.store(timeout=2.0)
+        self.io.info_unavailable = 10 ** 6
+        self.failureResultOf(store.get("events"), StoreUnavailable)
+        self.assertLessEqual(sum(self.io.paused), 2.0)
+        self.assertGreater(sum(self.io.paused), 1.0)

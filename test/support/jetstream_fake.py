@@ -114,6 +114,7 @@ class FakeJetStream:
         self.wall = None          # the leader's clock (stream ages) when a test sets one
         self.added = []           # the stream names of every add_stream asked
         self.add_stream_faults = deque()  # err_codes the next add_streams are refused with
+        self.info_unavailable = 0  # how many next stream_infos find no meta leader
 
     def _check(self):
         if self.down:
@@ -131,6 +132,9 @@ class FakeJetStream:
 
     async def stream_info(self, name):
         self._check()
+        if self.info_unavailable:
+            self.info_unavailable -= 1
+            raise NotAvailable("no meta leader (fake)")
         s = self.streams.get(name)
         if s is None:
             return None

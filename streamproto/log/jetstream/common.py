@@ -12,6 +12,7 @@ without importing each other.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
@@ -66,7 +67,9 @@ class Patience:
 
     Paced on the client's loop (C{io.pause}) and counted, not on the
     store's clock: a synchronous bridge (Spark, the store copy) runs no
-    reactor to fire a timer.
+    reactor to fire a timer.  The timeout bounds both the pauses counted
+    and the real time since the first try (the tries themselves take time
+    when the cluster is slow to answer), whichever is more.
     """
 
     def __init__(self, store: StoreView) -> None:
@@ -74,6 +77,7 @@ class Patience:
         self._delays = iter(RETRY_DELAYS)
         self._delay = next(self._delays)
         self.waited = 0.0
+        self._started = time.monotonic()
 
     @defer.inlineCallbacks
     def pause(self) -> _Inline[bool]:
@@ -84,7 +88,8 @@ class Patience:
             go past the store's timeout or the store is closed: give up.
         """
         store = self._store
-        if store.closed or self.waited + self._delay > store.timeout:
+        spent = max(self.waited, time.monotonic() - self._started)
+        if store.closed or spent + self._delay > store.timeout:
             return False
         yield store._call(store.io.pause, self._delay)
         self.waited += self._delay

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
@@ -224,16 +223,15 @@ class JetStreamLogStore(StoreHealth):
         leader being elected, a loaded machine), for up to C{timeout}
         seconds: for the calls that may be repeated (opening a log).
         """
-        # real time, paced on the loop thread: the clock may be a test's
-        deadline = time.monotonic() + self.timeout
+        patience = Patience(self)
         while True:
             try:
                 result: _T = yield f(*args)
                 return result
-            except NotAvailable:
-                if self.closed or time.monotonic() + 0.5 > deadline:
-                    raise
-                yield self._call(self.io.pause, 0.5)
+            except NotAvailable as e:
+                refused = e
+            if not (yield patience.pause()):
+                raise refused
 
     # -- ILogStore -------------------------------------------------------
     def names(self) -> list[str]:
