@@ -7,6 +7,8 @@ alike.
     given to it.
   - L{streamproto.base.observer}: Deferreds waiting for something
     (C{Observers}, C{OneShotObserver}, C{SharedCall}).
+  - L{streamproto.base.speedups}: the one import attempt of the optional C
+    accelerator.
 
 The protocols take them from L{streamproto.core.clock} and
 L{streamproto.core.observer}, which name the same objects: the core kit is

@@ -16,25 +16,20 @@ throughput and nobody knew why.
 
 from __future__ import annotations
 
-import os
+from streamproto.base import speedups as _base
 
-#: set (to anything but 0) to run the record framing paths in pure Python
-#: although the accelerator is built: benchmarks of the fallback, and
-#: operators checking what it costs
-PURE_ENV = "STREAMPROTO_PURE_PYTHON"
+#: set (to anything but 0) to run the record framing paths (and the file
+#: store's native fsync threads) in pure Python although the accelerator is
+#: built: benchmarks of the fallback, and operators checking what it costs
+PURE_ENV = _base.PURE_ENV
 
 #: why the import failed (None: it did not)
-IMPORT_ERROR: str | None = None
-try:
-    if os.environ.get(PURE_ENV, "") not in ("", "0"):
-        raise ImportError(f"disabled by {PURE_ENV}")
-    #: the accelerator module, or None (pure Python).  Tests set it to None
-    #: to see every surface report the fallback.
-    from streamproto import _speedups
-    speedups = _speedups
-except ImportError as e:  # no compiler at install time, or a checkout not built
-    speedups = None  # type: ignore[assignment]  # the module, or None
-    IMPORT_ERROR = str(e) or type(e).__name__
+IMPORT_ERROR: str | None = _base.IMPORT_ERROR
+
+#: the accelerator module, or None (pure Python): the one import attempt
+#: (L{streamproto.base.speedups}).  Tests set it to None to see every
+#: surface report the fallback.
+speedups = _base.speedups
 
 #: what the pure-Python fallback costs, measured by C{python
 #: bench/accel_cost.py} (framing and scanning a batch of 1000 records of

@@ -37,21 +37,17 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.base.durable import DirectoryIO
+from streamproto.base.speedups import PURE_ENV, speedups
 from streamproto.log import metrics
 
-#: what L{streamproto.core.accelerator} reads too: set, the accelerator is off
-PURE_ENV = "STREAMPROTO_PURE_PYTHON"
 
 #: native fsync threads per store at most: logs sync in parallel, as many
 #: as the reactor's thread pool (10) ran before, less one for its reads
 MAX_THREADS = 8
 
-_Syncer: Callable[..., Any] | None
-try:
-    from streamproto import _speedups
-    _Syncer = getattr(_speedups, "Syncer", None)     # Linux only (eventfd)
-except ImportError:     # no accelerator
-    _Syncer = None
+#: the accelerator's native syncer: None without the accelerator (or with
+#: it turned off, L{PURE_ENV}) and off Linux (no eventfd)
+_Syncer: Callable[..., Any] | None = getattr(speedups, "Syncer", None)
 
 
 class ISyncer(Protocol):
@@ -178,7 +174,7 @@ def make_syncer(reactor: Any, run_blocking: Callable[..., Deferred[Any]] | None,
     file descriptors; L{ThreadSyncer} otherwise.
     """
     native = (_Syncer is not None and run_blocking is None and default_io
-              and os.environ.get(PURE_ENV, "") in ("", "0")
+              and os.environ.get(PURE_ENV, "") in ("", "0")    # set after the import
               and IReactorFDSet.providedBy(reactor))
     if native:
         return NativeSyncer(reactor)
