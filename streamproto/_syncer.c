@@ -256,7 +256,7 @@ static PyObject *Syncer_submit(SyncerObject *self, PyObject *args) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* fsync needs little stack: keep thousands of logs' threads cheap */
+        /* fsync needs little stack: a small one for each of the threads */
         pthread_attr_setstacksize(&attr, 256 * 1024);
         err = pthread_create(&t, &attr, worker, s);
         pthread_attr_destroy(&attr);

@@ -37,7 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.base.durable import DirectoryIO
-from streamproto.base.speedups import PURE_ENV, speedups
+from streamproto.base.speedups import speedups
 from streamproto.log import metrics
 
 
@@ -46,7 +46,8 @@ from streamproto.log import metrics
 MAX_THREADS = 8
 
 #: the accelerator's native syncer: None without the accelerator (or with
-#: it turned off, L{PURE_ENV}) and off Linux (no eventfd)
+#: it turned off: L{streamproto.base.speedups.PURE_ENV}) and off Linux (no
+#: eventfd)
 _Syncer: Callable[..., Any] | None = getattr(speedups, "Syncer", None)
 
 
@@ -174,7 +175,6 @@ def make_syncer(reactor: Any, run_blocking: Callable[..., Deferred[Any]] | None,
     file descriptors; L{ThreadSyncer} otherwise.
     """
     native = (_Syncer is not None and run_blocking is None and default_io
-              and os.environ.get(PURE_ENV, "") in ("", "0")    # set after the import
               and IReactorFDSet.providedBy(reactor))
     if native:
         return NativeSyncer(reactor)
