@@ -81,18 +81,38 @@ class NsServerProcess(ServerProcess):
 
     @defer.inlineCallbacks
     def start(self, timeout=30.0):
+        """
+        Spawn the front-end and wait, from inside its namespace, until it
+        accepts connections.  One that exits first (a JetStream front-end
+        that cannot reach its cluster at start-up stops with its
+        documented exit status 1) is spawned again, as its supervisor
+        would, until C{timeout}; its output keeps every start's lines.
+        """
         import time
         started = time.monotonic()
+        deadline = started + timeout
         self.spawn()
-        try:
-            yield threads.deferToThread(self.fabric.call, _wait_port, self.port, timeout,
-                                        member=self.member)
-        except Exception:
-            yield self.kill()
-            raise
-        if self.exited.called:
-            raise RuntimeError(f"server exited:\n{self.output_text()}")
-        return time.monotonic() - started
+        while True:
+            try:
+                # short waits: an exited child is seen within a second
+                yield threads.deferToThread(
+                    self.fabric.call, _wait_port, self.port,
+                    max(0.0, min(1.0, deadline - time.monotonic())), member=self.member)
+            except TimeoutError:
+                if time.monotonic() < deadline:
+                    if not self.running:
+                        self.spawn()
+                    continue
+                yield self.kill()
+                raise TimeoutError(f"127.0.0.1:{self.port} did not accept connections in "
+                                   f"{timeout}s ({self.starts} starts):\n"
+                                   + self.output_text()[-2000:])
+            except Exception:
+                yield self.kill()
+                raise
+            if not self.running:
+                raise RuntimeError(f"server exited:\n{self.output_text()}")
+            return time.monotonic() - started
 
 
 def _wait_port(port, timeout):
