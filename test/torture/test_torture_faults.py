@@ -12,6 +12,7 @@ clients over real loopback connections.
 """
 
 import os
+import time
 import shutil
 import tempfile
 import uuid
@@ -59,7 +60,13 @@ class InProcessServer:
             self.listening = None
             for conn in list(self.wrapper.protocols):
                 conn.transport.abortConnection()
+            # every aborted connection's connectionLost (which cancels its
+            # idle and heartbeat deadlines) has run before the store closes:
+            # a fixed 10 ms left a Sweeper call behind under load
+            deadline = time.monotonic() + 5.0
             yield sleep(reactor, 0.01)
+            while self.wrapper.protocols and time.monotonic() < deadline:
+                yield sleep(reactor, 0.01)
         if self.store is not None:
             store, self.store = self.store, None
             yield store.close()
