@@ -28,6 +28,10 @@ breaking a server at run time.
   does (C{StreamServerEndpointService._raiseSynchronously}).
 - L{listening_port}: the Deferred of a listening service's port
   (C{StreamServerEndpointService._waitingForPort}).
+- L{replace_protocol}: give a connection to another protocol
+  (C{Connection.protocol} of a TCP connection; the wrapped protocol of a
+  TLS layer or other protocol wrapper), for an upgrade (styx/0) or a
+  server that hands a connection from its own HTTP parser to twisted.web.
 - L{set_read_size}: how many bytes a TCP connection reads from its socket
   at once (C{FileDescriptor.bufferSize}, documented only as an attribute;
   64 KiB by default), for streams that take bulk input.
@@ -41,6 +45,7 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
+from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.http import HTTPChannel, Request
 
 
@@ -108,6 +113,20 @@ def listening_port(
     port once it listens, or None before it started.
     """
     return getattr(listener, "_waitingForPort", None)
+
+
+def replace_protocol(transport: object, protocol: object) -> None:
+    """
+    Make C{protocol} receive what C{transport} (the one given to the
+    protocol it replaces) delivers from now on: its data and its
+    C{connectionLost}.  C{protocol.makeConnection} is left to the caller.
+    """
+    if isinstance(transport, ProtocolWrapper):  # TLS: TLSMemoryBIOProtocol
+        transport.wrappedProtocol = protocol  # type: ignore[assignment]
+    elif isinstance(getattr(transport, "protocol", None), ProtocolWrapper):
+        transport.protocol.wrappedProtocol = protocol  # type: ignore[attr-defined]
+    else:
+        transport.protocol = protocol  # type: ignore[attr-defined]
 
 
 def set_read_size(transport: object, nbytes: int) -> bool:

@@ -123,7 +123,7 @@ class IdleTimeout:
     def cancel(self) -> None:
         """Stop for good: L{start}, L{resume} and L{reset} do nothing after."""
         self._cancelled = True
-        self._deadline.cancel()
+        self._deadline.close()
 
     def _expire(self) -> None:
         self._expired()

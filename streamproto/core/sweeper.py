@@ -48,6 +48,10 @@ _log = Logger()
 _COMPACT_MIN = 64
 
 
+def _nothing() -> None:
+    pass
+
+
 class Deadline:
     """
     One deadline of a L{Sweeper}: C{callback()} runs once its time comes,
@@ -81,6 +85,15 @@ class Deadline:
         if self.when is not None:
             self.when = None
             self._sweeper._cancelled(self)
+
+    def close(self) -> None:
+        """
+        Cancel for good, and let go of the callback: its owner usually
+        holds this deadline, a cycle that only a full collection would
+        free otherwise (servers make those rarely: core.gcpolicy).
+        """
+        self.cancel()
+        self._callback = _nothing
 
 
 class Sweeper:

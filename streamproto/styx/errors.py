@@ -10,7 +10,12 @@ L{APIError}.
 import errno
 import json
 
+from twisted.logger import Logger
+
 from streamproto.log.errors import LogError
+
+# the HTTP API's log lines keep the namespace they had in one module
+log = Logger(namespace="streamproto.styx.resource")
 
 # code -> (HTTP status, default message).  The first nine, their statuses
 # and messages are the reference's (styx 0.1.4 answers log_exist and
@@ -103,3 +108,28 @@ def from_exception(exc):
         name = errno.errorcode.get(exc.errno, str(exc.errno))
         return APIError("unknown_error", f"api: storage error: {exc.strerror} ({name})")
     return APIError("unknown_error")
+
+
+def report(failure, method, path, metrics):
+    """
+    The L{APIError} answering a request that failed with C{failure}, told
+    in the server's log as its kind deserves and counted in C{metrics} (a
+    L{streamproto.styx.metrics.StyxMetrics}).
+
+    A storage error (read-only or full data directory) is the operator's
+    to fix: one error line.  Anything unexpected gets its traceback.  The
+    API's own answers (unknown log, bad parameters) are the client's
+    business: debug.
+    """
+    error = from_exception(failure.value)
+    if error.code == "unknown_error" and isinstance(failure.value, OSError):
+        log.error("storage error on {method} {path}: {error}", method=method,
+                  path=path, error=failure.value)
+    elif error.code == "unknown_error" and not isinstance(failure.value, APIError):
+        log.failure("unexpected error on {method} {path}", failure,
+                    method=method, path=path)
+    else:
+        log.debug("{method} {path}: {code} {message}", method=method,
+                  path=path, code=error.code, message=error.message)
+    metrics.error(error.code)
+    return error

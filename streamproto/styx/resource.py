@@ -41,7 +41,7 @@ from streamproto.log.interfaces import ILogStore
 from streamproto.log.public import PublicLogStore
 from streamproto.styx import access, backup, cors, formats
 from streamproto.styx.consume import RecordStreamer, consume_one, long_poll_timeout
-from streamproto.styx.errors import APIError, from_exception
+from streamproto.styx.errors import APIError, report
 from streamproto.styx.httputil import (
     header, respond_empty, respond_json, respond_produced, upgrade_protocol,
 )
@@ -49,6 +49,7 @@ from streamproto.styx.interfaces import IProduceTarget
 from streamproto.styx.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from streamproto.styx.metrics import StyxMetrics
 from streamproto.styx.params import parse_read_params
+from streamproto.styx.quick import AppendBatcher, QuickChannel
 from streamproto.styx.produce import (
     DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_RESTORE_SIZE, StyxRequest, append_body,
 )
@@ -84,8 +85,15 @@ class StyxSite(server.Site):
     reference's C{r.PostForm}.  The access log, one formatted and written
     line per request, cost another tenth (doc/styx.rst, "Performance").
 
+    Its connections start on L{streamproto.styx.quick.QuickChannel}, which
+    answers one-record produce requests itself and hands the connection to
+    twisted.web's channel at the first other request; C{quick=False} (or
+    the access log, which those requests would miss) gives every
+    connection to twisted.web from the start.
+
     @ivar access_log: whether each request is logged (twisted.web's
         combined log format, to the server's log).
+    @ivar quick: whether connections start on the quick path.
     """
 
     requestFactory = StyxRequest
@@ -93,12 +101,32 @@ class StyxSite(server.Site):
     def __init__(self, resource: Resource, max_body_size: int = DEFAULT_MAX_BODY_SIZE,
                  metrics: StyxMetrics | None = None,
                  max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE, access_log: bool = False,
-                 **kw: Any) -> None:
+                 quick: bool = True, **kw: Any) -> None:
         super().__init__(resource, parsePOSTFormSubmission=False, **kw)
         self.max_body_size = max_body_size
         self.max_restore_size = max_restore_size
         self.metrics = metrics
         self.access_log = access_log
+        self.quick = quick
+        self._append_batcher: AppendBatcher | None = None
+
+    @property
+    def append_batcher(self) -> AppendBatcher:
+        """The quick path's L{AppendBatcher}, on the resource's clock."""
+        if self._append_batcher is None:
+            self._append_batcher = AppendBatcher(self.resource.clock)
+        return self._append_batcher
+
+    def buildProtocol(self, addr: Any) -> Any:
+        if self.quick and not self.access_log and isinstance(self.resource, StyxResource):
+            channel = QuickChannel(self, addr)
+            channel.factory = self
+            return channel
+        return self.build_http_channel(addr)
+
+    def build_http_channel(self, addr: Any) -> Any:
+        """twisted.web's channel for a connection (from C{addr})."""
+        return super().buildProtocol(addr)
 
     def log(self, request: http.Request) -> None:
         if self.access_log:
@@ -112,7 +140,8 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
               cors_origins: Iterable[str] = ("*",),
               max_restore_size: int = DEFAULT_MAX_RESTORE_SIZE,
               http_idle_timeout: float = DEFAULT_HTTP_IDLE_TIMEOUT,
-              authorizer: IAuthorizer = ALLOW_ALL, access_log: bool = False) -> StyxSite:
+              authorizer: IAuthorizer = ALLOW_ALL, access_log: bool = False,
+              quick: bool = True) -> StyxSite:
     """
     The Site serving the Styx API over C{store} (an L{ILogStore}).
 
@@ -125,13 +154,17 @@ def make_site(store: ILogStore, timeout: float = DEFAULT_TIMEOUT,
 
     @param access_log: log every request (off by default: it costs a
         tenth of a small request's time).
+
+    @param quick: answer one-record produce requests without twisted.web's
+        request machinery (L{streamproto.styx.quick}); off, or with the
+        access log, every request goes through twisted.web.
     """
     root = StyxResource(store, timeout=timeout, default_config=default_config,
                         metrics=metrics, clock=clock, upgrade=upgrade,
                         cors_origins=cors_origins, authorizer=authorizer)
     site = StyxSite(root, max_body_size=max_body_size, metrics=root.metrics,
                     max_restore_size=max_restore_size, timeout=http_idle_timeout,
-                     access_log=access_log)
+                    access_log=access_log, quick=quick)
     site.displayTracebacks = False
     return site
 
@@ -271,19 +304,7 @@ class StyxResource(Resource):
 
     # responses ----------------------------------------------------------
     def _error(self, failure, request):
-        error = from_exception(failure.value)
-        if error.code == "unknown_error" and isinstance(failure.value, OSError):
-            # the data directory's problem (read-only, full): the operator's
-            # to fix, told in one line here and in the answer
-            log.error("storage error on {method} {path}: {error}", method=request.method,
-                      path=request.path, error=failure.value)
-        elif error.code == "unknown_error" and not isinstance(failure.value, APIError):
-            log.failure("unexpected error on {method} {path}", failure,
-                        method=request.method, path=request.path)
-        else:
-            log.debug("{method} {path}: {code} {message}", method=request.method,
-                      path=request.path, code=error.code, message=error.message)
-        self.metrics.error(error.code)
+        error = report(failure, request.method, request.path, self.metrics)
         if request.finished or request_gone(request):
             return
         if request.startedWriting:

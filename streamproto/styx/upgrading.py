@@ -6,11 +6,10 @@ connection over from twisted.web, and refusing a stream the policy denies.
 """
 
 from twisted.internet.protocol import Protocol
-from twisted.protocols.policies import ProtocolWrapper
 from twisted.web.server import NOT_DONE_YET
 
 from streamproto.core.compat import (
-    forget_requests, redirect_channel_input, take_buffered_data,
+    forget_requests, redirect_channel_input, replace_protocol, take_buffered_data,
 )
 from streamproto.core.tcp import max_segment_size
 from streamproto.styx.codec import ErrorCode, encode_error
@@ -81,12 +80,7 @@ def take_over(request, protocol):
     transport, channel.transport = channel.transport, None
     # the channel registered itself as the transport's producer
     transport.unregisterProducer()
-    if isinstance(transport, ProtocolWrapper):       # TLS: TLSMemoryBIOProtocol
-        transport.wrappedProtocol = protocol
-    elif isinstance(getattr(transport, "protocol", None), ProtocolWrapper):
-        transport.protocol.wrappedProtocol = protocol
-    else:
-        transport.protocol = protocol
+    replace_protocol(transport, protocol)
     # if render ran from inside the channel's dataReceived, the rest of that
     # read is still in its line buffer and comes to rawDataReceived next
     redirect_channel_input(channel, protocol.early_data_received)
