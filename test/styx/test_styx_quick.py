@@ -9,7 +9,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import defer
+from twisted.internet import defer, endpoints, protocol, reactor
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
@@ -496,3 +496,64 @@ class ShutdownTests(ChannelTestBase):
         self.assertTrue(transport.disconnecting)
         channel.connectionLost(None)
         self.successResultOf(done)
+
+
+class _Collect(protocol.Protocol):
+    def __init__(self):
+        self.data = b""
+        self.closed = defer.Deferred()
+
+    def dataReceived(self, data):
+        self.data += data
+
+    def connectionLost(self, reason):
+        self.closed.callback(self.data)
+
+
+class RealConnectionTests(unittest.TestCase):
+    """Over real TCP, where answers go out by L{SocketSender}."""
+
+    timeout = 20
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        self.store = MemoryLogStore()
+        self.log = yield self.store.create("events")
+        self.site = make_site(self.store)
+        self.port = yield endpoints.serverFromString(
+            reactor, "tcp:0:interface=127.0.0.1").listen(self.site)
+        self.addCleanup(self.port.stopListening)
+
+    @defer.inlineCallbacks
+    def exchange(self, data):
+        endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1",
+                                                self.port.getHost().port)
+        client = yield endpoints.connectProtocol(endpoint, _Collect())
+        client.transport.write(data)
+        received = yield client.closed
+        return answers(received)
+
+    @defer.inlineCallbacks
+    def test_close_after_answer(self):
+        """The server closes (its duplicate descriptor too: the FIN goes)."""
+        got = yield self.exchange(post(b"a") + post(b"b", extra=b"Connection: close\r\n"))
+        self.assertEqual([json.loads(b)["count"] for _, _, b in got], [1, 1])
+        self.assertEqual(got[1][1][b"connection"], b"close")
+        self.assertEqual(self.log.end_position, 2)
+
+    @defer.inlineCallbacks
+    def test_hand_over_after_direct_answers(self):
+        got = yield self.exchange(post(b"a") + post(b"b")
+                                  + b"GET /logs/events HTTP/1.1\r\nHost: x\r\n"
+                                    b"Connection: close\r\n\r\n")
+        self.assertEqual([s for s, _, _ in got], [200, 200, 200])
+        self.assertEqual(json.loads(got[2][2])["end_position"], 2)
+
+    @defer.inlineCallbacks
+    def test_many_pipelined(self):
+        n = MAX_PIPELINED * 3
+        got = yield self.exchange(b"".join(post(b"%d" % i) for i in range(n))
+                                  + post(b"last", extra=b"Connection: close\r\n"))
+        self.assertEqual(len(got), n + 1)
+        records = yield self.log.read(0, n + 1)
+        self.assertEqual([bytes(r) for r in records][-2:], [b"%d" % (n - 1), b"last"])
