@@ -31,7 +31,7 @@ hypothesis); the protocol frames, dispatches and writes.
 from collections import deque
 from typing import Any, NamedTuple
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
@@ -189,7 +189,8 @@ class AppendBatcher:
         self._call = None
         batches, self._batches = self._batches, {}
         for the_log, (records, waiting) in batches.items():
-            the_log.append(records).addBoth(self._done, waiting)
+            # one log's exception is its own records' error, not the others'
+            maybeDeferred(the_log.append, records).addBoth(self._done, waiting)
 
     @staticmethod
     def _done(result: Any, waiting: list["Deferred[Any]"]) -> None:
@@ -416,7 +417,9 @@ class QuickChannel(Protocol):
             # the reference answers an empty single record like this
             self._ready(answer, 200, render_produced(0, 0), head)
             return
-        d = resource.store.get(head.name)
+        # a store that raises instead of failing its Deferred must not take
+        # the connection (and the requests pipelined behind) with it
+        d = maybeDeferred(resource.store.get, head.name)
         d.addCallback(self._append, head, body)
         d.addCallbacks(self._appended, self._failed, (head, answer, len(body)),
                        errbackArgs=(head, answer))

@@ -296,6 +296,32 @@ class PipelineTests(ChannelTestBase):
         self.assertIn(b"ENOSPC", got[1][2])
         self.flushLoggedErrors(OSError)
 
+    def test_an_append_that_raises(self):
+        """A log whose append raises fails its own records only."""
+        other = self.successResultOf(self.store.get("other"))
+
+        def append(records):
+            raise OSError(5, "Input/output error")
+        other.append = append
+        channel, transport = self.connect()
+        channel.dataReceived(post(b"a", name=b"other") + post(b"b"))
+        self.clock.advance(0)
+        got = answers(transport.value())
+        self.assertEqual([s for s, _, _ in got], [500, 200])
+        self.assertEqual(self.log.end_position, 1)
+        self.flushLoggedErrors(OSError)
+
+    def test_a_get_that_raises(self):
+        def get(name):
+            raise RuntimeError("a store bug")
+        self.store.get = get
+        channel, transport = self.connect()
+        channel.dataReceived(post(b"a") + post(b"b"))
+        self.clock.advance(0)
+        self.assertEqual([s for s, _, _ in answers(transport.value())], [500, 500])
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 2)
+
     def test_answers_in_the_requests_order(self):
         """Durable in any order, answered in the requests' order."""
         other = self.successResultOf(self.store.get("other"))
