@@ -110,8 +110,11 @@ class NativeSyncer:
         #: reader by the descriptor it was added with)
         self._fd = -1
         self._watching = False
+        self._closed = False
 
     def sync(self, fds: Sequence[int], directory: str | None) -> Deferred[None]:
+        if self._closed:
+            raise RuntimeError("sync() on a closed NativeSyncer")
         if self._native is None or self._pid != os.getpid():
             assert _Syncer is not None
             self._native, self._pid = _Syncer(self._max_threads), os.getpid()
@@ -141,6 +144,8 @@ class NativeSyncer:
                 for job, error, seconds in self._native.completed()]
         if not self._out:
             self._unwatch()
+            if self._closed:
+                self._stop()
         for d, error, seconds in done:
             if error:
                 d.errback(Failure(OSError(error, os.strerror(error))))
@@ -156,9 +161,17 @@ class NativeSyncer:
 
     def close(self) -> None:
         """
-        Stop the threads once what was submitted is synced (L{FileLogStore}
-        closes its logs after their last fsync).
+        Stop the threads once what was submitted is synced.  Jobs still out
+        are reported first, each to its Deferred, and only then are the
+        threads told to exit: a Deferred is never left unfired.
+        (L{FileLogStore} closes its logs after their last fsync, so there
+        are none then; an embedder's code might close it earlier.)
         """
+        self._closed = True
+        if not self._out:
+            self._stop()
+
+    def _stop(self) -> None:
         self._unwatch()
         if self._native is not None:
             self._native.close()

@@ -121,6 +121,22 @@ class NativeSyncerTests(TestCase):
         self.assertIsNot(self.syncer._native, first)
         first.close()
 
+    @defer.inlineCallbacks
+    def test_close_with_jobs_out_reports_them_first(self):
+        os.write(self.file.fileno(), b"data")
+        pending = [self.syncer.sync([self.file.fileno()], None) for _ in range(3)]
+        self.syncer.close()
+        self.assertIsNotNone(self.syncer._native)   # the threads still have work
+        self.assertRaises(RuntimeError, self.syncer.sync, [self.file.fileno()], None)
+        self.assertEqual((yield defer.gatherResults(pending)), [None] * 3)
+        self.assertIsNone(self.syncer._native)
+        self.assertNotIn(self.syncer, reactor.getReaders())
+
+    def test_close_when_idle_stops_at_once(self):
+        self.syncer.close()
+        self.assertIsNone(self.syncer._native)
+        self.assertRaises(RuntimeError, self.syncer.sync, [self.file.fileno()], None)
+
     def test_bad_arguments(self):
         self.assertRaises(ValueError, self.syncer.sync, [-1], None)
         self.assertRaises(TypeError, self.syncer.sync, ["x"], None)
