@@ -12,8 +12,9 @@ time, so one connection's requests never share an fsync.
 L{QuickChannel} is the protocol of a L{streamproto.styx.resource.StyxSite}
 connection.  It reads requests itself while they are plainly one-record
 produce requests (L{parse_head}): it appends each as soon as its body is
-complete, up to L{MAX_PIPELINED} at once, so that a connection's
-pipelined records share a group commit, and answers them in order, each
+complete, up to L{MAX_PIPELINED} at once (or L{MAX_PIPELINED_BYTES} of
+bodies), so that a connection's pipelined records share a group commit,
+and answers them in order, each
 once durable, the way the resource does (same statuses, JSON, CORS
 headers, authorization, metrics and log lines).  At the first request
 that is anything else (another route or method, a batch body, an
@@ -58,9 +59,11 @@ MAX_HEAD = 16384
 MAX_BODY = 65536
 #: Requests of one connection appended and not yet answered; past this the
 #: connection is not read until answers go out.  Enough for a client's
-#: pipeline to fill a group commit, small enough that a client cannot
-#: make the server hold much for it (MAX_PIPELINED * MAX_BODY).
+#: pipeline to fill a group commit.
 MAX_PIPELINED = 64
+#: The same bound in bytes of their bodies: what a client can make the
+#: server hold for it at once (one more body may take it past).
+MAX_PIPELINED_BYTES = 1024 * 1024
 
 _OK_PREFIX = b"HTTP/1.1 200 OK\r\nServer: " + server.version + b"\r\nDate: "
 _JSON_HEAD = b"\r\nContent-Type: application/json\r\nContent-Length: "
@@ -201,11 +204,12 @@ class AppendBatcher:
 class _Answer:
     """One request's place in its connection's line of answers."""
 
-    __slots__ = ("data", "close")
+    __slots__ = ("data", "close", "size")
 
     def __init__(self, close: bool) -> None:
         self.data: bytes | None = None
         self.close = close
+        self.size = 0
 
 
 class _Credentials:
@@ -241,6 +245,7 @@ class QuickChannel(Protocol):
         self.max_body = min(MAX_BODY, site.max_body_size)
         self._buffer = bytearray()
         self._answers: deque[_Answer] = deque()
+        self._unanswered_bytes = 0
         self._reading = True
         self._write_blocked = False
         self._handing_over = False
@@ -312,6 +317,7 @@ class QuickChannel(Protocol):
         # appends still in flight complete (they are durable); their
         # answers have nobody to go to
         self._answers.clear()
+        self._unanswered_bytes = 0
         self._buffer.clear()
 
     def _stop_idle(self) -> None:
@@ -359,7 +365,7 @@ class QuickChannel(Protocol):
 
     def _update_reading(self) -> None:
         reading = not (self._write_blocked or self._handing_over
-                       or len(self._answers) >= MAX_PIPELINED)
+                       or self._full())
         if reading != self._reading and not self._gone:
             self._reading = reading
             if reading:
@@ -368,6 +374,11 @@ class QuickChannel(Protocol):
                 self.transport.pauseProducing()
 
     # -- requests ---------------------------------------------------------
+    def _full(self) -> bool:
+        """Whether the unanswered requests are as many as a connection may have."""
+        return (len(self._answers) >= MAX_PIPELINED
+                or self._unanswered_bytes >= MAX_PIPELINED_BYTES)
+
     def _parse(self) -> None:
         if self._parsing or self._gone:
             return
@@ -375,7 +386,7 @@ class QuickChannel(Protocol):
         try:
             buf = self._buffer
             while (buf and not self._handing_over and not self._closing
-                   and not self._write_blocked and len(self._answers) < MAX_PIPELINED):
+                   and not self._write_blocked and not self._full()):
                 end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
                 if end < 0:
                     if len(buf) > MAX_HEAD:
@@ -401,6 +412,8 @@ class QuickChannel(Protocol):
         if not self._answers and self._idle is not None:
             self._idle.pause()  # answering is not the client's silence
         self._answers.append(answer)
+        answer.size = len(body)
+        self._unanswered_bytes += answer.size
         if head.close:
             self._closing = True
         resource = self.resource
@@ -485,6 +498,7 @@ class QuickChannel(Protocol):
         close = False
         while answers and answers[0].data is not None:
             answer = answers.popleft()
+            self._unanswered_bytes -= answer.size
             out.append(answer.data)
             if answer.close:
                 close = True

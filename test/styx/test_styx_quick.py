@@ -18,7 +18,9 @@ from twisted.web.http import _GenericHTTPChannelProtocol
 from streamproto.core.auth import PolicyHolder, hash_token
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.log import LogConfig, MemoryLogStore
-from streamproto.styx.quick import MAX_HEAD, MAX_PIPELINED, QuickChannel, parse_head
+from streamproto.styx.quick import (
+    MAX_HEAD, MAX_PIPELINED, MAX_PIPELINED_BYTES, QuickChannel, parse_head,
+)
 from streamproto.styx.resource import make_site
 from test.support import authutil
 
@@ -380,6 +382,30 @@ class PipelineTests(ChannelTestBase):
         self.clock.advance(0)
         self.assertEqual(transport.producerState, "producing")
         self.assertEqual(len(answers(transport.value())), MAX_PIPELINED + 10)
+
+    def test_bounded_in_bytes(self):
+        """Unanswered bodies past MAX_PIPELINED_BYTES: not read either."""
+        big = self.successResultOf(self.store.create("big", LogConfig()))
+        channel, transport = self.connect()
+        held = []
+
+        def get(name):
+            held.append(defer.Deferred())
+            return held[-1]
+        self.store.get = get
+        body = b"x" * 60000
+        channel.dataReceived(b"".join(post(body, name=b"big") for i in range(30)))
+        self.assertEqual(transport.producerState, "paused")
+        # the one that reached the bound was read, none after it
+        self.assertEqual(len(held), MAX_PIPELINED_BYTES // len(body) + 1)
+        del self.store.get
+        for d in held:
+            d.callback(big)
+        for _ in range(4):
+            self.clock.advance(0)
+        self.assertEqual(transport.producerState, "producing")
+        self.assertEqual([s for s, _, _ in answers(transport.value())], [200] * 30)
+        self.assertEqual(big.end_position, 30)
 
     def test_client_not_reading(self):
         """The transport's full write buffer stops the reading."""
