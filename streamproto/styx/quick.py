@@ -14,9 +14,9 @@ connection.  It reads requests itself while they are plainly one-record
 produce requests (L{parse_head}): it appends each as soon as its body is
 complete, up to L{MAX_PIPELINED} at once (or L{MAX_PIPELINED_BYTES} of
 bodies), so that a connection's pipelined records share a group commit,
-and answers them in order, each
-once durable, the way the resource does (same statuses, JSON, CORS
-headers, authorization, metrics and log lines).  At the first request
+and answers them in order, each once durable, the way the resource does
+(same statuses, JSON, CORS headers, authorization, metrics and log
+lines).  At the first request
 that is anything else (another route or method, a batch body, an
 upgrade, C{Expect}, chunked or large bodies, HTTP/1.0, a head it does not
 understand), it waits until every answer is written and hands the
