@@ -125,12 +125,11 @@ class SocketSender:
     def write(self, data: BytesLike) -> None:
         """Queue bytes (an eager sender first sends what it can)."""
         if data and self.failed is None and self._fd is not None:
-            if self.eager and not self._queue:
-                data = self._send_now(data)
-                if not data:
-                    return
+            eager = self.eager and not self._queue
             self._queue.append(memoryview(data))
             self.pending += len(data)
+            if eager and (not self._send() or not self._queue):
+                return  # all sent (or the peer is gone)
             self._schedule()
 
     def write_records(self, lengths: array[int], data: BytesLike, prefix: bytes) -> None:
@@ -215,14 +214,7 @@ class SocketSender:
         return "SocketSender"
 
     def doWrite(self) -> None:
-        try:
-            self._send_some()
-        except OSError as e:
-            # the peer is gone (EPIPE, ECONNRESET): the transport's own
-            # read side notices and loses the connection; stop here
-            self.failed = e
-            _log.debug("direct send failed: {error}", error=e)
-            self.close()
+        if not self._send():
             return None
         if not self._queue:
             self._stop_writing()
@@ -245,24 +237,18 @@ class SocketSender:
             self.failed = reason.value
         self.close()
 
-    def _send_now(self, data: BytesLike) -> BytesLike:
-        """Send what the socket takes of C{data} at once; @return: the rest."""
-        assert self._fd is not None
+    def _send(self) -> bool:
+        """L{_send_some}; False if the peer is gone (the sender stopped)."""
         try:
-            n = os.write(self._fd, data)
-        except BlockingIOError:
-            return data
+            self._send_some()
         except OSError as e:
-            # the peer is gone: as in doWrite
+            # the peer is gone (EPIPE, ECONNRESET): the transport's own
+            # read side notices and loses the connection; stop here
             self.failed = e
             _log.debug("direct send failed: {error}", error=e)
             self.close()
-            return b""
-        if n:
-            self.sent += n
-            if self._on_sent is not None:
-                self._on_sent(n)
-        return memoryview(data)[n:] if n < len(data) else b""
+            return False
+        return True
 
     def _send_some(self) -> None:
         """Send until the socket would block or the queue is empty."""

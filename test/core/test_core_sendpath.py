@@ -187,6 +187,40 @@ class SocketSenderTests(unittest.TestCase):
         self.assertEqual(received, b"")
 
     @defer.inlineCallbacks
+    def test_eager_sends_at_once(self):
+        """An eager sender sends small writes inside write(), without
+        registering its descriptor; what the socket does not take waits
+        for the reactor, in order."""
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor, eager=True)
+        sender.write(b"answer")
+        self.assertEqual((sender.sent, sender.pending), (6, 0))
+        self.assertNotIn(sender, reactor.getWriters())
+        big = bytes(range(256)) * 40000     # more than a socket buffer takes at once
+        sender.write(big)
+        sender.write(b"tail")               # behind the queued rest, not sent first
+        self.assertIn(sender, reactor.getWriters())
+        yield sender.when_drained()
+        sender.close()
+        server.transport.loseConnection()
+        received = yield client.done
+        self.assertEqual(received, b"answer" + big + b"tail")
+
+    @defer.inlineCallbacks
+    def test_eager_peer_gone(self):
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor, eager=True)
+        client.transport.abortConnection()
+        yield client.done
+        for _ in range(100):    # the first sends may still be taken by the kernel
+            sender.write(b"x" * 65536)
+            if sender.failed is not None:
+                break
+        self.assertIsNotNone(sender.failed)
+        self.assertEqual(sender.fileno(), -1)
+        yield sender.when_drained()
+
+    @defer.inlineCallbacks
     def test_peer_gone(self):
         if _speedups is None:
             missing("the C accelerator (python setup.py build_ext)")
