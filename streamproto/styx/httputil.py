@@ -8,6 +8,8 @@ consume (L{streamproto.styx.consume}) and backups
 
 import urllib.parse
 
+from twisted.web import http, server
+
 from streamproto.core.compat import request_gone
 from streamproto.styx.errors import render_json, render_produced
 
@@ -34,6 +36,27 @@ def path_segments(path):
     """C{b"/logs/a%20b/records?x"} -> C{["logs", "a b", "records"]}."""
     path = path.split(b"?", 1)[0]
     return [urllib.parse.unquote(s.decode("utf-8", "replace")) for s in path.split(b"/")[1:]]
+
+
+def raw_json_answer(status, body, headers=(), date=None):
+    """
+    The bytes of an HTTP/1.1 answer carrying the JSON C{body}, for the
+    paths that write to the connection themselves rather than through a
+    twisted.web C{Request}: a refusal before the body is read
+    (L{streamproto.styx.produce}), the quick path's answers
+    (L{streamproto.styx.quick}).
+
+    @param headers: (name, value) pairs of bytes, after C{Content-Type}
+        and C{Content-Length}.
+    @param date: the C{Date} header's value: with it, C{Server} and
+        C{Date} lead the headers, as in twisted.web's answers.
+    """
+    lead = b"HTTP/1.1 %d %s\r\n" % (status, http.RESPONSES.get(status, b"Unknown Status"))
+    if date is not None:
+        lead += b"Server: " + server.version + b"\r\nDate: " + date + b"\r\n"
+    return b"".join(
+        [lead, b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body)]
+        + [name + b": " + value + b"\r\n" for name, value in headers] + [b"\r\n", body])
 
 
 def respond_json(request, value, status=200):

@@ -24,7 +24,7 @@ from streamproto.core.compat import request_line, set_read_size
 from streamproto.log.errors import RecordTooLarge
 from streamproto.styx import access, formats
 from streamproto.styx.errors import APIError, render_error
-from streamproto.styx.httputil import header, path_segments, upgrade_protocol
+from streamproto.styx.httputil import header, path_segments, raw_json_answer, upgrade_protocol
 from streamproto.styx.interfaces import IProduceTarget
 
 # the HTTP API's log lines keep the namespace they had in one module
@@ -194,15 +194,9 @@ class StyxRequest(server.Request):
             origin.decode("latin-1") if origin is not None else None)
         if error.code == "unauthorized":
             cors = list(cors) + [(b"WWW-Authenticate", access.CHALLENGE)]
-        reason = {401: b"Unauthorized", 403: b"Forbidden",
-                  413: b"Request Entity Too Large"}.get(error.status, b"Error")
-        response = (b"HTTP/1.1 %d %s\r\n" % (error.status, reason)
-                    + b"Content-Type: application/json\r\n"
-                    + b"".join(name + b": " + value + b"\r\n" for name, value in cors)
-                    + b"Connection: close\r\n"
-                    b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         transport = self.channel.transport
-        transport.write(response)
+        transport.write(raw_json_answer(error.status, body,
+                                        list(cors) + [(b"Connection", b"close")]))
         transport.loseConnection()
 
 

@@ -49,6 +49,7 @@ from streamproto.core.sendpath import SocketSender
 from streamproto.log.errors import RecordTooLarge
 from streamproto.styx import access, formats
 from streamproto.styx.errors import APIError, render_produced, report
+from streamproto.styx.httputil import raw_json_answer
 
 #: The longest request head (request line and headers) read here: what
 #: twisted.web accepts in all (C{HTTPChannel.totalHeadersSize}); a longer
@@ -198,7 +199,10 @@ class AppendBatcher:
     @staticmethod
     def _done(result: Any, waiting: list["Deferred[Any]"]) -> None:
         for d in waiting:
-            d.callback(result) if not isinstance(result, Failure) else d.errback(result)
+            if isinstance(result, Failure):
+                d.errback(result)
+            else:
+                d.callback(result)
 
 
 class _Answer:
@@ -206,10 +210,11 @@ class _Answer:
 
     __slots__ = ("data", "close", "size")
 
-    def __init__(self, close: bool) -> None:
+    def __init__(self, close: bool, size: int) -> None:
         self.data: bytes | None = None
         self.close = close
-        self.size = 0
+        #: the body's length, held for the connection until answered
+        self.size = size
 
 
 class _Credentials:
@@ -408,11 +413,10 @@ class QuickChannel(Protocol):
         self._update_reading()
 
     def _request(self, head: Head, body: bytes) -> None:
-        answer = _Answer(head.close)
+        answer = _Answer(head.close, len(body))
         if not self._answers and self._idle is not None:
             self._idle.pause()  # answering is not the client's silence
         self._answers.append(answer)
-        answer.size = len(body)
         self._unanswered_bytes += answer.size
         if head.close:
             self._closing = True
@@ -471,19 +475,14 @@ class QuickChannel(Protocol):
     def _response(self, status: int, body: bytes, head: Head, close: bool,
                   extra: list[tuple[bytes, bytes]] | None) -> bytes:
         if status == 200 and head.origin is None and not close:
-            # most answers
+            # most answers: raw_json_answer's, with its constant parts made once
             return b"".join((_OK_PREFIX, self._date_header(), _JSON_HEAD,
                              b"%d\r\n" % len(body), self._plain_headers, b"\r\n", body))
-        headers = list(extra or ())
         origin = None if head.origin is None else head.origin.decode("latin-1")
-        headers[:0] = self.resource.cors_headers(origin)
+        headers = self.resource.cors_headers(origin) + list(extra or ())
         if close:
             headers.append((b"Connection", b"close"))
-        first = (b"HTTP/1.1 %d %s\r\nServer: %s\r\nDate: "
-                 % (status, http.RESPONSES.get(status, b"Unknown Status"), server.version))
-        return b"".join([first, self._date_header(), _JSON_HEAD, b"%d\r\n" % len(body)]
-                        + [name + b": " + value + b"\r\n" for name, value in headers]
-                        + [b"\r\n", body])
+        return raw_json_answer(status, body, headers, self._date_header())
 
     def _date_header(self) -> bytes:
         now = int(self._wall())
