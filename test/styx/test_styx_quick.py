@@ -154,6 +154,20 @@ class ChannelTestBase(unittest.SynchronousTestCase):
         site.reactor = self.clock   # twisted.web's channel timer, after a hand-over
         return site
 
+    def hold_gets(self):
+        """
+        Make the store's C{get} answer only when the test says: @return:
+        the list of its Deferreds, one per call, fired by the test.
+        C{del self.store.get} gives the store its own back.
+        """
+        held = []
+
+        def get(name):
+            held.append(defer.Deferred())
+            return held[-1]
+        self.store.get = get
+        return held
+
     def connect(self, site=None, transport=None):
         site = site or self.make_site()
         channel = site.buildProtocol(None)
@@ -366,12 +380,7 @@ class PipelineTests(ChannelTestBase):
     def test_bounded(self):
         """Past MAX_PIPELINED unanswered requests the connection is not read."""
         channel, transport = self.connect()
-        held = []
-
-        def get(name):
-            held.append(defer.Deferred())
-            return held[-1]
-        self.store.get = get
+        held = self.hold_gets()
         channel.dataReceived(b"".join(post(b"x") for i in range(MAX_PIPELINED + 10)))
         self.assertEqual(transport.producerState, "paused")
         self.assertEqual(len(held), MAX_PIPELINED)
@@ -387,12 +396,7 @@ class PipelineTests(ChannelTestBase):
         """Unanswered bodies past MAX_PIPELINED_BYTES: not read either."""
         big = self.successResultOf(self.store.create("big", LogConfig()))
         channel, transport = self.connect()
-        held = []
-
-        def get(name):
-            held.append(defer.Deferred())
-            return held[-1]
-        self.store.get = get
+        held = self.hold_gets()
         body = b"x" * 60000
         channel.dataReceived(b"".join(post(body, name=b"big") for i in range(30)))
         self.assertEqual(transport.producerState, "paused")
