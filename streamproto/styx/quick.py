@@ -345,6 +345,9 @@ class QuickChannel(Protocol):
         """Close once every answer is sent."""
         sender = self._sender
         if sender is None:
+            # a TLS transport shuts down only once its producer is gone
+            # (as twisted.web's channel, unregister before closing)
+            self.transport.unregisterProducer()
             self.transport.loseConnection()
             return
 

@@ -23,6 +23,7 @@ from streamproto.styx.quick import (
 )
 from streamproto.styx.resource import make_site
 from test.support import authutil
+from test.support.tlsutil import certs
 
 HEAD = (b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
         b"Content-Type: application/octet-stream\r\nContent-Length: %d")
@@ -576,15 +577,17 @@ class RealConnectionTests(unittest.TestCase):
         self.store = MemoryLogStore()
         self.log = yield self.store.create("events")
         self.site = make_site(self.store)
-        self.port = yield endpoints.serverFromString(
-            reactor, "tcp:0:interface=127.0.0.1").listen(self.site)
+        self.port = yield endpoints.serverFromString(reactor, self.server).listen(self.site)
         self.addCleanup(self.port.stopListening)
+
+    server = "tcp:0:interface=127.0.0.1"
+
+    def client_endpoint(self):
+        return endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port)
 
     @defer.inlineCallbacks
     def exchange(self, data):
-        endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1",
-                                                self.port.getHost().port)
-        client = yield endpoints.connectProtocol(endpoint, _Collect())
+        client = yield endpoints.connectProtocol(self.client_endpoint(), _Collect())
         client.transport.write(data)
         received = yield client.closed
         return answers(received)
@@ -613,3 +616,25 @@ class RealConnectionTests(unittest.TestCase):
         self.assertEqual(len(got), n + 1)
         records = yield self.log.read(0, n + 1)
         self.assertEqual([bytes(r) for r in records][-2:], [b"%d" % (n - 1), b"last"])
+
+    @defer.inlineCallbacks
+    def test_bad_request_after_answers(self):
+        """A head nobody understands, after good requests: they are answered
+        and acknowledged, then twisted.web refuses it and closes; another
+        client is unaffected."""
+        got = yield self.exchange(post(b"a") + b"NONSENSE\r\n\r\n")
+        self.assertEqual([s for s, _, _ in got], [200, 400])
+        got = yield self.exchange(post(b"b", extra=b"Connection: close\r\n"))
+        self.assertEqual([s for s, _, _ in got], [200])
+        records = yield self.log.read(0, 2)
+        self.assertEqual([bytes(r) for r in records], [b"a", b"b"])
+
+
+class RealTLSConnectionTests(RealConnectionTests):
+    """The same over TLS (client certificates asked for), where answers go
+    through the TLS transport's write."""
+
+    server = certs().server_endpoint()
+
+    def client_endpoint(self):
+        return endpoints.wrapClientTLS(certs().client_options(), super().client_endpoint())
