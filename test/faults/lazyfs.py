@@ -140,6 +140,24 @@ class LazyState:
             node = self.inodes[key] = Inode(st.st_size)
         return node
 
+    def fresh(self, fd):
+        """
+        C{fd} is a file just created, empty: forget any state kept under its
+        inode number.
+
+        The pages of a closed file stay keyed by its backing inode until
+        fsync or drop; once its last name is gone for good (an unlink or a
+        rename over it, made durable) the backing filesystem frees that
+        number and ext4 hands it to the next file created at once.  Without
+        this the new file inherited the old one's size and pages: a 16-byte
+        write into what the model still took for a 34-byte file left 18
+        stale bytes after it.  (That is what nats-server's C{tav.idx} got,
+        its panic in C{writeTermVote} on a later start.)
+        """
+        with self.lock:
+            st = os.fstat(fd)
+            self.inodes.pop((st.st_dev, st.st_ino), None)
+
     def size_of(self, fd, backing_size):
         node = self._inode(fd, create=False)
         return backing_size if node is None else node.size
@@ -362,7 +380,7 @@ class LazyFS(_Base):
 
     def __init__(self, root):
         self.state = LazyState(root)
-        self.fds = {}        # fh -> (backing fd, append?)
+        self.fds = {}        # fh -> (backing fd, append?, synchronous?)
         self.control = {}    # fh -> answer of the last control command
         self.next_fh = 1000
         self._mutex = self.state.lock
@@ -375,7 +393,13 @@ class LazyFS(_Base):
     def _fh(self, fd, flags):
         with self._mutex:
             self.next_fh += 1
-            self.fds[self.next_fh] = (fd, bool(flags & os.O_APPEND))
+            # O_SYNC and O_DSYNC (whose bit O_SYNC includes): each write is
+            # durable when it returns, as the kernel makes it on a disk.  A
+            # direct_io write through FUSE does not fsync for it, so the
+            # model must: without this, a power cut took back what
+            # nats-server wrote with O_SYNC (its term-and-vote file)
+            self.fds[self.next_fh] = (fd, bool(flags & os.O_APPEND),
+                                      bool(flags & os.O_DSYNC))
             return self.next_fh
 
     # -- attributes ----------------------------------------------------
@@ -491,8 +515,9 @@ class LazyFS(_Base):
         real = self._real(path)
         with self._mutex:
             fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_EXCL, mode)
+            self.state.fresh(fd)
             self.state.created(path)
-            fi.fh = self._fh(fd, 0)
+            fi.fh = self._fh(fd, fi.flags)
         self._cache_policy(path, fi)
         return 0
 
@@ -527,7 +552,7 @@ class LazyFS(_Base):
         fh = _handle(fi)
         if fh in self.control:
             return self.control[fh][offset:offset + size]
-        fd, _ = self._fd(fh)
+        fd, _, _ = self._fd(fh)
         return self.state.read(fd, size, offset)
 
     def write(self, path, data, offset, fi):
@@ -535,11 +560,14 @@ class LazyFS(_Base):
         if fh in self.control:
             self.control[fh] = self._command(bytes(data).decode().strip()).encode() + b"\n"
             return len(data)
-        fd, append = self._fd(fh)
+        fd, append, synchronous = self._fd(fh)
         with self._mutex:
             if append:
                 offset = self.state.size_of(fd, os.fstat(fd).st_size)
-            return self.state.write(fd, bytes(data), offset)
+            written = self.state.write(fd, bytes(data), offset)
+            if synchronous:
+                self.state.fsync(fd)
+            return written
 
     def truncate(self, path, length, fi=None):
         fh = _handle(fi)
@@ -570,7 +598,7 @@ class LazyFS(_Base):
         with self._mutex:
             if self.control.pop(fh, None) is not None:
                 return 0
-            fd, _ = self.fds.pop(fh, (None, None))
+            fd, _, _ = self.fds.pop(fh, (None, None, None))
         if fd is not None:
             # the dirty pages stay, keyed by inode, until fsync or drop
             os.close(fd)
@@ -583,7 +611,7 @@ class LazyFS(_Base):
             with self._mutex:
                 closed = self._closed_dirty_fds()
                 try:
-                    return self.state.sync_all([fd for fd, _ in self.fds.values()] + closed)
+                    return self.state.sync_all([fd for fd, _, _ in self.fds.values()] + closed)
                 finally:
                     for fd in closed:
                         os.close(fd)

@@ -133,6 +133,43 @@ class StateTests(SynchronousTestCase):
         with open(os.path.join(self.root, "f"), "rb") as f:
             self.assertEqual(f.read(), b"keep")
 
+    def test_new_file_on_a_freed_inode_starts_empty(self):
+        """
+        A file created on the inode number of a removed file whose pages
+        were never synced starts empty: the model keys pages by inode, and
+        ext4 reuses a freed number at once.  Before the fix the new file
+        inherited the old one's size and tail (nats-server's 34-byte
+        C{tav.idx}, see L{lazyfs.LazyState.fresh}).  On a filesystem that
+        never reuses a number (tmpfs) this meets no stale state;
+        L{test_fresh_forgets_state_under_the_number} does everywhere.
+        """
+        for _ in range(20):
+            fd = os.open(os.path.join(self.root, "old"), os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            self.state.created("/old")
+            self.state.write(fd, b"stale" * 7, 0)   # 35 bytes, never synced
+            os.close(fd)
+            self.state.unlink("/old")
+            self.state.fsyncdir("/")                # the unlink is durable: inode freed
+            fd = os.open(os.path.join(self.root, "new"), os.O_RDWR | os.O_CREAT | os.O_EXCL)
+            self.state.fresh(fd)
+            self.state.created("/new")
+            self.state.write(fd, b"n" * 16, 0)
+            self.assertEqual(self.state.read(fd, 100, 0), b"n" * 16)
+            self.assertEqual(self.state.size_of(fd, 0), 16)
+            self.state.fsync(fd)
+            os.close(fd)
+            with open(os.path.join(self.root, "new"), "rb") as f:
+                self.assertEqual(f.read(), b"n" * 16)
+            self.state.unlink("/new")
+            self.state.fsyncdir("/")
+
+    def test_fresh_forgets_state_under_the_number(self):
+        fd = self.fd("f", create=True)
+        self.state.write(fd, b"x" * 34, 0)
+        self.state.fresh(fd)
+        self.assertEqual(self.state.read(fd, 100, 0), b"")
+        self.assertEqual(self.state.size_of(fd, 0), 0)
+
     def test_mkdir_undone_with_its_contents(self):
         os.mkdir(os.path.join(self.root, "d"))
         self.state.created("/d")
@@ -200,6 +237,54 @@ class MountTests(SynchronousTestCase):
         self.assertEqual(os.listdir(self.mnt), ["state.json"])
         self.mount.drop()
         self.assertEqual(os.listdir(self.mnt), [])
+
+    def test_o_sync_write_survives(self):
+        """
+        A write to a file opened C{O_SYNC} or C{O_DSYNC} is durable when it
+        returns, with no fsync (the kernel syncs it; through FUSE with
+        C{direct_io} it does not ask us to, so the model does).
+        """
+        self.fsync_dir()
+        for name, flag in (("sync", os.O_SYNC), ("dsync", os.O_DSYNC), ("plain", 0)):
+            fd = os.open(self.path(name), os.O_WRONLY | os.O_CREAT | flag)
+            os.write(fd, b"first")
+            os.close(fd)
+            self.fsync_dir()
+            fd = os.open(self.path(name), os.O_WRONLY | os.O_APPEND | flag)
+            os.write(fd, b" second")
+            os.close(fd)
+        self.mount.drop()
+        for name, body in (("sync", b"first second"), ("dsync", b"first second"),
+                           ("plain", b"")):
+            with open(self.path(name), "rb") as f:
+                self.assertEqual(f.read(), body, name)
+
+    def test_atomic_rewrites_after_removed_unsynced_files(self):
+        """
+        nats-server's term-and-vote file, rewritten as it does (a C{.tmp}
+        opened C{O_TRUNC|O_SYNC}, written, renamed over the name, the
+        directory synced) after larger files that were never synced were
+        removed: it always reads back as written.  Before
+        L{lazyfs.LazyState.fresh}, the new C{.tmp} could take a removed
+        file's inode number and its unsynced size and tail with it.
+        """
+        for i in range(20):
+            with open(self.path(f"big{i}"), "wb") as f:
+                f.write(b"stale-bytes-" * 3)        # 36 bytes, never synced
+            os.unlink(self.path(f"big{i}"))
+            self.fsync_dir()
+            body = i.to_bytes(8, "little") + b"peer%04d" % i
+            fd = os.open(self.path("tav.idx.tmp"),
+                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_SYNC, 0o640)
+            os.write(fd, body)
+            os.close(fd)
+            os.replace(self.path("tav.idx.tmp"), self.path("tav.idx"))
+            self.fsync_dir()
+            with open(self.path("tav.idx"), "rb") as f:
+                self.assertEqual(f.read(), body)
+        self.mount.drop()
+        with open(self.path("tav.idx"), "rb") as f:
+            self.assertEqual(f.read(), body)
 
     def test_control_file_is_not_listed_and_stats(self):
         self.assertEqual(os.listdir(self.mnt), [])
