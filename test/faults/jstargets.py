@@ -53,6 +53,29 @@ class LogsOnJetStream:
         return self.log
 
     @defer.inlineCallbacks
+    def create_log(self, **config):
+        """
+        The log, created in the cluster before the workload starts, which
+        the setup then makes durable on every node as it does Styx's:
+        Pravega's segment through the server; the others, which their
+        servers create at their first write, with the store itself (the
+        same stream a server would make).  nats-server does not fsync the
+        directories it creates, so in the lazy FS's strict model a node
+        whose power is cut forgets a stream created during the run, and
+        two such nodes lose it (doc/reliability.rst, finding 21): that
+        window is the finding's, not every run's.
+        """
+        if self.protocol == "pravega":
+            return (yield super().create_log(**config))
+        from streamproto.log.jetstream import JetStreamLogStore
+        store = JetStreamLogStore(self.cluster.urls, replicas=3, clock=self.reactor)
+        try:
+            yield store.start()
+            yield store.get_or_create(self.store_name())
+        finally:
+            yield store.close()
+
+    @defer.inlineCallbacks
     def read_back(self):
         records = yield self.on_cluster(read_log, self.cluster.urls, self.store_name())
         if self.protocol != "pravega":
@@ -80,6 +103,22 @@ class SessionsOnJetStream:
 
     def resumable_on_disk(self, sessions, refused):
         return None    # no database: the bucket is read by the fresh front-end
+
+    @defer.inlineCallbacks
+    def create_log(self, **config):
+        """
+        The sessions' bucket, made (or found) before the setup makes the
+        nodes' disks durable: the server creates it as it starts, but a
+        moment after it listens, so without this the bucket's stream could
+        still be in the making at that sync, and a power cut of two nodes
+        lose it (finding 21).
+        """
+        from streamproto.reliable.natsessions import JetStreamSessionStore
+        store = JetStreamSessionStore(self.cluster.urls, self.reactor, replicas=3)
+        try:
+            yield store.start()
+        finally:
+            yield store.close()
 
     @defer.inlineCallbacks
     def final_records(self, power_cut=False):

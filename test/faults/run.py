@@ -64,25 +64,29 @@ MATRIX = ([(fault, "file", "styx") for fault in ("kill9", "powerloss", "pause", 
           # sync_interval: always ("nats") and with nats-server's default ("nats-lazy")
           + [(fault, store, "styx") for store in ("nats", "nats-lazy")
              for fault in ("partition", "flap", "clock")]
+          # what nats-server's default sync_interval risks: a power cut
+          + [("powerloss", "nats-lazy", "styx")]
           # a node's clock: a row that says why it cannot be jumped here
           + [("nodeclock", "nats", "styx")]
           # Styx over styx/0 (the Go reference's streaming protocol)
           + [(fault, store, "styx0") for store, faults in (
               ("file", ("kill9", "powerloss", "pause", "clock")),
-              ("nats", ("kill9", "pause", "partition", "clock"))) for fault in faults]
+              ("nats", ("kill9", "powerloss", "pause", "partition", "clock")))
+             for fault in faults]
           # Pravega's conditional appends, racing producers
           + [(fault, store, "pravega-conditional") for store, faults in (
               ("file", ("kill9", "powerloss", "pause", "clock")),
-              ("nats", ("kill9", "pause", "partition"))) for fault in faults]
+              ("nats", ("kill9", "powerloss", "pause", "partition"))) for fault in faults]
           # the other protocols' workloads on the file store
           + [(fault, "file", protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                     "relink-tx", "reliable")
              for fault in ("kill9", "powerloss", "pause", "clock")]
-          # and on JetStream (no power loss: finding 2), flapping links too, and
-          # the network's faults on nats-server's default sync_interval as well
+          # and on JetStream, flapping links too, and the network's faults on
+          # nats-server's default sync_interval as well
           + [(fault, store, protocol) for protocol in ("lumberjack", "pravega", "relink",
                                                    "relink-tx", "reliable")
-             for store, faults in (("nats", ("kill9", "pause", "partition", "flap", "clock")),
+             for store, faults in (("nats", ("kill9", "powerloss", "pause", "partition",
+                                             "flap", "clock")),
                                    ("nats-lazy", ("partition", "flap")))
              for fault in faults])
 

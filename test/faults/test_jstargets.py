@@ -61,6 +61,63 @@ class CompositionTests(SynchronousTestCase):
         self.assertEqual(created, [("pravega-create", port, SERVERS["pravega"][1])])
 
 
+class _FakeStore:
+    """What the targets' log or bucket creation asks of a store, recorded."""
+
+    made = []
+
+    def __init__(self, servers, *args, **kwargs):
+        self.calls = [("servers", list(servers)), ("replicas", kwargs.get("replicas"))]
+        self.made.append(self)
+
+    def start(self):
+        self.calls.append(("start",))
+        return defer.succeed(None)
+
+    def get_or_create(self, name):
+        self.calls.append(("get_or_create", name))
+        return defer.succeed(None)
+
+    def close(self):
+        self.calls.append(("close",))
+        return defer.succeed(None)
+
+
+class CreatedBeforeTheSyncTests(SynchronousTestCase):
+    """
+    The setup makes the nodes' disks durable after C{create_log}: what a
+    power cut must not take (the log, the sessions' bucket) is made there,
+    not by the server's first write (doc/reliability.rst, finding 21).
+    """
+
+    def target(self, protocol):
+        target = run.make_target(reactor, "powerloss", "nats", protocol)
+        self.addCleanup(shutil.rmtree, target.work, True)
+        self.addCleanup(shutil.rmtree, target.cluster.directory, True)
+        self.patch(_FakeStore, "made", [])
+        return target
+
+    def test_logs_are_created_in_the_cluster(self):
+        import streamproto.log.jetstream
+        self.patch(streamproto.log.jetstream, "JetStreamLogStore", _FakeStore)
+        for protocol in ("lumberjack", "relink", "relink-tx"):
+            target = self.target(protocol)
+            self.successResultOf(target.create_log())
+            [store] = _FakeStore.made
+            self.assertEqual(store.calls, [
+                ("servers", target.cluster.urls), ("replicas", 3), ("start",),
+                ("get_or_create", SERVERS[protocol][1]), ("close",)])
+
+    def test_sessions_bucket_is_opened(self):
+        import streamproto.reliable.natsessions
+        self.patch(streamproto.reliable.natsessions, "JetStreamSessionStore", _FakeStore)
+        target = self.target("reliable")
+        self.successResultOf(target.create_log())
+        [store] = _FakeStore.made
+        self.assertEqual(store.calls, [("servers", target.cluster.urls), ("replicas", 3),
+                                       ("start",), ("close",)])
+
+
 class _Reader(LogsOnJetStream):
     """L{LogsOnJetStream} over records given here instead of a cluster's."""
 
