@@ -7,7 +7,9 @@ cut does (the idea of Jepsen's LazyFS; this is our own, in Python, over
 libfuse 2 through C{mfusepy}):
 
 - file data: writes land in per-inode dirty pages; C{fsync}/C{fdatasync}
-  writes them to the backing file and fsyncs it; reads see the pages;
+  writes them to the backing file and fsyncs it, and so does every write
+  to a file opened C{O_SYNC} or C{O_DSYNC}; reads see the pages; a file
+  created starts with none, whatever its inode number held before;
 - names: a create, mkdir, unlink, rmdir or rename is applied to the backing
   directory at once but journalled; it becomes durable only when its
   directory (for a rename, the target's directory) is fsynced; until then a
