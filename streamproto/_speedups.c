@@ -17,6 +17,7 @@
 #include <sys/uio.h>
 
 #include "_syncer.h"
+#include "_sender.h"
 
 static inline void put_be32(unsigned char *p, uint32_t v) {
     p[0] = (unsigned char)(v >> 24); p[1] = (unsigned char)(v >> 16);
@@ -452,7 +453,7 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m && add_syncer(m) < 0)
+    if (m && (add_syncer(m) < 0 || add_sender(m) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -290,18 +290,38 @@ static PyObject *Syncer_completed(SyncerObject *self, PyObject *unused) {
     ssize_t ignored = read(s->efd, &count, sizeof count);   /* EAGAIN: none yet */
     (void)ignored;
     pthread_mutex_lock(&s->lock);
-    job *j = s->done;
+    job *first = s->done;
     s->done = s->done_tail = NULL;
     pthread_mutex_unlock(&s->lock);
     PyObject *out = PyList_New(0);
-    while (j) {
-        job *next = j->next;
-        if (out) {
-            PyObject *item = Py_BuildValue("(Lid)", j->id, j->error, j->seconds);
-            if (!item || PyList_Append(out, item) < 0)
-                Py_CLEAR(out);
-            Py_XDECREF(item);
+    for (job *j = first; out && j; j = j->next) {
+        PyObject *item = Py_BuildValue("(Lid)", j->id, j->error, j->seconds);
+        if (!item || PyList_Append(out, item) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(item);
+    }
+    if (!out) {
+        /* no memory for the list: the jobs stay done, ahead of any done
+         * since, and the eventfd is readable again so that the next call
+         * reports them (freed here, their acknowledgements would never
+         * come) */
+        if (first) {
+            job *last = first;
+            while (last->next)
+                last = last->next;
+            pthread_mutex_lock(&s->lock);
+            last->next = s->done;
+            if (!s->done)
+                s->done_tail = last;
+            s->done = first;
+            uint64_t one = 1;
+            ignored = write(s->efd, &one, sizeof one);
+            pthread_mutex_unlock(&s->lock);
         }
+        return NULL;
+    }
+    for (job *j = first; j;) {
+        job *next = j->next;
         free_job(j);
         j = next;
     }

@@ -26,6 +26,13 @@ stream writes its heartbeats and last messages through it too, and closes
 the transport only once the sender has drained.  TLS connections (the bytes
 must be encrypted in user space anyway) and transports without a socket
 keep C{transport.write}: L{SocketSender.usable} tells which.
+
+A sender made C{native} (small answers: Styx's quick path) hands its
+writes to the accelerator's send thread (L{streamproto.core.sendthread})
+while nothing waits in its own queue: the reactor thread copies an answer
+and goes on, the native thread makes the C{send}.  What the thread could
+not send comes back, in order, before anything written since, and goes
+out the usual way; once that is all sent, the thread sends again.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import os
 import socket
 from array import array
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import (
@@ -48,6 +55,7 @@ from streamproto.log.batch import BytesLike, RecordBatch
 
 from streamproto.core.framing import _speedups, frame_records
 from streamproto.core.observer import Observers
+from streamproto.core.sendthread import for_reactor
 from streamproto.core.tcp import tcp_socket
 
 #: Below this average record size the frames are built in one buffer (a
@@ -90,13 +98,17 @@ class SocketSender:
     def __init__(self, transport: ISystemHandle, reactor: IReactorFDSet,
                  high_water: int = 2 * 1024 * 1024,
                  on_sent: Callable[[int], object] | None = None,
-                 eager: bool = False) -> None:
+                 eager: bool = False, native: bool = False) -> None:
         """
         @param eager: L{write} sends at once what the socket takes when
             nothing is queued, instead of on the reactor's next turn: for
             small answers, where registering the descriptor for writing
             and removing it again (two C{epoll_ctl} calls each) costs more
             than the send.
+        @param native: L{write} hands what it is given to the native send
+            thread when nothing is queued (see the module docstring), where
+            the accelerator has one; L{write_records} then frames into one
+            buffer and writes that.  For small writes, each one is copied.
         """
         self._transport = transport
         self.eager = eager
@@ -112,6 +124,18 @@ class SocketSender:
         self._producer_paused = False
         self._drain_waiters: Observers[None] = Observers()
         self.failed: BaseException | None = None
+        #: the native thread's socket (which owns a second duplicate
+        #: descriptor, closed once its last send is done), or None
+        self._native: Any = None
+        self._native_thread = for_reactor(reactor) if native else None
+        if self._native_thread is not None:
+            self._native = self._native_thread.socket(os.dup(self._fd), self._native_settled)
+        #: the native thread blocked: what it did not send comes back and
+        #: goes before the queue, which waits until then
+        self._held = False
+        #: bytes that came back from the native thread, counted by
+        #: C{on_sent} already when handed to it
+        self._recount = 0
 
     @staticmethod
     def usable(transport: object, reactor: object) -> bool:
@@ -123,8 +147,25 @@ class SocketSender:
 
     # -- the writer's side -----------------------------------------------
     def write(self, data: BytesLike) -> None:
-        """Queue bytes (an eager sender first sends what it can)."""
+        """Queue bytes (an eager sender first sends what it can; a native
+        one hands them to the native thread)."""
         if data and self.failed is None and self._fd is not None:
+            native = self._native
+            if native is not None and not self._queue and not self._held:
+                if native.send(data):
+                    n = len(data)
+                    self.sent += n
+                    if self._on_sent is not None:
+                        self._on_sent(n)
+                    return
+                # the thread blocked this connection: what it did not
+                # send comes back first (now, or when it settles)
+                self._held = True
+                self._queue.append(memoryview(data))
+                self.pending += len(data)
+                self._schedule()
+                self._native_settled()
+                return
             eager = self.eager and not self._queue
             self._queue.append(memoryview(data))
             self.pending += len(data)
@@ -141,7 +182,8 @@ class SocketSender:
         """
         if not len(lengths) or self.failed is not None or self._fd is None:
             return
-        if _speedups is None or len(data) < MIN_IOVEC_RECORD * len(lengths):
+        if (_speedups is None or self._native is not None
+                or len(data) < MIN_IOVEC_RECORD * len(lengths)):
             self.write(frame_records(lengths, data, prefix))
             return
         frames = _Frames(lengths, data, prefix)
@@ -171,9 +213,22 @@ class SocketSender:
         sender failed: then with that failure's exception swallowed, since
         the connection is going anyway)."""
         from twisted.internet.defer import succeed
-        if not self._queue or self.failed is not None or self._fd is None:
+        if self.failed is not None or self._fd is None:
             return succeed(None)
+        if not self._queue and not self._held:
+            if self._native is None or self._native.settle():
+                return succeed(None)
+            # the native thread reports when its last send is done
         return self._drain_waiters.when()
+
+    @property
+    def drained(self) -> bool:
+        """Whether every byte written has been sent (or the sender
+        stopped)."""
+        if self.failed is not None or self._fd is None:
+            return True
+        return not self._queue and not self._held and (
+            self._native is None or not self._native.inflight)
 
     def close(self) -> None:
         """Stop for good and close the duplicate descriptor (the
@@ -181,10 +236,45 @@ class SocketSender:
         self._stop_writing()
         self._queue = []
         self.pending = 0
+        self._held = False
+        native, self._native = self._native, None
+        if native is not None:
+            assert self._native_thread is not None
+            self._native_thread.forget(native)
+            native.close()      # its descriptor once its last send is done
         if self._fd is not None:
             fd, self._fd = self._fd, None
             os.close(fd)
         self._fire_drained()
+
+    def _native_settled(self) -> None:
+        """The native thread has no send of ours left: take back what it
+        did not send (it blocked), or tell the drain waiters."""
+        native = self._native
+        if native is None:
+            return
+        got = native.returned()
+        if got is None:
+            return      # more sends out since: reported again when settled
+        back, error = got
+        if error:
+            # the peer is gone (EPIPE, ECONNRESET): as in _send
+            self.failed = OSError(error, os.strerror(error))
+            _log.debug("native send failed: {error}", error=self.failed)
+            self.close()
+            return
+        if back:
+            n = sum(len(b) for b in back)
+            self._queue[:0] = [memoryview(b) for b in back]
+            self.pending += n
+            self.sent -= n
+            self._recount += n
+        self._held = False
+        if self._queue:
+            self._schedule()    # unblocked once the queue is sent
+        else:
+            native.unblock()
+            self._fire_drained()
 
     # -- flow control ------------------------------------------------------
     def _schedule(self) -> None:
@@ -192,6 +282,8 @@ class SocketSender:
                 and not self._producer_paused:
             self._producer_paused = True
             self._producer.pauseProducing()
+        if self._held:
+            return      # what the native thread gives back goes first
         if not self._writing:
             self._writing = True
             self._reactor.addWriter(self)
@@ -202,8 +294,10 @@ class SocketSender:
             self._reactor.removeWriter(self)
 
     def _fire_drained(self) -> None:
-        if self._queue and self._fd is not None:
+        if (self._queue or self._held) and self._fd is not None:
             return      # written to again meanwhile (by a producer we resumed)
+        if self._native is not None and not self._native.settle():
+            return      # the native thread reports when its sends are done
         self._drain_waiters.fire()
 
     # -- IWriteDescriptor --------------------------------------------------
@@ -218,6 +312,8 @@ class SocketSender:
             return None
         if not self._queue:
             self._stop_writing()
+            if self._native is not None:
+                self._native.unblock()  # the native thread may send again
             # the waiters first: a producer resumed next may write again (and
             # a waiter it adds then must wait for that too)
             self._fire_drained()
@@ -275,8 +371,14 @@ class SocketSender:
             if n:
                 self.pending -= n
                 self.sent += n
-                if self._on_sent is not None:
-                    self._on_sent(n)
+                new = n
+                if self._recount:
+                    # sent once already, as far as on_sent knows
+                    again = min(n, self._recount)
+                    self._recount -= again
+                    new -= again
+                if new and self._on_sent is not None:
+                    self._on_sent(new)
             if done:
                 queue.pop(0)
             elif not n:

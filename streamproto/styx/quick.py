@@ -30,6 +30,7 @@ hypothesis); the protocol frames, dispatches and writes.
 """
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -169,10 +170,17 @@ class AppendBatcher:
     batch's L{streamproto.log.result.AppendResult} (its C{end_position} is
     the synced end, as for any append acknowledged in a group commit).
     Costs a record one pass of the event loop at most.
+
+    @ivar on_appended: called as C{(log name, records, bytes)} once a
+        batch is acknowledged: the server's metrics, counted once a batch
+        rather than once a record (each count takes a lock, and a labelled
+        counter a lookup as well).
     """
 
-    def __init__(self, reactor: Any) -> None:
+    def __init__(self, reactor: Any,
+                 on_appended: Callable[[str, int, int], object] | None = None) -> None:
         self.reactor = reactor
+        self.on_appended = on_appended
         # log -> (records, their Deferreds), in arrival order
         self._batches: dict[Any, tuple[list[bytes], list[Deferred[Any]]]] = {}
         self._call: Any = None
@@ -194,10 +202,13 @@ class AppendBatcher:
         batches, self._batches = self._batches, {}
         for the_log, (records, waiting) in batches.items():
             # one log's exception is its own records' error, not the others'
-            maybeDeferred(the_log.append, records).addBoth(self._done, waiting)
+            maybeDeferred(the_log.append, records).addBoth(
+                self._done, the_log, records, waiting)
 
-    @staticmethod
-    def _done(result: Any, waiting: list["Deferred[Any]"]) -> None:
+    def _done(self, result: Any, the_log: Any, records: list[bytes],
+              waiting: list["Deferred[Any]"]) -> None:
+        if self.on_appended is not None and not isinstance(result, Failure):
+            self.on_appended(the_log.name, len(records), sum(map(len, records)))
         for d in waiting:
             if isinstance(result, Failure):
                 d.errback(result)
@@ -275,11 +286,13 @@ class QuickChannel(Protocol):
         if SocketSender.usable(self.transport, reactor):
             # plain TCP: each answer goes out in one send, now, rather than
             # on the reactor's next turn after registering the socket for
-            # writing and then removing it (two epoll_ctl calls an answer)
+            # writing and then removing it (two epoll_ctl calls an answer),
+            # and from the native send thread where there is one (half the
+            # reactor's time was these sends: streamproto.core.sendthread)
             counter = IOutputCounter(self.transport, None)
             self._sender = SocketSender(self.transport, reactor, high_water=65536,
                                         on_sent=counter and counter.count_output,
-                                        eager=True)
+                                        eager=True, native=True)
             self._sender.registerProducer(self)
         else:
             self.transport.registerProducer(self, True)
@@ -441,7 +454,7 @@ class QuickChannel(Protocol):
         # the connection (and the requests pipelined behind) with it
         d = maybeDeferred(resource.store.get, head.name)
         d.addCallback(self._append, head, body)
-        d.addCallbacks(self._appended, self._failed, (head, answer, len(body)),
+        d.addCallbacks(self._appended, self._failed, (head, answer),
                        errbackArgs=(head, answer))
 
     def _append(self, the_log: Any, head: Head, body: bytes) -> Any:
@@ -455,10 +468,10 @@ class QuickChannel(Protocol):
             raise RecordTooLarge(f"record of {len(body)} bytes exceeds max_record_size {limit}")
         return self.site.append_batcher.append(the_log, body)
 
-    def _appended(self, result: Any, head: Head, answer: _Answer, size: int) -> None:
+    def _appended(self, result: Any, head: Head, answer: _Answer) -> None:
         if result is None:
             return
-        self.resource.metrics.produced(head.name, 1, size)
+        # counted in the metrics by the batcher, once a batch
         self._ready(answer, 200, render_produced(result.end_position, 1), head)
 
     def _failed(self, failure: Failure, head: Head, answer: _Answer) -> None:
@@ -541,7 +554,7 @@ class QuickChannel(Protocol):
     def _finish_hand_over(self) -> None:
         sender = self._sender
         if sender is not None:
-            if sender.pending:
+            if not sender.drained:
                 # every byte in order: twisted.web writes once ours are sent
                 sender.when_drained().addCallback(lambda _: self._finish_hand_over())
                 return

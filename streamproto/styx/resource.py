@@ -114,7 +114,8 @@ class StyxSite(server.Site):
     def append_batcher(self) -> AppendBatcher:
         """The quick path's L{AppendBatcher}, on the resource's clock."""
         if self._append_batcher is None:
-            self._append_batcher = AppendBatcher(self.resource.clock)
+            self._append_batcher = AppendBatcher(self.resource.clock,
+                                                 self.resource.metrics.produced)
         return self._append_batcher
 
     def buildProtocol(self, addr: Any) -> Any:

@@ -20,6 +20,7 @@ from streamproto.log.filestore import FileLogStore
 from streamproto.log.segments import FileIO
 from streamproto.log.syncer import NativeSyncer, ThreadSyncer, make_syncer
 from test.support.ciutil import missing
+from test.support.netutil import readable
 
 def require_native():
     """Skip without the accelerator's Syncer on a developer's machine; fail under CI."""
@@ -144,6 +145,46 @@ class NativeSyncerTests(TestCase):
         self.assertEqual(self.syncer._out, {})
         from streamproto._speedups import Syncer
         self.assertRaises(ValueError, Syncer, 0)
+
+
+class NoMemoryTests(SynchronousTestCase):
+    """The native Syncer when the interpreter cannot allocate its answer."""
+
+    def setUp(self):
+        require_native()
+        try:
+            import _testcapi
+        except ImportError:
+            # CPython's test module: absent from some distributions' builds
+            missing("_testcapi (CPython's C-API test module)")
+        self.testcapi = _testcapi
+
+    def test_completed_keeps_the_jobs_when_the_list_cannot_be_made(self):
+        """
+        No memory for completed()'s list: it raises, and the jobs stay
+        done for the next call, with the eventfd readable again (freed
+        there, their acknowledgements would never come).
+        """
+        native = syncer._Syncer(1)
+        self.addCleanup(native.close)
+        f = tempfile.TemporaryFile()
+        self.addCleanup(f.close)
+        job = native.submit([f.fileno()], None)
+        self.assertTrue(readable(native.fileno(), 10))
+        # nothing between the hooks but the call (assertRaises allocates)
+        self.testcapi.set_nomemory(0)
+        try:
+            native.completed()
+        except MemoryError:
+            raised = True
+        else:
+            raised = False
+        finally:
+            self.testcapi.remove_mem_hooks()
+        self.assertTrue(raised)
+        self.assertTrue(readable(native.fileno(), 0))
+        [(done, error, _)] = native.completed()
+        self.assertEqual((done, error), (job, 0))
 
 
 class StoreOnNativeThreadsTests(TestCase):

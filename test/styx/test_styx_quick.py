@@ -293,6 +293,37 @@ class PipelineTests(ChannelTestBase):
         got = answers(one_transport.value()) + answers(two_transport.value())
         self.assertEqual([json.loads(b) for _, _, b in got], [{"position": 5, "count": 1}] * 5)
 
+    def test_metrics_counted_once_a_batch(self):
+        """The produced records and bytes are counted once the batch is
+        acknowledged, per log, and a failed append counts nothing."""
+        site = self.make_site()
+        counted = []
+        site.append_batcher.on_appended = lambda *args: counted.append(args)
+        appends = self.hold_appends(self.log)
+        channel, transport = self.connect(site)
+        channel.dataReceived(post(b"a") + post(b"bb") + post(b"ccc"))
+        self.clock.advance(0)
+        self.assertEqual(counted, [])           # not before it is durable
+        appends[0][0].callback(AppendResult(3))
+        self.assertEqual(counted, [("events", 3, 6)])
+        channel.dataReceived(post(b"d"))
+        self.clock.advance(0)
+        appends[1][0].errback(OSError(28, "No space left on device"))
+        self.assertEqual(counted, [("events", 3, 6)])
+        self.flushLoggedErrors(OSError)
+
+    def test_metrics_reach_the_servers_counters(self):
+        site = self.make_site()
+        channel, transport = self.connect(site)
+        channel.dataReceived(post(b"a") + post(b"bb"))
+        self.clock.advance(0)
+        self.assertEqual(len(answers(transport.value())), 2)
+        registry = site.resource.metrics.registry
+        self.assertEqual(registry.get_sample_value(
+            "styx_records_produced_total", {"log": "events"}), 2)
+        self.assertEqual(registry.get_sample_value(
+            "styx_bytes_produced_total", {"log": "events"}), 3)
+
     def test_one_append_a_log(self):
         other = self.successResultOf(self.store.get("other"))
         events, others = self.hold_appends(self.log), self.hold_appends(other)

@@ -1,16 +1,25 @@
 """
 Small network helpers the tests share (the operations tests, the torture
 suite, the end-to-end tests): a free port, waiting for a condition on the
-real reactor, and a raw client that keeps what the server sends.  No tests
-here.
+real reactor, a raw client that keeps what the server sends, and whether
+a descriptor is readable.  No tests here.
 """
 
+import select
 import socket
 import subprocess
 
 from twisted.internet import defer, protocol, reactor, task
 
 from streamproto.core.tls import client_endpoint
+
+
+def readable(fd, timeout):
+    """Whether C{fd} is readable within C{timeout} seconds (poll: a long
+    test run's descriptors go past select's 1024)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(timeout * 1000))
 
 
 def free_port():
