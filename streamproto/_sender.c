@@ -58,8 +58,7 @@ typedef struct sshared {
     pthread_mutex_t lock;
     pthread_cond_t wake;
     sjob *todo, *todo_tail;
-    long long *ready;     /* tokens of connections the reactor must look at */
-    size_t nready, ready_cap;
+    struct conn *ready;   /* connections the reactor must look at */
     int idle;             /* the thread waits for a job */
     int running;          /* the thread was started and has not exited */
     int closing;
@@ -77,7 +76,23 @@ typedef struct conn {
     int want_settle;      /* report when inflight reaches 0 */
     int closed;           /* the object let go: close fd at inflight 0 */
     sjob *back, *back_tail;   /* jobs that came back unsent */
+    int listed;           /* on s->ready */
+    struct conn *rprev, *rnext;
 } conn;
+
+/* called with s->lock held: off the ready list, if on it */
+static void unlist(sshared *s, conn *c) {
+    if (!c->listed)
+        return;
+    if (c->rprev)
+        c->rprev->rnext = c->rnext;
+    else
+        s->ready = c->rnext;
+    if (c->rnext)
+        c->rnext->rprev = c->rprev;
+    c->rprev = c->rnext = NULL;
+    c->listed = 0;
+}
 
 /* called with s->lock held; unlocks it */
 static void s_release(sshared *s) {
@@ -86,7 +101,6 @@ static void s_release(sshared *s) {
     if (!last)
         return;
     for (sjob *j = s->todo; j;) { sjob *n = j->next; free(j); j = n; }
-    free(s->ready);
     close(s->efd);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
@@ -96,6 +110,7 @@ static void s_release(sshared *s) {
 /* called with s->lock held: the connection is done for good (its
  * reference to s is the caller's to drop) */
 static void conn_free(conn *c) {
+    unlist(c->s, c);
     for (sjob *j = c->back; j;) { sjob *n = j->next; free(j); j = n; }
     if (c->fd >= 0)
         close(c->fd);
@@ -104,15 +119,17 @@ static void conn_free(conn *c) {
 
 /* called with s->lock held: tell the reactor to look at c */
 static void report(sshared *s, conn *c) {
-    if (s->nready == s->ready_cap) {
-        size_t cap = s->ready_cap ? s->ready_cap * 2 : 64;
-        long long *more = realloc(s->ready, cap * sizeof *more);
-        if (!more)
-            return;   /* the reactor's next look (a later report) finds it */
-        s->ready = more;
-        s->ready_cap = cap;
+    /* a list through the connections: nothing to allocate here, so a
+     * report cannot be lost (a lost one would leave the connection's
+     * answers waiting for good) */
+    if (!c->listed) {
+        c->listed = 1;
+        c->rprev = NULL;
+        c->rnext = s->ready;
+        if (s->ready)
+            s->ready->rprev = c;
+        s->ready = c;
     }
-    s->ready[s->nready++] = c->token;
     uint64_t one = 1;
     ssize_t ignored = write(s->efd, &one, sizeof one);
     (void)ignored;
@@ -316,42 +333,32 @@ static PyObject *SendThread_ready(SendThreadObject *self, PyObject *unused) {
     if (st_check(self) < 0)
         return NULL;
     sshared *s = self->s;
+    /* the list is filled under the lock (the thread never needs the GIL,
+     * so holding both is safe) and emptied only once it is filled: with no
+     * memory for it, the connections stay listed for the next call.  It
+     * is made before the lock is taken: making a list may run the
+     * collector, and a SendSocket it frees takes the lock to close */
+    PyObject *out = PyList_New(0);
+    if (!out)
+        return NULL;
     uint64_t count;
     ssize_t ignored = read(s->efd, &count, sizeof count);   /* EAGAIN: none */
     (void)ignored;
     pthread_mutex_lock(&s->lock);
-    size_t n = s->nready;
-    long long *tokens = s->ready;
-    s->ready = NULL;
-    s->nready = s->ready_cap = 0;
-    pthread_mutex_unlock(&s->lock);
-    PyObject *out = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; out && i < n; i++) {
-        PyObject *t = PyLong_FromLongLong(tokens[i]);
-        if (!t)
+    for (conn *c = s->ready; out && c; c = c->rnext) {
+        PyObject *t = PyLong_FromLongLong(c->token);
+        if (!t || PyList_Append(out, t) < 0)
             Py_CLEAR(out);
-        else
-            PyList_SET_ITEM(out, (Py_ssize_t)i, t);
+        Py_XDECREF(t);
     }
-    if (!out && n) {
-        /* give them back for the next call, and make sure there is one */
-        pthread_mutex_lock(&s->lock);
-        for (size_t i = 0; i < n; i++) {
-            if (s->nready == s->ready_cap) {
-                size_t cap = s->ready_cap ? s->ready_cap * 2 : 64;
-                long long *more = realloc(s->ready, cap * sizeof *more);
-                if (!more)
-                    break;
-                s->ready = more;
-                s->ready_cap = cap;
-            }
-            s->ready[s->nready++] = tokens[i];
-        }
+    if (out) {
+        while (s->ready)
+            unlist(s, s->ready);
+    } else if (s->ready) {
         uint64_t one = 1;
-        ignored = write(s->efd, &one, sizeof one);
-        pthread_mutex_unlock(&s->lock);
+        ignored = write(s->efd, &one, sizeof one);   /* look again */
     }
-    free(tokens);
+    pthread_mutex_unlock(&s->lock);
     return out;
 }
 

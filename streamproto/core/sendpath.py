@@ -109,6 +109,10 @@ class SocketSender:
             thread when nothing is queued (see the module docstring), where
             the accelerator has one; L{write_records} then frames into one
             buffer and writes that.  For small writes, each one is copied.
+            As for any sender, close the transport only once
+            L{when_drained} fired: Twisted shuts a socket down as it closes
+            it (C{shutdown(2)}), which ends sends still queued on the
+            thread's duplicate too.
         """
         self._transport = transport
         self.eager = eager

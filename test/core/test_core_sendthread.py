@@ -174,6 +174,35 @@ class SendThreadTests(unittest.SynchronousTestCase):
         self.assertEqual(s.returned(), ([], 0))
         self.assertRaises(RuntimeError, self.thread.ready)
 
+    def test_no_memory_for_the_list_keeps_the_reports(self):
+        """ready() that cannot make its list raises, and the connections it
+        would have named are named by the next call (a lost report would
+        leave a connection's answers waiting for good)."""
+        try:
+            import _testcapi
+        except ImportError:
+            missing("_testcapi (CPython's C-API test module)")
+        token = 10 ** 12                    # not a cached small int: made here
+        s = self.socket(token=token)
+        self.b.close()
+        s.send(b"x")                        # fails: reported
+        self.assertTrue(readable(self.thread.fileno(), 10))
+        ready = self.thread.ready
+        # nothing between the hooks but the call (assertRaises allocates)
+        _testcapi.set_nomemory(0)
+        try:
+            ready()
+        except MemoryError:
+            raised = True
+        else:
+            raised = False
+        finally:
+            _testcapi.remove_mem_hooks()
+        self.assertTrue(raised)
+        self.assertTrue(readable(self.thread.fileno(), 0))
+        self.assertEqual(self.thread.ready(), [token])
+        self.assertEqual(self.thread.ready(), [])
+
     def test_bad_arguments(self):
         self.assertRaises(ValueError, self.thread.socket, -1, 1)
         s = self.socket()

@@ -16,6 +16,7 @@ is a row that says why.
 import argparse
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -223,6 +224,7 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
         row.add(verdict, ended - started, len(log))
         if not verdict.valid:
             row.notes.append(f"seed {seed}, served: {verdict.describe()}\n  faults: {log}")
+            keep_evidence(target, history_path, row)
         if final["disk_error"] is not None:
             row.disk_failures += 1
         elif final["disk"] is not None:
@@ -239,6 +241,22 @@ def run_one(reactor, fault, store, protocol, seconds, seed, row=None, lying_disk
         if os.path.exists(history_path):
             os.unlink(history_path)
     return row
+
+
+def keep_evidence(target, history_path, row):
+    """
+    An invalid verdict: keep the run's history and the server's output
+    (where the target has one) in a directory the row's notes name, for
+    whoever looks into it.
+    """
+    keep = tempfile.mkdtemp(prefix="faults-invalid-")
+    if os.path.exists(history_path):
+        shutil.copy(history_path, os.path.join(keep, "history.jsonl"))
+    server = getattr(target, "server", None)   # the reference targets have none
+    if server is not None:
+        with open(os.path.join(keep, "server.log"), "w") as f:
+            f.write(server.output_text())
+    row.notes.append(f"the history and the server's output are kept in {keep}")
 
 
 def command(fault, store, protocol, minutes, seed, run_seconds=None):

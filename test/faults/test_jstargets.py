@@ -2,10 +2,12 @@
 The JetStream targets of the other protocols (L{test.faults.jstargets}),
 without processes: each is the protocol's server as a front-end of the
 cluster (in C{fe} for partitions), and the store's records are turned into
-the workload's payloads.  The runs themselves: C{test_faults}.
+the workload's payloads; and what the runner keeps of a run the checker
+finds invalid.  The runs themselves: C{test_faults}.
 """
 
 import json
+import os
 import shutil
 
 from twisted.internet import defer, reactor
@@ -158,3 +160,35 @@ class ReadBackTests(SynchronousTestCase):
         reader = _Reader("lumberjack", stored)
         self.assertEqual(self.successResultOf(reader.read_back()), [b"w0:1:abc", b"junk"])
         self.assertEqual(reader.asked, "lumberjack")
+
+
+class KeptEvidenceTests(SynchronousTestCase):
+    """An invalid verdict keeps the run's history and the server's output."""
+
+    def test_history_and_output_kept_and_named(self):
+        class Server:
+            def output_text(self):
+                return "2026-11-29 log {name}: append failed\n"
+
+        class Target:
+            server = Server()
+
+        history = self.mktemp()
+        with open(history, "w") as f:
+            f.write('{"process": "w0", "seq": 1, "type": "invoke"}\n')
+        row = run.Row("partition", "nats", "styx")
+        run.keep_evidence(Target(), history, row)
+        [note] = row.notes
+        keep = note.rsplit(" ", 1)[-1]
+        self.addCleanup(shutil.rmtree, keep, True)
+        with open(f"{keep}/history.jsonl") as f:
+            self.assertIn('"w0"', f.read())
+        with open(f"{keep}/server.log") as f:
+            self.assertIn("append failed", f.read())
+
+    def test_a_target_without_a_server(self):
+        row = run.Row("kill9", "reference", "lumberjack")
+        run.keep_evidence(object(), self.mktemp(), row)   # no history either
+        keep = row.notes[0].rsplit(" ", 1)[-1]
+        self.addCleanup(shutil.rmtree, keep, True)
+        self.assertEqual(os.listdir(keep), [])
