@@ -34,7 +34,8 @@ class FaultMatrixSubsetTests(TestCase):
         self.assertIsNone(row.unavailable, f"{fault} cannot run here: {row.unavailable}")
         self.assertEqual(row.runs, 1, "\n".join(row.notes))
         self.assertGreaterEqual(row.faults, 1, "the nemesis injected nothing")
-        self.assertGreater(row.acknowledged, 0, "no operation was acknowledged")
+        self.assertGreater(row.acknowledged, 0,
+                           "no operation was acknowledged\n" + "\n".join(row.notes))
         # Pravega: read through the server
         if store == "file" and not protocol.startswith("pravega"):
             self.assertEqual(len(row.disk_verdicts), 1,
@@ -110,9 +111,11 @@ class FaultMatrixSubsetTests(TestCase):
         store over the cluster; a node restarted twice and more (this
         seed's kills hit n0, n2, n1, then n2 again), where nats-server
         seemed to panic: the lazy FS's doing (doc/reliability.rst, finding
-        18).
+        18).  12 s, not 8: a kill early in the run, under CI's load, once
+        left an 8 s run without any transaction acknowledged (its longest
+        unavailability in the matrix: 9.6 s).
         """
-        return self._deferred(self.check_class("kill9", "nats", "relink-tx"))
+        return self._deferred(self.check_class("kill9", "nats", "relink-tx", seconds=12.0))
 
     def test_nats_lumberjack_power_loss(self):
         """
