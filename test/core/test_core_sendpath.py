@@ -8,9 +8,9 @@ import socket
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet import defer, protocol, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet import defer, reactor
 from twisted.internet.interfaces import IPushProducer
+from twisted.internet.endpoints import TCP4ServerEndpoint
 from twisted.internet.task import deferLater
 from twisted.internet.testing import StringTransport
 from twisted.trial import unittest
@@ -21,20 +21,9 @@ from streamproto.core.sendpath import SocketSender
 from streamproto.log.batch import lengths_array
 from test.support.ciutil import missing
 from test.support.memnet import RecordingProducer
+from test.support.netutil import drain_socket, loopback_pair
 
 PREFIX = b"\x00\x01"
-
-
-def _drain(sock):
-    out = bytearray()
-    while True:
-        try:
-            chunk = sock.recv(1 << 16)
-        except BlockingIOError:
-            return bytes(out)
-        if not chunk:
-            return bytes(out)
-        out += chunk
 
 
 class SendFramesTests(unittest.SynchronousTestCase):
@@ -60,8 +49,8 @@ class SendFramesTests(unittest.SynchronousTestCase):
             while index < len(lengths):
                 index, skip, n = _speedups.send_frames(a.fileno(), lengths, data, prefix,
                                                        index, skip)
-                got += _drain(b)
-            got += _drain(b)
+                got += drain_socket(b)
+            got += drain_socket(b)
             self.assertEqual(bytes(got), expected)
         finally:
             a.close()
@@ -99,39 +88,13 @@ class SendFramesTests(unittest.SynchronousTestCase):
                           PREFIX, 0, 0)
 
 
-class _Collect(protocol.Protocol):
-    def __init__(self):
-        self.received = bytearray()
-        self.done = defer.Deferred()
-
-    def dataReceived(self, data):
-        self.received += data
-
-    def connectionLost(self, reason):
-        self.done.callback(bytes(self.received))
-
-
-class _ServerSide(protocol.Protocol):
-    def connectionMade(self):
-        self.factory.connected.callback(self)
-
-
 class SocketSenderTests(unittest.TestCase):
     """L{SocketSender} over a real loopback TCP connection."""
 
     timeout = 60
 
-    @defer.inlineCallbacks
     def connect(self):
-        factory = protocol.Factory.forProtocol(_ServerSide)
-        factory.connected = defer.Deferred()
-        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
-        self.addCleanup(port.stopListening)
-        client = _Collect()
-        yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
-            protocol.Factory.forProtocol(lambda: client))
-        server = yield factory.connected
-        return server, client
+        return loopback_pair(self)
 
     def test_usable(self):
         self.assertFalse(SocketSender.usable(StringTransport(), reactor))

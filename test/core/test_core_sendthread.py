@@ -8,32 +8,19 @@ import errno
 import os
 import socket
 
-from twisted.internet import defer, protocol, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
+from twisted.internet import defer, reactor
 from twisted.internet.task import deferLater
 from twisted.trial import unittest
 
 from streamproto.core import sendthread
 from streamproto.core.sendpath import SocketSender
 from test.support.ciutil import missing
-from test.support.netutil import readable
+from test.support.netutil import drain_socket, loopback_pair, readable, wait_until
 
 
 def _require():
     if sendthread._SendThread is None:
         missing("the C accelerator's SendThread (python setup.py build_ext, Linux)")
-
-
-def _drain(sock):
-    out = bytearray()
-    while True:
-        try:
-            chunk = sock.recv(1 << 16)
-        except BlockingIOError:
-            return bytes(out)
-        if not chunk:
-            return bytes(out)
-        out += chunk
 
 
 def _chunks(n, size):
@@ -87,7 +74,7 @@ class SendThreadTests(unittest.SynchronousTestCase):
             self.assertTrue(s.send(c))
         self.settle(s)
         self.assertEqual(s.inflight, 0)
-        self.assertEqual(_drain(self.b), b"".join(chunks))
+        self.assertEqual(drain_socket(self.b), b"".join(chunks))
         self.assertEqual(s.returned(), ([], 0))
 
     def test_what_would_block_comes_back_in_order(self):
@@ -104,7 +91,7 @@ class SendThreadTests(unittest.SynchronousTestCase):
         self.assertTrue(back)
         refused = chunks[len(accepted):]
         self.assertEqual(chunks[:len(accepted)], accepted)    # refused only at the end
-        sent = _drain(self.b)
+        sent = drain_socket(self.b)
         self.assertEqual(sent + b"".join(back) + b"".join(refused), b"".join(chunks))
         self.assertGreater(len(sent), 0)
         # blocked until the reactor has sent what came back
@@ -112,7 +99,7 @@ class SendThreadTests(unittest.SynchronousTestCase):
         self.assertTrue(s.unblock())
         self.assertTrue(s.send(b"later"))
         self.settle(s)
-        self.assertEqual(_drain(self.b), b"later")
+        self.assertEqual(drain_socket(self.b), b"later")
 
     def test_unblock_refused_while_something_is_held(self):
         self.a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
@@ -211,23 +198,6 @@ class SendThreadTests(unittest.SynchronousTestCase):
         self.assertEqual(s.inflight, 0)
 
 
-class _Collect(protocol.Protocol):
-    def __init__(self):
-        self.received = bytearray()
-        self.done = defer.Deferred()
-
-    def dataReceived(self, data):
-        self.received += data
-
-    def connectionLost(self, reason):
-        self.done.callback(bytes(self.received))
-
-
-class _ServerSide(protocol.Protocol):
-    def connectionMade(self):
-        self.factory.connected.callback(self)
-
-
 class NativeSocketSenderTests(unittest.TestCase):
     """L{SocketSender} made C{native}, over a real loopback TCP connection."""
 
@@ -236,17 +206,8 @@ class NativeSocketSenderTests(unittest.TestCase):
     def setUp(self):
         _require()
 
-    @defer.inlineCallbacks
     def connect(self):
-        factory = protocol.Factory.forProtocol(_ServerSide)
-        factory.connected = defer.Deferred()
-        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
-        self.addCleanup(port.stopListening)
-        client = _Collect()
-        yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
-            protocol.Factory.forProtocol(lambda: client))
-        server = yield factory.connected
-        return server, client
+        return loopback_pair(self)
 
     @defer.inlineCallbacks
     def test_small_writes_go_to_the_thread(self):
@@ -288,10 +249,7 @@ class NativeSocketSenderTests(unittest.TestCase):
         chunks = _chunks(600, 8000)     # more than both sockets' buffers hold
         for c in chunks:
             sender.write(c)
-        for _ in range(500):
-            if sender.pending:
-                break
-            yield deferLater(reactor, 0.01, lambda: None)
+        yield wait_until(lambda: sender.pending > 0)
         self.assertGreater(sender.pending, 0)           # it came back to the reactor
         self.assertFalse(sender.drained)
         sender.write(b"tail")                            # behind what came back
@@ -326,10 +284,7 @@ class NativeSocketSenderTests(unittest.TestCase):
             sender.write(c)
         sender.close()                      # the thread closes its descriptor after
         expected = b"".join(chunks)
-        for _ in range(1000):
-            if len(client.received) >= len(expected):
-                break
-            yield deferLater(reactor, 0.01, lambda: None)
+        yield wait_until(lambda: len(client.received) >= len(expected))
         server.transport.loseConnection()
         received = yield client.done
         self.assertEqual(received, expected)

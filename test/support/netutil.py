@@ -1,8 +1,9 @@
 """
 Small network helpers the tests share (the operations tests, the torture
 suite, the end-to-end tests): a free port, waiting for a condition on the
-real reactor, a raw client that keeps what the server sends, and whether
-a descriptor is readable.  No tests here.
+real reactor, a raw client that keeps what the server sends, a loopback
+TCP pair, reading a non-blocking socket dry, and whether a descriptor is
+readable.  No tests here.
 """
 
 import select
@@ -10,6 +11,7 @@ import socket
 import subprocess
 
 from twisted.internet import defer, protocol, reactor, task
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 
 from streamproto.core.tls import client_endpoint
 
@@ -20,6 +22,19 @@ def readable(fd, timeout):
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(timeout * 1000))
+
+
+def drain_socket(sock):
+    """Everything a non-blocking C{sock} holds now, up to its end."""
+    out = bytearray()
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except BlockingIOError:
+            return bytes(out)
+        if not chunk:
+            return bytes(out)
+        out += chunk
 
 
 def free_port():
@@ -94,6 +109,43 @@ class RawClient(protocol.Protocol):
         self.reason = reason   # a Failure: not handed to callback (it would errback)
         if not self.closed.called:   # a test may have cancelled its wait
             self.closed.callback(None)
+
+
+class Collect(protocol.Protocol):
+    """Keeps what it receives; C{done} fires with all of it at the end."""
+
+    def __init__(self):
+        self.received = bytearray()
+        self.done = defer.Deferred()
+
+    def dataReceived(self, data):
+        self.received += data
+
+    def connectionLost(self, reason):
+        self.done.callback(bytes(self.received))
+
+
+class _ServerSide(protocol.Protocol):
+    def connectionMade(self):
+        self.factory.connected.callback(self)
+
+
+@defer.inlineCallbacks
+def loopback_pair(testcase):
+    """
+    A TCP connection on 127.0.0.1 through the real reactor: fires with
+    (the server's protocol, a L{Collect} client).  The listening port is
+    closed at C{testcase}'s cleanup.
+    """
+    factory = protocol.Factory.forProtocol(_ServerSide)
+    factory.connected = defer.Deferred()
+    port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
+    testcase.addCleanup(port.stopListening)
+    client = Collect()
+    yield TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port).connect(
+        protocol.Factory.forProtocol(lambda: client))
+    server = yield factory.connected
+    return server, client
 
 
 def connect(port, client=None, tls=None):
