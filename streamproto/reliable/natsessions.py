@@ -33,11 +33,12 @@ The NATS client is asyncio: it runs on the bridge's loop thread
 (L{streamproto.log.bridge.AsyncioThreadBridge}); the reactor never waits.
 """
 
+import asyncio
 import json
 import random
 import re
 
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -264,9 +265,11 @@ class JetStreamSessionStore:
             except _Conflict:
                 # another front-end wrote first.  Wait a random moment
                 # before reading again: two front-ends that keep racing in
-                # step would otherwise keep the one that must re-read losing
-                yield task.deferLater(self.clock, random.uniform(0, CONFLICT_BACKOFF * 2 ** attempt),
-                                      lambda: None)
+                # step would otherwise keep the one that must re-read losing.
+                # The wait is on the bridge's loop, in real time: self.clock
+                # times the expiry and may be a test's Clock nobody advances
+                yield self._call(asyncio.sleep,
+                                 random.uniform(0, CONFLICT_BACKOFF * 2 ** attempt))
                 continue
             return outcomes
         raise StoreUnavailable(f"session {uuid}: {ATTEMPTS} conflicting changes in a row")

@@ -324,6 +324,21 @@ class JetStreamSessionStoreTests(SessionStoreTestsMixin, TestCase):
         self.assertEqual((yield b.after("s", 4)), Message(5, {"value": 5}))
 
     @defer.inlineCallbacks
+    def test_conflict_retries_on_a_stopped_clock(self):
+        """
+        A front-end whose image is stale loses its compare-and-set, waits a
+        moment and tries again.  The wait is real time: the store's clock
+        (here a Clock nobody advances) times only the expiry, so a retry
+        behind it would never come.
+        """
+        yield self.store.register("c", {"n": 0, "seen": []})
+        yield self.store.put("c", counting)          # this front-end holds revision 2
+        b = self.open()
+        self.assertEqual((yield b.put("c", counting)), Message(2, {"value": 2}))
+        # the image held here is now stale: the first write conflicts
+        self.assertEqual((yield self.store.put("c", counting)), Message(3, {"value": 3}))
+
+    @defer.inlineCallbacks
     def test_racing_front_ends_do_not_overwrite(self):
         """Puts through two front-ends at once: every id once, in order, no state lost."""
         yield self.store.register("r", {"n": 0, "seen": []})
