@@ -15,6 +15,7 @@ from streamproto.log.errors import (
     AppendConflict, LogNotFound, StoreUnavailable, WriteFailed,
 )
 from streamproto.log.jetstream import JetStreamLogStore
+from streamproto.log.natsio import WRONG_LAST_SEQUENCE
 from test.support.jetstream_fake import FakeJetStream, InlineBridge
 
 
@@ -416,6 +417,87 @@ class LateMessageTests(unittest.SynchronousTestCase):
         self.failureResultOf(c, AppendConflict)
         self.successResultOf(d)
         self.assertEqual(self.records(log), [b"a", b"b", b"d"])
+
+
+class RefusedYetStoredTests(unittest.SynchronousTestCase):
+    """
+    A refusal is no proof that a message is not stored (doc/reliability.rst,
+    finding 22): a stream leader cut off from the others refuses it (its
+    count includes the message it could not commit) while a route holds a
+    copy that the new leader stores once the partition heals.  The chain
+    must recognise that message wherever it learns it, and not send its
+    records again.
+    """
+
+    setUp = LateMessageTests.setUp
+    store = ChainTests.store
+    log = ChainTests.log
+    records = ChainTests.records
+    run_clock = ChainTests.run_clock
+
+    def refused_then_stored(self, deliver):
+        log = self.log(self.store())
+        self.successResultOf(log.append([b"e0"]))
+        self.io.faults.append("refused-late")
+        self.io.hold = True
+        self.io.deliver = deliver
+        d = log.append([b"e1"])
+        self.assertEqual(self.io.apply_late()[0].error, None)   # the new leader's copy
+        self.io.hold = False
+        self.io.release()                                        # the stale leader's refusal
+        self.io.deliver = True
+        self.io.deliver_now()
+        self.run_clock(1)
+        self.assertEqual(self.successResultOf(d).first_position, 1)
+        self.assertEqual(self.records(log), [b"e0", b"e1"])
+        self.successResultOf(log.append([b"e2"]))
+        self.assertEqual(self.records(log), [b"e0", b"e1", b"e2"])
+
+    def test_found_by_the_read_of_the_tail(self):
+        self.refused_then_stored(deliver=False)
+
+    def test_seen_by_the_follower_first(self):
+        self.refused_then_stored(deliver=True)
+
+    def test_found_past_a_long_gap(self):
+        """
+        Another front-end wrote more than the chain reads one by one: the
+        read of the tail skips to the newest snapshot, but still looks at
+        the one place where the refused message may stand.
+        """
+        log = self.log(self.store())
+        self.successResultOf(log.append([b"e0"]))
+        self.io.faults.append("refused-late")
+        self.io.hold = True
+        self.io.deliver = False
+        d = log.append([b"e1"])
+        self.io.apply_late()
+        other = self.log(self.store())
+        self.io.hold = False
+        for i in range(70):
+            self.successResultOf(other.append([b"x%d" % i]))
+        self.io.release()
+        self.run_clock(1)
+        self.assertEqual(self.successResultOf(d).first_position, 1)
+        self.io.deliver = True
+        self.io.deliver_now()
+        self.assertEqual(self.records(log).count(b"e1"), 1)
+
+    def test_refusals_against_the_tail_wait(self):
+        """
+        Refused for expecting the very tail the cluster reports (between two
+        leaders): the chain waits longer each time rather than asking again
+        at once, and the append goes through once the cluster agrees.
+        """
+        log = self.log(self.store())
+        self.io.faults.extend([WRONG_LAST_SEQUENCE] * 6)
+        d = log.append([b"e1"])
+        self.assertLessEqual(len(self.io.published), 3)     # marker, then one or two tries
+        self.run_clock(0.05)
+        self.assertLessEqual(len(self.io.published), 5)
+        self.run_clock(3)
+        self.successResultOf(d)
+        self.assertEqual(self.records(log), [b"e1"])
 
 
 class FakeClusterTestCase(unittest.SynchronousTestCase):

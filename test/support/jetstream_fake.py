@@ -93,7 +93,10 @@ class FakeJetStream:
         timeout), C{"timeout"} (not stored, a timeout), C{"late"} (a
         timeout, then stored when L{apply_late} is called, as a new leader
         applies what the old one had replicated: its expectations are
-        checked then), or a JetStream C{err_code} (refused with it).
+        checked then), C{"refused-late"} (refused as a stale leader does,
+        with a wrong last sequence, and stored when L{apply_late} is
+        called, as the new leader stores the copy a route held through a
+        partition), or a JetStream C{err_code} (refused with it).
     @ivar deliver: watchers get new messages at once (else on L{deliver_now}).
     """
 
@@ -236,6 +239,10 @@ class FakeJetStream:
         if fault == "late":
             self.late.append((subject, dict(headers), bytes(body)))
             outcome = PublishOutcome(error=NotAvailable("no publish acknowledgement"))
+        elif fault == "refused-late":
+            self.late.append((subject, dict(headers), bytes(body)))
+            outcome = PublishOutcome(error=JetStreamError(
+                "wrong last sequence", 400, WRONG_LAST_SEQUENCE))
         elif self.down or fault == "timeout":
             outcome = PublishOutcome(error=NotAvailable("no publish acknowledgement"))
         elif fault == "lose-ack":

@@ -27,6 +27,17 @@ of its messages were stored after all), and sends again, with fresh
 positions, the records of those that were not.  Every append is
 acknowledged within the store's C{timeout} or fails.
 
+A message not answered "stored" is a I{ghost} until its one possible
+place is taken: it expected sequence S, so it can only ever be stored at
+S + 1.  Not only a timed-out one: a refusal is no proof either.  While a
+stream leader is cut off, it refuses a message (its own count includes
+the message it could not commit) and forwards it on a route whose TCP
+connection holds it; once the partition heals, the new leader gets that
+copy and stores it (CI, doc/reliability.rst finding 22: the records it
+held were then sent again and stored twice).  So the chain recognises
+any message of its own wherever it learns the tail, and the tail's reads
+always look at the sequences where a ghost may stand.
+
 Kept apart from the log because it is the one part with state of its own
 (the queue, the messages in flight, those whose outcome is unknown): the
 log decides what the acknowledged state is, the chain only proposes.
@@ -66,8 +77,13 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-#: how long a message whose outcome was unknown may still turn up stored
+#: how long a message not known to be stored may still turn up stored (its
+#: slot taken by another message ends that sooner)
 GHOST_SECONDS = 300
+#: seconds: the first wait before asking again when the cluster refused a
+#: message expecting the very tail it reports (two leaders for a moment);
+#: each next one twice as long, at most a second
+FLUX_BACKOFF = 0.01
 
 
 @dataclass(slots=True, eq=False)
@@ -152,8 +168,11 @@ class AppendChain(LogPart):
         self._resync_running = False
         # msg id -> message whose outcome is unknown
         self._unresolved: dict[str, _Message] = {}
-        # msg id -> message reported failed, maybe stored later
+        # msg id -> message not answered "stored" (unknown or refused),
+        # which may be stored later at its one place (info.seq)
         self._ghosts: dict[str, _Message] = {}
+        # the wait before the next resynchronisation (see FLUX_BACKOFF)
+        self._flux_delay = 0.0
         self._pumping = False
         self.pending: set[_Append] = set()          # appends not settled yet
         self._deadline_call: IDelayedCall | None = None
@@ -323,12 +342,15 @@ class AppendChain(LogPart):
             self._confirm(message)
             return
         error = outcome.error
-        if message.seen is not None and isinstance(error, NotAvailable):
-            # its answer was lost, but it was seen stored: it is
+        if message.seen is not None:
+            # its answer was lost, or came from a leader that did not store
+            # it, but it was seen stored: it is
             message.info.seq = message.seen
             self._confirm(message)
             return
         message.error = error
+        # stored or not, it may still be stored at its place (module docstring)
+        self._ghosts[message.msg_id] = message
         if isinstance(error, NotAvailable):
             # a timeout or a lost connection: it may be stored or not
             message.outcome = "unknown"
@@ -354,6 +376,7 @@ class AppendChain(LogPart):
         docstring describes).
         """
         self._inflight = None
+        self._flux_delay = 0.0
         self._unresolved.pop(message.msg_id, None)
         message.outcome = "stored"
         self._log._learn(message.info)
@@ -371,12 +394,12 @@ class AppendChain(LogPart):
         position = info.position
         for chunk in message.chunks:
             a = chunk.append
+            first, position = position, position + len(chunk.lengths)
             if chunk.done:
                 continue
             chunk.done = True
             if chunk.index == 0:
-                a.first_position = position
-            position += len(chunk.lengths)
+                a.first_position = first
             a.done_chunks += 1
             a.last_seq = info.seq
             if a.done_chunks == len(a.chunks) and not a.failed and not a.deferred.called:
@@ -396,8 +419,14 @@ class AppendChain(LogPart):
         """One of our messages whose outcome we did not know is stored."""
         if info.msg_id is None:
             return
-        message = self._unresolved.pop(info.msg_id, None) or self._ghosts.pop(info.msg_id, None)
+        unresolved = self._unresolved.pop(info.msg_id, None)
+        message = self._ghosts.pop(info.msg_id, None) or unresolved
         if message is None:
+            if self._ghosts:
+                # a ghost whose place this message took can no longer be stored
+                for msg_id, ghost in list(self._ghosts.items()):
+                    if ghost.info.seq == info.seq:
+                        del self._ghosts[msg_id]
             # stored, and seen before its publish was answered (the
             # follower can be quicker than the ack): if that answer is then
             # lost, the message must not be sent again
@@ -406,9 +435,22 @@ class AppendChain(LogPart):
                 sent.seen = info.seq
             return
         if message.outcome != "stored":
+            # rare (a timeout, then the quorum stored it after all): said,
+            # so that a recovery can be followed in the log
+            log.info("log {name}: message {id}, whose outcome was unknown, is stored at "
+                     "{seq} (position {position})", name=self.name, id=info.msg_id,
+                     seq=info.seq, position=info.position)
             message.outcome = "stored"
             message.info.seq = info.seq
             self._complete(message)
+
+    def ghost_places(self, after: int, upto: int) -> list[int]:
+        """
+        The sequences in C{(after, upto]} where a message of ours not
+        known to be stored may stand: a read of the tail that skips
+        messages must still look at these.
+        """
+        return sorted({m.info.seq for m in self._ghosts.values() if after < m.info.seq <= upto})
 
     # -- recovery of the chain ------------------------------------------
     def _begin_resync(self, error: BaseException) -> None:
@@ -434,6 +476,9 @@ class AppendChain(LogPart):
 
     @defer.inlineCallbacks
     def _resync(self) -> _Inline[None]:
+        if self._flux_delay:
+            yield _sleep(self._clock, self._flux_delay)
+            self._expire()
         delay = 0.1
         while not self._log._closed:
             try:
@@ -459,21 +504,34 @@ class AppendChain(LogPart):
         # what was not stored goes again, in order, with fresh positions
         again: list[_Chunk] = []
         now = self.store.monotonic()
-        # a message whose outcome was unknown can still be applied by the
-        # quorum after the tail was read (then its records are not sent a
-        # third time); after GHOST_SECONDS it no longer can
+        # a message not known to be stored can still be stored after the
+        # tail was read (then its records are not sent a third time), but
+        # only at its own place: one the tail read has passed is taken (the
+        # read looked there), and after GHOST_SECONDS it is given up anyway
+        end_seq = self._log._end_seq
         for msg_id, m in list(self._ghosts.items()):
-            if now - m.sent_at > GHOST_SECONDS:
+            if m.info.seq <= end_seq or now - m.sent_at > GHOST_SECONDS:
                 del self._ghosts[msg_id]
         sent = self._inflight
+        if sent is not None and sent.outcome == "failed" and sent.info.seq == end_seq + 1 \
+                and sent.error is not None and sent.error.err_code in (
+                    WRONG_LAST_SEQUENCE, WRONG_LAST_MSG_ID):
+            # refused for expecting the very tail the cluster reports: it is
+            # between leaders.  Asking again at once made thousands of
+            # refusals a second (finding 22); wait a little, longer each time
+            self._flux_delay = min(max(2 * self._flux_delay, FLUX_BACKOFF), 1.0)
         if sent is not None and sent.outcome != "stored":
-            if sent.outcome == "unknown":
-                self._ghosts[sent.msg_id] = sent
             for chunk in sent.chunks:
                 if not chunk.done and not chunk.append.failed and chunk.append.deadline > now:
                     again.append(chunk)
         self._unresolved.clear()
         self._inflight = None
+        if sent is not None:
+            log.info("log {name}: tail at sequence {seq} (position {position}); message {id} "
+                     "{outcome}, {count} of its chunks sent again; {ghosts} may still be stored",
+                     name=self.name, seq=self._log._end_seq, position=self._log.end_position,
+                     id=sent.msg_id, outcome=sent.outcome, count=len(again),
+                     ghosts=sorted(self._ghosts))
         self._queue.extendleft(reversed(again))
         self._resyncing = False
         self._pump()

@@ -362,7 +362,16 @@ class JetStreamLog(GatedLog):
                 seq += 1
             self._learn(last_info)
             return
+        for seq in self._chain.ghost_places(self._end_seq, last_info.seq - 1):
+            # where a message of ours not known to be stored may stand: it
+            # is recognised there, or its place is seen taken
+            got = yield call(io.get, self.stream, seq)
+            if got is not None:
+                self._learn(self._decode(got))
         snapshot = yield self._latest_snapshot(last_info.seq)
+        log.info("log {name}: {gap} messages stored elsewhere since sequence {seq}: "
+                 "taking the tail at {last}", name=self.name, gap=last_info.seq - self._end_seq,
+                 seq=self._end_seq, last=last_info.seq)
         self._jump(last_info, snapshot)
 
     def _refresh(self) -> Deferred[None]:
