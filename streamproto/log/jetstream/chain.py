@@ -519,6 +519,10 @@ class AppendChain(LogPart):
             # refused for expecting the very tail the cluster reports: it is
             # between leaders.  Asking again at once made thousands of
             # refusals a second (finding 22); wait a little, longer each time
+            if not self._flux_delay:
+                log.info("log {name}: refused for expecting sequence {seq}, which the cluster "
+                         "reports as its tail (between two leaders?): trying again at "
+                         "growing intervals", name=self.name, seq=end_seq)
             self._flux_delay = min(max(2 * self._flux_delay, FLUX_BACKOFF), 1.0)
         if sent is not None and sent.outcome != "stored":
             for chunk in sent.chunks:
@@ -526,7 +530,8 @@ class AppendChain(LogPart):
                     again.append(chunk)
         self._unresolved.clear()
         self._inflight = None
-        if sent is not None:
+        if sent is not None and sent.outcome == "unknown":
+            # (a refusal is the usual race with another front-end: not said)
             log.info("log {name}: tail at sequence {seq} (position {position}); message {id} "
                      "{outcome}, {count} of its chunks sent again; {ghosts} may still be stored",
                      name=self.name, seq=self._log._end_seq, position=self._log.end_position,
