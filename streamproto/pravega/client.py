@@ -38,6 +38,7 @@ from streamproto.core.clock import default_reactor
 from streamproto.core.observer import Observers
 from streamproto.core.machine import ignore
 from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
+from streamproto.core.tcp import set_no_delay
 from streamproto.pravega import codec
 from streamproto.pravega.blocks import MAX_EVENT_SIZE, EventChunk, event_frames, pack_blocks
 from streamproto.pravega.codec import NULL_EVENT_NUMBER
@@ -80,6 +81,7 @@ class PravegaClientProtocol(Protocol):
         self.writer_requests = {}   # SetupAppend request id -> writer
 
     def connectionMade(self):
+        set_no_delay(self.transport)
         self.send(codec.Hello(codec.WIRE_VERSION, codec.OLDEST_COMPATIBLE_VERSION))
 
     def send(self, cmd):

@@ -32,6 +32,7 @@ from streamproto.core.observer import Observers
 from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, IAuthorizer
 from streamproto.core.interfaces import IGracefulShutdown
+from streamproto.core.tcp import set_no_delay
 from streamproto.log.errors import AppendConflict, LogError
 from streamproto.log.interfaces import ILogStore
 from streamproto.pravega import codec
@@ -102,6 +103,7 @@ class PravegaServerProtocol(Protocol):
 
     # -- connection ------------------------------------------------------
     def connectionMade(self):
+        set_no_delay(self.transport)
         self.peer = str(self.transport.getPeer())
         self.transport.registerProducer(self, True)
         self._producing = True

@@ -32,6 +32,7 @@ from streamproto.core.clock import default_reactor
 from streamproto.core.errors import describe
 from streamproto.core.idle import IdleTimeout, timeout_seconds
 from streamproto.core.reconnect import DEFAULT_JITTER, Reconnector, backoff_policy
+from streamproto.core.tcp import set_no_delay
 from streamproto.reliable import codec
 from streamproto.reliable.errors import (
     CRCMismatch,
@@ -158,6 +159,7 @@ class ReliableStreamClientProtocol(Protocol):
         self._server_leaving = False
 
     def connectionMade(self):
+        set_no_delay(self.transport)
         self._decoder = codec.LineDecoder(self.reconnector.max_line)
         self.transport.write(self.session.initial_message())
         self._idle.start()

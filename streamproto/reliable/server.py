@@ -30,6 +30,7 @@ from streamproto.core import metrics
 from streamproto.core.auth import ALLOW_ALL, IAuthorizer, connection_principals, denied
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.observer import OneShotObserver
+from streamproto.core.tcp import set_no_delay
 from streamproto.reliable import codec
 from streamproto.reliable.errors import ProtocolError, ReliableError, StoreUnavailable
 from streamproto.reliable.session import ISessionStore
@@ -112,6 +113,7 @@ class ReliableStreamServerProtocol(Protocol):
     # Connection
 
     def connectionMade(self):
+        set_no_delay(self.transport)
         f = self.factory
         self._decoder = codec.LineDecoder(f.max_line)
         self._clock = f.clock

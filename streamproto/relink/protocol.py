@@ -15,6 +15,7 @@ from twisted.internet.protocol import Protocol
 from zope.interface import implementer
 
 from streamproto.core.interfaces import IGracefulShutdown
+from streamproto.core.tcp import set_no_delay
 from streamproto.relink.connection_state import ConnectorState, IConnectionEffects, ListenerState
 
 
@@ -99,6 +100,7 @@ class _LinkedConnection(Protocol):
 
     # -- Twisted -------------------------------------------------------------
     def connectionMade(self):
+        set_no_delay(self.transport)
         self.state.connection_made()
 
     def dataReceived(self, data):

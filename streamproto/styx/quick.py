@@ -47,6 +47,7 @@ from streamproto.core.idle import IdleTimeout
 from streamproto.core.interfaces import IGracefulShutdown
 from streamproto.core.ops import IOutputCounter
 from streamproto.core.sendpath import SocketSender
+from streamproto.core.tcp import set_no_delay
 from streamproto.log.errors import RecordTooLarge
 from streamproto.styx import access, formats
 from streamproto.styx.errors import APIError, render_produced, report
@@ -282,6 +283,10 @@ class QuickChannel(Protocol):
 
     # -- connection ----------------------------------------------------------
     def connectionMade(self) -> None:
+        # answers are small and latency-bound: with Nagle's algorithm an
+        # answer waited for the ACK of the one before, which the client
+        # sends with its next request (doc/performance.rst, run M)
+        set_no_delay(self.transport)
         reactor = self.resource.reactor
         if SocketSender.usable(self.transport, reactor):
             # plain TCP: each answer goes out in one send, now, rather than

@@ -40,6 +40,7 @@ from streamproto.core.clock import default_reactor
 from streamproto.core.observer import Observers
 from streamproto.core.sweeper import shared_sweeper
 from streamproto.core.tls import client_endpoint, client_tls_options
+from streamproto.core.tcp import set_no_delay
 from streamproto.log.batch import RecordBatch
 from streamproto.styx.codec import (
     ACK, ERROR, HEARTBEAT_BYTES, HEARTBEAT_TYPE, MAX_WIRE_RECORD_SIZE, RECORD, Ack, ErrorCode,
@@ -142,6 +143,7 @@ class _StyxClientProtocol(Protocol):
         self._failure = None
 
     def connectionMade(self):
+        set_no_delay(self.transport)
         self.transport.write(self._head)
 
     def dataReceived(self, data):
