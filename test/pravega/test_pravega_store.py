@@ -108,7 +108,9 @@ class RestartTests(unittest.TestCase):
         w = SegmentWriter(ep, SEG, block_size=2000, retry_delay=0.02, max_retries=100)
         first = [b"first %d" % i for i in range(500)]
         yield w.write_batch(first)
-        second = [b"second %d" % i for i in range(2000)]
+        # large enough that it is still on its way when the server stops
+        # (2,000 records were all acknowledged first once Nagle was off)
+        second = [b"second %d" % i for i in range(20000)]
         pending = w.write_batch(second)
         # stop the server once part of the second batch is durable: its acks
         # are lost with the connection
@@ -117,9 +119,10 @@ class RestartTests(unittest.TestCase):
         size_first = log.end_offset
         while log.end_offset == size_first:
             yield task.deferLater(reactor, 0.001, lambda: None)
+        self.assertNoResult(pending)     # what this test is about: acks lost
         yield self.stop(abort=True)
         ep = yield self.start(port_number)
-        self.assertEqual((yield pending), 2499)
+        self.assertEqual((yield pending), 20499)
         yield w.close()
         self.assertGreaterEqual(w.connections, 2)
         out = io.BytesIO()
