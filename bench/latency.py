@@ -356,23 +356,22 @@ def run_styx(reactor, styx_servers, args, out):
 
     @defer.inlineCallbacks
     def http(load, port):
-        from twisted.internet import threads
         name = yield fresh_log("http", port)
+        acks = histogram()
+        if load is not None and args.client == "c":
+            from twisted.internet import threads
+            sent, lag = yield threads.deferToThread(
+                native_open_loop, args.openloop, port, name, load, args.seconds,
+                args.connections, args.size, acks)
+            return acks, None, sent, lag
         client = HTTPPipeline(reactor, port, name, args.connections)
         yield client.ready
         try:
             if load is None:
                 return (yield closed_loop(reactor, client.send, payload, args.max_seconds,
                                           args.in_flight))
-            acks = histogram()
-            if args.client == "c":
-                client.close()
-                sent, lag = yield threads.deferToThread(
-                    native_open_loop, args.openloop, port, name, load, args.seconds,
-                    args.connections, args.size, acks)
-            else:
-                sent, lag = yield open_loop(reactor, client.send, payload, load,
-                                            args.seconds, acks)
+            sent, lag = yield open_loop(reactor, client.send, payload, load, args.seconds,
+                                        acks)
             return acks, None, sent, lag
         finally:
             client.close()

@@ -9,48 +9,28 @@ ms, the delayed ACK, when no next request came); doc/performance.rst,
 run M.
 """
 
-import os
-import shutil
 import socket
-import tempfile
 
 from twisted.internet import defer, reactor
-from twisted.trial import unittest
 
-from test.support.netutil import connect
-from test.support.torture_harness import sleep
+from test.support.netutil import wait_until
 from test.torture.test_torture_abuse import (
-    lumberjack_factory, pravega_factory, relink_factory, styx_site,
+    AbuseCase, lumberjack_factory, pravega_factory, relink_factory, styx_site,
 )
-from test.torture.test_torture_faults import InProcessServer
 
 
-def reliable_factory(store):
-    from streamproto.reliable.server import ReliableStreamFactory
-    from streamproto.reliable.session import MemorySessionStore
-    return ReliableStreamFactory(MemorySessionStore(reactor), initial_timeout=5.0)
+class ServersTurnNagleOff(AbuseCase):
+    """Each server in-process on 127.0.0.1:0 (the abuse tests' harness)."""
 
-
-class ServersTurnNagleOff(unittest.TestCase):
     timeout = 30
-
-    def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="streamproto-nodelay-")
-        self.addCleanup(shutil.rmtree, self.dir, True)
 
     @defer.inlineCallbacks
     def no_delay_of_accepted(self, make_factory):
         """TCP_NODELAY of the server's side of one new connection."""
-        server = InProcessServer(self, os.path.join(self.dir, "data"), make_factory)
-        yield server.start()
-        self.addCleanup(server.stop)
-        client = yield connect(server.port)
-        self.addCleanup(client.transport.abortConnection)
-        for _ in range(200):
-            if server.wrapper.protocols:
-                break
-            yield sleep(reactor, 0.01)
-        [accepted] = server.wrapper.protocols
+        yield self.serve(make_factory)
+        yield self.raw()
+        yield wait_until(self.served_connections)
+        [accepted] = self.served_connections()
         handle = accepted.transport.getHandle()
         return handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
 
@@ -72,7 +52,12 @@ class ServersTurnNagleOff(unittest.TestCase):
 
     @defer.inlineCallbacks
     def test_reliable(self):
-        self.assertTrue((yield self.no_delay_of_accepted(reliable_factory)))
+        from streamproto.reliable.server import ReliableStreamFactory
+        from streamproto.reliable.session import MemorySessionStore
+        sessions = MemorySessionStore(reactor)
+        self.addCleanup(sessions.close)
+        self.assertTrue((yield self.no_delay_of_accepted(
+            lambda store: ReliableStreamFactory(sessions, initial_timeout=5.0))))
 
     @defer.inlineCallbacks
     def test_a_plain_factory_leaves_it_on(self):

@@ -435,7 +435,12 @@ class RefusedYetStoredTests(unittest.SynchronousTestCase):
     records = ChainTests.records
     run_clock = ChainTests.run_clock
 
-    def refused_then_stored(self, deliver):
+    def refused_append(self, deliver):
+        """
+        C{e0} stored, then C{e1}'s message refused (the refusal held back)
+        while its copy is stored (the new leader's); @return: (log, e1's
+        Deferred).
+        """
         log = self.log(self.store())
         self.successResultOf(log.append([b"e0"]))
         self.io.faults.append("refused-late")
@@ -443,6 +448,10 @@ class RefusedYetStoredTests(unittest.SynchronousTestCase):
         self.io.deliver = deliver
         d = log.append([b"e1"])
         self.assertEqual(self.io.apply_late()[0].error, None)   # the new leader's copy
+        return log, d
+
+    def refused_then_stored(self, deliver):
+        log, d = self.refused_append(deliver)
         self.io.hold = False
         self.io.release()                                        # the stale leader's refusal
         self.io.deliver = True
@@ -462,16 +471,10 @@ class RefusedYetStoredTests(unittest.SynchronousTestCase):
     def test_found_past_a_long_gap(self):
         """
         Another front-end wrote more than the chain reads one by one: the
-        read of the tail skips to the newest snapshot, but still looks at
+        read of the tail jumps to the newest snapshot, but still looks at
         the one place where the refused message may stand.
         """
-        log = self.log(self.store())
-        self.successResultOf(log.append([b"e0"]))
-        self.io.faults.append("refused-late")
-        self.io.hold = True
-        self.io.deliver = False
-        d = log.append([b"e1"])
-        self.io.apply_late()
+        log, d = self.refused_append(deliver=False)
         other = self.log(self.store())
         self.io.hold = False
         for i in range(70):

@@ -435,11 +435,12 @@ class AppendChain(LogPart):
                 sent.seen = info.seq
             return
         if message.outcome != "stored":
-            # rare (a timeout, then the quorum stored it after all): said,
+            # rare (a timeout or a refusal, then stored after all): said,
             # so that a recovery can be followed in the log
-            log.info("log {name}: message {id}, whose outcome was unknown, is stored at "
-                     "{seq} (position {position})", name=self.name, id=info.msg_id,
-                     seq=info.seq, position=info.position)
+            log.info("log {name}: message {id}, answered {outcome}, is stored at {seq} "
+                     "(position {position})", name=self.name, id=info.msg_id,
+                     outcome=message.outcome, seq=info.seq,
+                     position=info.position)
             message.outcome = "stored"
             message.info.seq = info.seq
             self._complete(message)
@@ -534,7 +535,7 @@ class AppendChain(LogPart):
             # (a refusal is the usual race with another front-end: not said)
             log.info("log {name}: tail at sequence {seq} (position {position}); message {id} "
                      "{outcome}, {count} of its chunks sent again; {ghosts} may still be stored",
-                     name=self.name, seq=self._log._end_seq, position=self._log.end_position,
+                     name=self.name, seq=end_seq, position=self._log.end_position,
                      id=sent.msg_id, outcome=sent.outcome, count=len(again),
                      ghosts=sorted(self._ghosts))
         self._queue.extendleft(reversed(again))

@@ -351,23 +351,20 @@ class JetStreamLog(GatedLog):
         last_info = self._decode(last)
         if last_info.seq <= self._end_seq:
             return
-        if resolving or last_info.seq - self._end_seq <= 64:
-            # read every header we have not seen: small gaps (or when our
-            # own messages may be there) one by one, in order
-            seq = self._end_seq + 1
-            while seq < last_info.seq:
-                got = yield call(io.get, self.stream, seq)
-                if got is not None:
-                    self._learn(self._decode(got))
-                seq += 1
-            self._learn(last_info)
-            return
-        for seq in self._chain.ghost_places(self._end_seq, last_info.seq - 1):
-            # where a message of ours not known to be stored may stand: it
-            # is recognised there, or its place is seen taken
+        whole = resolving or last_info.seq - self._end_seq <= 64
+        # the headers read one by one, in order: every one not seen yet
+        # (small gaps, or when our own messages may be there); else only
+        # where a message of ours not known to be stored may stand (it is
+        # recognised there, or its place is seen taken)
+        seqs = range(self._end_seq + 1, last_info.seq) if whole else \
+            self._chain.ghost_places(self._end_seq, last_info.seq - 1)
+        for seq in seqs:
             got = yield call(io.get, self.stream, seq)
             if got is not None:
                 self._learn(self._decode(got))
+        if whole:
+            self._learn(last_info)
+            return
         snapshot = yield self._latest_snapshot(last_info.seq)
         log.info("log {name}: {gap} messages stored elsewhere since sequence {seq}: "
                  "taking the tail at {last}", name=self.name, gap=last_info.seq - self._end_seq,
