@@ -30,7 +30,10 @@ keep C{transport.write}: L{SocketSender.usable} tells which.
 A sender made C{native} (small answers: Styx's quick path) hands its
 writes to the accelerator's send thread (L{streamproto.core.sendthread})
 while nothing waits in its own queue: the reactor thread copies an answer
-and goes on, the native thread makes the C{send}.  What the thread could
+and goes on, the native thread makes the C{send}.  (An C{eager} one sends
+the first write of each reactor turn itself, when the thread holds
+nothing of it: that one answer's latency is then not the thread's
+wake-up.)  What the thread could
 not send comes back, in order, before anything written since, and goes
 out the usual way; once that is all sent, the thread sends again.
 """
@@ -156,6 +159,17 @@ class SocketSender:
         if data and self.failed is None and self._fd is not None:
             native = self._native
             if native is not None and not self._queue and not self._held:
+                thread = self._native_thread
+                assert thread is not None
+                if self.eager and thread.direct_free and not native.inflight:
+                    # the turn's first write: on this thread (module docstring)
+                    thread.take_direct()
+                    self._queue.append(memoryview(data))
+                    self.pending += len(data)
+                    if not self._send() or not self._queue:
+                        return
+                    self._schedule()
+                    return
                 if native.send(data):
                     n = len(data)
                     self.sent += n

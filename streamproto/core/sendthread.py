@@ -20,6 +20,13 @@ then sends them itself, the usual way, and lets the thread send again
 once its own queue is empty.  A connection whose sends all go through
 costs no report at all.
 
+The first write of each reactor turn stays on the reactor thread
+(L{NativeSendThread.direct_free}): when the server is not busy, a turn
+answers one request, and handing that answer to the thread added the
+thread's wake-up (about 60 us on this machine) to its latency; when it
+is, one fsync's acknowledgements answer many requests in one turn, and
+all but the first go to the thread (doc/performance.rst, run N).
+
 One thread per reactor and process (L{for_reactor}); its eventfd is
 watched only while a connection uses it, so a server without such
 connections leaves nothing in the reactor.  A fork (twistd daemonizing)
@@ -67,6 +74,19 @@ class NativeSendThread:
         self._next_token = 0
         self._settled: dict[int, Callable[[], object]] = {}
         self._watching = False
+        #: whether this reactor turn's write on the reactor thread is still to come
+        self.direct_free = True
+
+    def take_direct(self) -> None:
+        """
+        A write of this turn goes out on the reactor thread: the next ones
+        go to the native thread, until the next turn.
+        """
+        self.direct_free = False
+        self._reactor.callLater(0, self._next_turn)  # type: ignore[attr-defined]
+
+    def _next_turn(self) -> None:
+        self.direct_free = True
 
     def socket(self, fd: int, on_settled: Callable[[], object]) -> Any:
         """

@@ -234,6 +234,62 @@ class NativeSocketSenderTests(unittest.TestCase):
         self.assertEqual(sender.sent, len(received))
 
     @defer.inlineCallbacks
+    def test_the_first_write_of_a_turn_is_sent_here(self):
+        """
+        An eager native sender sends a reactor turn's first write itself
+        (no wake-up of the thread in that answer's latency) and hands the
+        turn's others to the thread; the next turn's first is its own
+        again.
+        """
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor, eager=True, native=True)
+        handed = []
+
+        class Spy:
+            """The native socket, its sends recorded."""
+
+            def __init__(self, native):
+                self._native = native
+
+            def send(self, data):
+                handed.append(bytes(data))
+                return self._native.send(data)
+
+            def __getattr__(self, name):
+                return getattr(self._native, name)
+        sender._native = Spy(sender._native)
+        yield deferLater(reactor, 0, lambda: None)   # a turn of its own
+        sender.write(b"first")
+        sender.write(b"second")
+        sender.write(b"third")
+        self.assertEqual(handed, [b"second", b"third"])
+        yield sender.when_drained()
+        yield deferLater(reactor, 0, lambda: None)
+        sender.write(b"next")
+        self.assertEqual(handed, [b"second", b"third"])
+        sender.close()
+        server.transport.loseConnection()
+        self.assertEqual((yield client.done), b"firstsecondthirdnext")
+
+    @defer.inlineCallbacks
+    def test_writes_across_turns_keep_their_order(self):
+        """
+        A turn's first write goes out here only when the thread holds
+        nothing of the connection: it never overtakes an earlier one.
+        """
+        server, client = yield self.connect()
+        sender = SocketSender(server.transport, reactor, eager=True, native=True)
+        chunks = _chunks(600, 400)
+        for i in range(0, len(chunks), 3):
+            for c in chunks[i:i + 3]:
+                sender.write(c)
+            yield deferLater(reactor, 0, lambda: None)
+        yield sender.when_drained()
+        sender.close()
+        server.transport.loseConnection()
+        self.assertEqual((yield client.done), b"".join(chunks))
+
+    @defer.inlineCallbacks
     def test_a_slow_reader_gets_every_byte_once_in_order(self):
         """
         The client stops reading: the thread blocks, what it did not send

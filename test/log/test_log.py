@@ -528,7 +528,7 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         """
         Appends that acknowledgements make (each keep-alive connection's
         next request, parsed once its answer went out) share one fsync,
-        started once every acknowledgement ran: not one fsync for the
+        handed over once every acknowledgement ran: not one fsync for the
         first and another for the rest.
         """
         runner = HeldJobs()
@@ -541,7 +541,7 @@ class FileStoreTests(StoreBehaviour, unittest.SynchronousTestCase):
         for record in (b"a", b"b", b"c"):
             log.append([record]).addCallback(
                 lambda _, r=record: nexts.append(log.append([r + b"2"])))
-        runner.run()                      # x's fsync; then one for a, b and c
+        runner.run()                      # x's fsync; then one run for a, b and c
         self.assertEqual(len(runner.jobs), 1)
         runner.run()                      # a, b, c acknowledged: each appends
         self.assertEqual(len(nexts), 3)

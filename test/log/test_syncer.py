@@ -80,6 +80,127 @@ class ChoiceTests(SynchronousTestCase):
             self.successResultOf(store.close())
 
 
+class ThreadSyncerLaneTests(SynchronousTestCase):
+    """
+    L{ThreadSyncer}'s lanes, on a runner that holds each run until the
+    test lets it finish: the same order and merging as the native threads.
+    """
+
+    def setUp(self):
+        self.runs = []
+
+        def run_blocking(f, fds, directory):
+            d = defer.Deferred()
+            self.runs.append((fds, directory, d))
+            return d
+        self.syncer = ThreadSyncer(run_blocking, FileIO())
+
+    def test_what_waits_for_a_lane_runs_as_one_after_it(self):
+        fired = []
+        a = self.syncer.sync([3], None, lane=1).addCallback(lambda _: fired.append("a"))
+        b = self.syncer.sync([3, 4], None, lane=1).addCallback(lambda _: fired.append("b"))
+        c = self.syncer.sync([4, 5], "/logs/x", lane=1).addCallback(lambda _: fired.append("c"))
+        other = self.syncer.sync([9], None, lane=2)
+        alone = self.syncer.sync([8], None)
+        self.assertEqual([(fds, directory) for fds, directory, _ in self.runs],
+                         [([3], None), ([9], None), ([8], None)])
+        self.runs[0][2].callback(None)
+        self.assertEqual(fired, ["a"])
+        # b and c: each file once, in order, then the directory
+        self.assertEqual(self.runs[3][:2], ([3, 4, 5], "/logs/x"))
+        self.runs[3][2].callback(None)
+        self.assertEqual(fired, ["a", "b", "c"])
+        for d in (a, b, c):
+            self.successResultOf(d)
+        self.assertNoResult(other)
+        self.assertNoResult(alone)
+        # the lane is free again: the next sync runs at once
+        self.syncer.sync([3], None, lane=1)
+        self.assertEqual(len(self.runs), 5)
+
+    def test_a_failed_run_fails_every_sync_in_it(self):
+        self.syncer.sync([3], None, lane=1)
+        b = self.syncer.sync([3], None, lane=1)
+        c = self.syncer.sync([3], None, lane=1)
+        self.runs[0][2].callback(None)
+        self.runs[1][2].errback(OSError(5, "EIO"))
+        self.assertEqual(self.failureResultOf(b, OSError).value.errno, 5)
+        self.assertEqual(self.failureResultOf(c, OSError).value.errno, 5)
+
+
+class LogLaneTests(SynchronousTestCase):
+    """
+    A file log hands each group commit to the syncer as soon as it has
+    written it, on the log's lane, rather than after the one before is
+    done: the syncer starts it the moment that one ends.
+    """
+
+    def test_appends_are_handed_over_while_an_fsync_runs(self):
+        d = self.mktemp()
+        store = FileLogStore(d, run_blocking=synchronous)
+        self.addCleanup(lambda: self.successResultOf(store.close()))
+        runs = []
+
+        def held(f, *args):
+            done = defer.Deferred()
+            runs.append((f, args, done))
+            return done
+        lanes = []
+
+        class Spy(ThreadSyncer):
+            def sync(self, fds, directory, lane=0):
+                lanes.append(lane)
+                return super().sync(fds, directory, lane)
+        store._syncer = Spy(held, FileIO())
+        log = self.successResultOf(store.create("a"))
+        del lanes[:], runs[:]     # the creation's own sync, if any
+        acks = [log.append([b"record-%d" % i]) for i in range(3)]
+        # three syncs handed over at once, on one lane, one of them running
+        self.assertEqual(len(lanes), 3)
+        self.assertEqual(len(set(lanes)), 1)
+        self.assertGreater(lanes[0], 0)
+        self.assertEqual(len(runs), 1)
+
+        def finish(run):
+            f, args, done = run
+            f(*args)
+            done.callback(None)
+        finish(runs[0])
+        self.assertEqual(self.successResultOf(acks[0]).end_position, 1)
+        self.assertNoResult(acks[1])
+        self.assertNoResult(acks[2])
+        # what waited runs as one
+        self.assertEqual(len(runs), 2)
+        finish(runs[1])
+        self.assertEqual([self.successResultOf(a).end_position for a in acks[1:]], [2, 3])
+        self.assertEqual(log.info()["end_position"], 3)
+
+    def test_a_failed_fsync_fails_what_was_handed_over_after_it(self):
+        d = self.mktemp()
+        store = FileLogStore(d, run_blocking=synchronous)
+        self.addCleanup(lambda: store.close())
+        runs = []
+
+        def held(f, *args):
+            done = defer.Deferred()
+            runs.append(done)
+            return done
+        store._syncer = ThreadSyncer(held, FileIO())
+        log = self.successResultOf(store.create("a"))
+        del runs[:]
+        first = log.append([b"one"])
+        second = log.append([b"two"])
+        runs[0].errback(OSError(5, "EIO"))
+        self.failureResultOf(first)
+        self.failureResultOf(second)
+        # the run that waited may succeed: nothing of a failed log is
+        # acknowledged after its first failed fsync
+        self.assertEqual(len(runs), 2)
+        runs[1].callback(None)
+        self.assertEqual(log.info()["end_position"], 0)
+        self.assertEqual(log.info()["status"], "tainted")
+
+
 class NativeSyncerTests(TestCase):
     def setUp(self):
         require_native()
@@ -138,7 +259,81 @@ class NativeSyncerTests(TestCase):
         self.assertIsNone(self.syncer._native)
         self.assertRaises(RuntimeError, self.syncer.sync, [self.file.fileno()], None)
 
+    def dirty_file(self, directory, mib=64):
+        """A file with C{mib} MiB not yet synced: its fsync takes a while."""
+        f = open(os.path.join(directory, "big"), "wb", buffering=0)
+        self.addCleanup(f.close)
+        chunk = b"x" * (1 << 20)
+        for _ in range(mib):
+            f.write(chunk)
+        return f
+
+    def completions(self, native, count):
+        done = []
+        while len(done) < count:
+            self.assertTrue(readable(native.fileno(), 60))
+            done += native.completed()
+        return done
+
+    def test_a_lane_runs_in_order_and_merges_what_waits(self):
+        """
+        A lane's jobs given while its first one runs wait for it, then run
+        as one (the first of them timed, the others merged: -1 seconds); a
+        job on no lane runs beside them, on the other thread, and is done
+        first.
+        """
+        native = syncer._Syncer(2)
+        self.addCleanup(native.close)
+        d = self.mktemp()
+        os.makedirs(d)
+        small = open(os.path.join(d, "small"), "wb")
+        self.addCleanup(small.close)
+        os.fsync(small.fileno())     # nothing left to sync: its fsync is quick
+        big = self.dirty_file(d)
+        first = native.submit([big.fileno()], None, 7)
+        second = native.submit([big.fileno()], None, 7)
+        third = native.submit([small.fileno(), big.fileno()], d, 7)
+        alone = native.submit([small.fileno()], None)
+        done = self.completions(native, 4)
+        self.assertEqual([job for job, _, _ in done], [alone, first, second, third])
+        self.assertEqual([error for _, error, _ in done], [0] * 4)
+        seconds = {job: s for job, _, s in done}
+        self.assertGreater(seconds[first], 0)
+        self.assertEqual(seconds[third], -1)
+
+    def test_a_merged_run_fails_every_job_in_it(self):
+        """
+        The jobs of one run share its outcome: a bad descriptor in one
+        fails the others merged with it (and they complete in order).
+        """
+        native = syncer._Syncer(1)
+        self.addCleanup(native.close)
+        d = self.mktemp()
+        os.makedirs(d)
+        big = self.dirty_file(d)
+        first = native.submit([big.fileno()], None, 3)
+        second = native.submit([10 ** 6], None, 3)   # EBADF
+        third = native.submit([big.fileno()], None, 3)
+        done = self.completions(native, 3)
+        self.assertEqual([job for job, _, _ in done], [first, second, third])
+        # runs: each starts with a timed job, merged ones follow (-1)
+        runs = []
+        for job, error, seconds in done:
+            if seconds >= 0:
+                runs.append([])
+            runs[-1].append((job, error))
+        for run in runs:
+            self.assertEqual(len({error for _, error in run}), 1, run)
+        errors = dict((job, error) for run in runs for job, error in run)
+        self.assertEqual(errors[second], 9)
+        self.assertEqual(errors[third], 9)   # given while the lane ran: merged with second
+
     def test_bad_arguments(self):
+        from streamproto._speedups import Syncer
+        native = Syncer(1)
+        self.addCleanup(native.close)
+        self.assertRaises(ValueError, native.submit, [], None, -1)
+        self.assertRaises(TypeError, native.submit, [], None, "lane")
         self.assertRaises(ValueError, self.syncer.sync, [-1], None)
         self.assertRaises(TypeError, self.syncer.sync, ["x"], None)
         self.assertRaises(TypeError, self.syncer.sync, 5, None)
@@ -226,6 +421,7 @@ class StoreOnNativeThreadsTests(TestCase):
         log = yield store.create("events")
         yield log.append([b"first"])
         real = store._syncer.sync
-        self.patch(store._syncer, "sync", lambda fds, directory: real([10 ** 6], directory))
+        self.patch(store._syncer, "sync",
+                   lambda fds, directory, lane: real([10 ** 6], directory, lane))
         yield self.assertFailure(log.append([b"second"]), Exception)
         self.assertIsNotNone(log.failed)
