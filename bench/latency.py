@@ -13,6 +13,7 @@ fsync on the same disk.
     python bench/latency.py --store nats          # a 3-node JetStream cluster, R3, sync always
     python bench/latency.py --go-server /path/to/styx-server   # the reference, beside ours
     python bench/latency.py --targets styx0 --baseline ../old-checkout   # before/after
+    python bench/latency.py --targets http --client c --floor   # and what the machine allows
 
 How it measures (open loop, coordinated omission corrected): first the
 server's maximum rate for each target is measured closed loop (as many
@@ -58,6 +59,13 @@ the same counting from the planned time, without the Python client's own
 lateness (2.4-3.6 ms send lag at p99 against servers whose p99 differed
 by 0.3 ms: doc/performance.rst).  The maximum is still the Python
 client's closed loop, so that the offered rates stay comparable.
+
+C{--floor}: the HTTP rows against C{bench/floor.c} too, a server in C
+that does the least a server can (one thread; each wake-up appends the
+bodies of the complete requests to one file, fsyncs it once, then sends
+the same fixed answer to each): what this machine allows a server
+answering after the fsync, beside which the goal "p99 within twice one
+fsync" can be judged.
 """
 
 import argparse
@@ -282,6 +290,14 @@ def build_openloop(directory):
     return binary
 
 
+def build_floor(directory):
+    """C{bench/floor.c} compiled into C{directory}; @return: its path."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "floor.c")
+    binary = os.path.join(directory, "floor")
+    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", binary, source], check=True)
+    return binary
+
+
 def native_open_loop(binary, port, name, rate, seconds, connections, size, acks):
     """
     One load sent by C{bench/openloop.c} (blocking: run in a thread), each
@@ -318,7 +334,8 @@ def run_styx(reactor, styx_servers, args, out):
     @defer.inlineCallbacks
     def fresh_log(tag, port):
         name = f"lat-{tag}-{uuid.uuid4().hex[:8]}"
-        yield apis[port].create_log(name)
+        if port != args.floor_port:     # the floor appends any body to one file
+            yield apis[port].create_log(name)
         return name
 
     @defer.inlineCallbacks
@@ -478,6 +495,8 @@ def run_styx(reactor, styx_servers, args, out):
     def go():
         for label, run in targets:
             servers = styx_servers if run in styx_targets else styx_servers[:1]
+            if run is not http:     # the floor speaks HTTP produce only
+                servers = [(t, p) for t, p in servers if p != args.floor_port]
             maxima = []
             for title, port in servers:
                 maximum = yield run(None, port)
@@ -595,6 +614,10 @@ def main(argv=None):
     p.add_argument("--client", choices=("python", "c"), default="python",
                    help="who sends the HTTP loads: the Twisted client (default) or "
                         "bench/openloop.c, built here with cc (no client lateness of its own)")
+    p.add_argument("--floor", action="store_true",
+                   help="HTTP also against bench/floor.c (built here with cc): the least a "
+                        "server can do for a request answered after its fsync, what the "
+                        "machine allows")
     p.add_argument("--fsync-samples", type=int, default=500)
     p.add_argument("--data", help="directory for the stores (default: a temporary one)")
     p.add_argument("--store", choices=("file", "nats"), default="file",
@@ -649,6 +672,15 @@ def main(argv=None):
             started.append(gorefs.go_styx_server(args.go_server, go_port,
                                                  os.path.join(directory, "go")))
             styx_servers.append(("the Go reference styx-server (file store)", go_port))
+        args.floor_port = None
+        if args.floor:
+            args.floor_port = gorefs.free_port()
+            started.append(subprocess.Popen(
+                [build_floor(directory), str(args.floor_port),
+                 os.path.join(directory, "floor.log")]))
+            gorefs.wait_port(args.floor_port)
+            styx_servers.append(("the floor: bench/floor.c (write, one fsync a wake-up, "
+                                 "a fixed answer)", args.floor_port))
         args.lj_port = args.pravega_port = args.relink_port = args.reliable_port = None
         if "lumberjack" in args.targets:
             lj_server, args.lj_port = start_ours(directory, store, "lumberjack-server")

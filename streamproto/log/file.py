@@ -383,9 +383,6 @@ class FileLog(GatedLog):
         done = []
         while pending and pending[0].seq <= seq:
             done.append(pending.popleft())
-        if done:
-            metrics.GROUP_COMMIT_APPENDS.observe(len(done))
-        self._seal_and_retain()
         self._acking = True
         try:
             for p in done:
@@ -394,6 +391,10 @@ class FileLog(GatedLog):
             self._offset_waiters.advance(w_off)
         finally:
             self._acking = False
+        # after the acknowledgements, not in their latency
+        if done:
+            metrics.GROUP_COMMIT_APPENDS.observe(len(done))
+        self._seal_and_retain()
         # what the acknowledged clients sent next (a keep-alive connection's
         # next request, parsed when its answer went out) shares one fsync,
         # handed over once the last sync out is acknowledged: syncs that

@@ -131,12 +131,30 @@ class ThreadSyncer:
         pass
 
 
+#: bumped in a forked child: a native syncer made before belongs to the
+#: parent (its threads did not come along).  Asking C{os.getpid()} at
+#: every sync instead was a system call a group commit.
+_forks = 0
+
+
+def _forked() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 @implementer(IReadDescriptor)
 class NativeSyncer:
     """
     The fsyncs on the accelerator's native threads; their completions read
-    from its eventfd on the reactor thread.  The eventfd is watched only
-    while a job is out, so an idle store leaves nothing in the reactor.
+    from its eventfd on the reactor thread.  The eventfd is watched from
+    the first sync until the syncer closes: adding and removing it around
+    every group commit, as it first was, cost two C{epoll_ctl} calls each,
+    on a quiet server as much of the reactor's time as the answer's send
+    (doc/performance.rst, run N).
 
     A fork (twistd daemonizing after the store opened) keeps no thread: the
     first sync in the new process starts a new native syncer.
@@ -148,7 +166,8 @@ class NativeSyncer:
         self._reactor = reactor
         self._max_threads = max_threads
         self._native: Any = None
-        self._pid = -1
+        #: the process the native syncer was made in (L{_forks} then)
+        self._generation = -1
         self._out: dict[int, Deferred[None]] = {}
         #: the eventfd the reactor watches (kept: the reactor finds a
         #: reader by the descriptor it was added with)
@@ -159,10 +178,11 @@ class NativeSyncer:
     def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0) -> Deferred[None]:
         if self._closed:
             raise RuntimeError("sync() on a closed NativeSyncer")
-        if self._native is None or self._pid != os.getpid():
+        if self._native is None or self._generation != _forks:
             assert _Syncer is not None
-            self._native, self._pid = _Syncer(self._max_threads), os.getpid()
-            self._out, self._watching = {}, False
+            self._unwatch()     # a forked child's copy of the parent's eventfd
+            self._native, self._generation = _Syncer(self._max_threads), _forks
+            self._out = {}
         job = self._native.submit(fds, directory, lane)
         d: Deferred[None] = Deferred()
         self._out[job] = d
@@ -186,10 +206,8 @@ class NativeSyncer:
         # client may append (and sync) again, or close the store, inside it
         done = [(self._out.pop(job), error, seconds)
                 for job, error, seconds in self._native.completed()]
-        if not self._out:
-            self._unwatch()
-            if self._closed:
-                self._stop()
+        if not self._out and self._closed:
+            self._stop()
         for d, error, seconds in done:
             if error:
                 d.errback(Failure(OSError(error, os.strerror(error))))
@@ -199,7 +217,9 @@ class NativeSyncer:
                 d.callback(None)
 
     def connectionLost(self, reason: Failure) -> None:
-        pass
+        # removed by the reactor (removeAll at shutdown): watched again at
+        # the next sync
+        self._watching = False
 
     def logPrefix(self) -> str:
         return "fsync"

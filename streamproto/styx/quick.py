@@ -208,13 +208,14 @@ class AppendBatcher:
 
     def _done(self, result: Any, the_log: Any, records: list[bytes],
               waiting: list["Deferred[Any]"]) -> None:
-        if self.on_appended is not None and not isinstance(result, Failure):
-            self.on_appended(the_log.name, len(records), sum(map(len, records)))
         for d in waiting:
             if isinstance(result, Failure):
                 d.errback(result)
             else:
                 d.callback(result)
+        # counted once the answers are out: not in their latency
+        if self.on_appended is not None and not isinstance(result, Failure):
+            self.on_appended(the_log.name, len(records), sum(map(len, records)))
 
 
 class _Answer:

@@ -211,6 +211,7 @@ class NativeSyncerTests(TestCase):
 
     @defer.inlineCallbacks
     def test_fsyncs_fire_on_the_reactor_and_leave_nothing_watched(self):
+        self.assertNotIn(self.syncer, reactor.getReaders())
         before = fsync_count()
         os.write(self.file.fileno(), b"data")
         results = yield defer.gatherResults([
@@ -218,7 +219,10 @@ class NativeSyncerTests(TestCase):
         ] + [self.syncer.sync([self.file.fileno()], os.path.dirname(self.file.name))])
         self.assertEqual(results, [None] * 6)
         self.assertEqual(fsync_count() - before, 6)
-        # the eventfd is watched only while a job is out
+        # the eventfd stays watched until the syncer closes (no epoll_ctl
+        # pair a group commit), then nothing is left in the reactor
+        self.assertIn(self.syncer, reactor.getReaders())
+        self.syncer.close()
         self.assertNotIn(self.syncer, reactor.getReaders())
 
     @defer.inlineCallbacks
@@ -238,10 +242,23 @@ class NativeSyncerTests(TestCase):
     def test_a_new_process_gets_new_threads(self):
         yield self.syncer.sync([self.file.fileno()], None)
         first = self.syncer._native
-        self.syncer._pid = -1     # what a fork leaves: the pid it was made in
+        self.syncer._generation = -1     # what a fork leaves: made before it
         yield self.syncer.sync([self.file.fileno()], None)
         self.assertIsNot(self.syncer._native, first)
+        # watched once, by the new eventfd
+        self.assertEqual(self.syncer.fileno(), self.syncer._native.fileno())
+        self.assertIn(self.syncer, reactor.getReaders())
         first.close()
+
+    def test_a_fork_is_noticed(self):
+        """The child of a fork counts it: its first sync makes new threads."""
+        before = syncer._forks
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if syncer._forks == before + 1 else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(syncer._forks, before)
 
     @defer.inlineCallbacks
     def test_close_with_jobs_out_reports_them_first(self):
