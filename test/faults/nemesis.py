@@ -193,6 +193,10 @@ class Nemesis:
     C{(seconds since start, description)} of each, for the run's report.
     """
 
+    #: the shortest run given a nemesis: its first fault comes in it
+    #: (after a gap of at most 2 s)
+    MIN_DURATION = 2.5
+
     def __init__(self, reactor, rng, faults, target, duration, gap=(0.5, 2.0)):
         self.reactor = reactor
         self.rng = rng
