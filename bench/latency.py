@@ -282,18 +282,10 @@ def open_loop(reactor, send, payload, rate, seconds, acks, lag=None, send_many=N
     return done
 
 
-def build_openloop(directory):
-    """C{bench/openloop.c} compiled into C{directory}; @return: its path."""
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openloop.c")
-    binary = os.path.join(directory, "openloop")
-    subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", binary, source], check=True)
-    return binary
-
-
-def build_floor(directory):
-    """C{bench/floor.c} compiled into C{directory}; @return: its path."""
-    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "floor.c")
-    binary = os.path.join(directory, "floor")
+def build_c(directory, name):
+    """C{bench/NAME.c} compiled into C{directory}; @return: its path."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".c")
+    binary = os.path.join(directory, name)
     subprocess.run([os.environ.get("CC", "cc"), "-O2", "-o", binary, source], check=True)
     return binary
 
@@ -638,7 +630,7 @@ def main(argv=None):
     directory = args.data or tempfile.mkdtemp(prefix="latency-bench-")
     os.makedirs(directory, exist_ok=True)
 
-    args.openloop = build_openloop(directory) if args.client == "c" else None
+    args.openloop = build_c(directory, "openloop") if args.client == "c" else None
     fsync = fsync_latency(directory, args.size, args.fsync_samples)
     f50, f99, _, fmax = summary(fsync)
     print(f"one fsync of a {args.size} B append in {directory}: p50 {f50:.2f} ms, "
@@ -676,7 +668,7 @@ def main(argv=None):
         if args.floor:
             args.floor_port = gorefs.free_port()
             started.append(subprocess.Popen(
-                [build_floor(directory), str(args.floor_port),
+                [build_c(directory, "floor"), str(args.floor_port),
                  os.path.join(directory, "floor.log")]))
             gorefs.wait_port(args.floor_port)
             styx_servers.append(("the floor: bench/floor.c (write, one fsync a wake-up, "

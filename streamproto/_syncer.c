@@ -160,15 +160,27 @@ static int lane_busy(shared *s, long long lane) {
     return 0;
 }
 
-/* Take the first job a thread may run (its lane not running) off the
- * queue, with every later job of its lane, linked in order; NULL when
- * there is none.  Called with s->lock held. */
-static job *take_run(shared *s) {
-    job *prev = NULL, *j = s->todo;
-    while (j && lane_busy(s, j->lane)) {
-        prev = j;
-        j = j->next;
+/* The first job on the queue a thread may run now (its lane not
+ * running), or NULL; *prev (when given) is the job before it, or NULL.
+ * Called with s->lock held. */
+static job *first_free(shared *s, job **prev) {
+    job *p = NULL;
+    for (job *j = s->todo; j; p = j, j = j->next) {
+        if (!lane_busy(s, j->lane)) {
+            if (prev)
+                *prev = p;
+            return j;
+        }
     }
+    return NULL;
+}
+
+/* Take the first job a thread may run off the queue, with every later
+ * job of its lane, linked in order; NULL when there is none.  Called with
+ * s->lock held. */
+static job *take_run(shared *s) {
+    job *prev;
+    job *j = first_free(s, &prev);
     if (!j)
         return NULL;
     job *run = NULL, **tail = &run;
@@ -195,14 +207,6 @@ static job *take_run(shared *s) {
     return run;
 }
 
-/* Whether a job on the queue could run now.  Called with s->lock held. */
-static int runnable(shared *s) {
-    for (job *j = s->todo; j; j = j->next)
-        if (!lane_busy(s, j->lane))
-            return 1;
-    return 0;
-}
-
 static void *worker(void *arg) {
     shared *s = (shared *)arg;
     pthread_mutex_lock(&s->lock);
@@ -221,7 +225,7 @@ static void *worker(void *arg) {
             break;              /* closing, and nothing left to sync */
         s->busy[slot] = run->lane;
         /* more than this run may be waiting for a thread */
-        if (s->idle && runnable(s))
+        if (s->idle && first_free(s, NULL))
             pthread_cond_signal(&s->wake);
         pthread_mutex_unlock(&s->lock);
         run_jobs(run);

@@ -162,28 +162,24 @@ class SocketSender:
                 thread = self._native_thread
                 assert thread is not None
                 if self.eager and thread.direct_free and not native.inflight:
-                    # the turn's first write: on this thread (module docstring)
+                    # the turn's first write: sent on this thread, below
+                    # (module docstring)
                     thread.take_direct()
-                    self._queue.append(memoryview(data))
-                    self.pending += len(data)
-                    if not self._send() or not self._queue:
-                        return
-                    self._schedule()
-                    return
-                if native.send(data):
+                elif native.send(data):
                     n = len(data)
                     self.sent += n
                     if self._on_sent is not None:
                         self._on_sent(n)
                     return
-                # the thread blocked this connection: what it did not
-                # send comes back first (now, or when it settles)
-                self._held = True
-                self._queue.append(memoryview(data))
-                self.pending += len(data)
-                self._schedule()
-                self._native_settled()
-                return
+                else:
+                    # the thread blocked this connection: what it did not
+                    # send comes back first (now, or when it settles)
+                    self._held = True
+                    self._queue.append(memoryview(data))
+                    self.pending += len(data)
+                    self._schedule()
+                    self._native_settled()
+                    return
             eager = self.eager and not self._queue
             self._queue.append(memoryview(data))
             self.pending += len(data)

@@ -46,6 +46,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from streamproto.base.durable import DirectoryIO
+from streamproto.base.observer import Observers
 from streamproto.base.speedups import speedups
 from streamproto.log import metrics
 
@@ -80,43 +81,57 @@ class ISyncer(Protocol):
         """Stop once what was handed over is synced (the store closed)."""
 
 
+class _Run:
+    """Syncs that run as one: their files (each once, in order), the first
+    directory given, and their waiters."""
+
+    def __init__(self) -> None:
+        self.fds: dict[int, None] = {}
+        self.directory: str | None = None
+        self.waiters: Observers[None] = Observers()
+
+    def add(self, fds: Sequence[int], directory: str | None) -> Deferred[None]:
+        self.fds.update(dict.fromkeys(fds))
+        if self.directory is None:
+            self.directory = directory
+        return self.waiters.when()
+
+
 class ThreadSyncer:
     """The fsyncs through C{run_blocking} and the store's file layer."""
 
     def __init__(self, run_blocking: Callable[..., Deferred[Any]], io: DirectoryIO) -> None:
         self._run_blocking = run_blocking
         self._io = io
-        #: lane -> the syncs waiting for its running one, in order
-        self._waiting: dict[int, list[tuple[list[int], str | None, Deferred[None]]]] = {}
+        #: lane -> the run waiting for its running one (None: none yet);
+        #: a lane not here is not running
+        self._next: dict[int, _Run | None] = {}
 
     def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0) -> Deferred[None]:
-        d: Deferred[None] = Deferred()
-        job = (list(fds), directory, d)
-        if lane and lane in self._waiting:
-            self._waiting[lane].append(job)
-        else:
-            self._run(lane, [job])
+        if lane and lane in self._next:
+            # the lane runs: this waits, with whatever else comes meanwhile
+            run = self._next[lane]
+            if run is None:
+                run = self._next[lane] = _Run()
+            return run.add(fds, directory)
+        run = _Run()
+        d = run.add(fds, directory)     # before: an inline run_blocking fires it at once
+        self._run(lane, run)
         return d
 
-    def _run(self, lane: int, jobs: list[tuple[list[int], str | None, Deferred[None]]]) -> None:
+    def _run(self, lane: int, run: _Run) -> None:
         if lane:
-            self._waiting[lane] = []   # the lane runs: what comes waits
-        fds = list(dict.fromkeys(fd for job in jobs for fd in job[0]))
-        directory = next((job[1] for job in jobs if job[1] is not None), None)
-        self._run_blocking(self._sync, fds, directory).addBoth(self._ran, lane, jobs)
+            self._next[lane] = None
+        self._run_blocking(self._sync, list(run.fds), run.directory).addBoth(
+            self._ran, lane, run)
 
-    def _ran(self, result: object, lane: int,
-             jobs: list[tuple[list[int], str | None, Deferred[None]]]) -> None:
+    def _ran(self, result: object, lane: int, run: _Run) -> None:
         # in order, before the next run starts: with an inline
         # run_blocking that run would fire its own Deferreds first
-        for _, _, d in jobs:
-            if isinstance(result, Failure):
-                d.errback(result)
-            else:
-                d.callback(None)
+        run.waiters.fire(result if isinstance(result, Failure) else None)
         if lane:
-            waiting = self._waiting.pop(lane)
-            if waiting:
+            waiting = self._next.pop(lane)
+            if waiting is not None:
                 self._run(lane, waiting)
 
     def _sync(self, fds: list[int], directory: str | None) -> None:
