@@ -43,6 +43,14 @@ def poll_until(value, target, deadline):
     return value()
 
 
+def exited(p):
+    """Why a copy running in another process stopped copying (a failure's message)."""
+    # seen once in CI: a copy that never copied
+    if p.poll() is None:
+        return "the copy is still running"
+    return f"the copy exited {p.returncode}: {p.stderr.read().decode()[-2000:]}"
+
+
 def run_copy(*argv, wait=True):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.Popen([sys.executable, "-m", "streamproto", "store", *argv], cwd=ROOT,
@@ -192,15 +200,15 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
             except Exception:
                 return -1
         deadline = time.monotonic() + 60
-        self.assertEqual(poll_until(copied, 100, deadline), 100)
+        self.assertEqual(poll_until(copied, 100, deadline), 100, exited(p))
         for i in range(5):
             self.successResultOf(log.append(records(10, 50, tag=b"late%d" % i)))
-        self.assertEqual(poll_until(copied, 150, deadline), 150)
+        self.assertEqual(poll_until(copied, 150, deadline), 150, exited(p))
         self.successResultOf(log.append([b"just before the stop"], attributes={"w": 1}))
         p.send_signal(signal.SIGTERM)
         out, err = p.communicate(timeout=60)
         self.assertEqual(p.returncode, 0, err)
-        self.assertIn("events: 151 end position, 151 records", out.decode())
+        self.assertIn("events: 151 end position, 151 records", out.decode(), err.decode())
         self.assertSameStores(src, self.file_store(dst_path))
 
     def test_follow_a_live_data_directory_until_sigint(self):
@@ -224,14 +232,9 @@ class ProcessCopyTests(unittest.SynchronousTestCase):
                 return -1
         deadline = time.monotonic() + 60
 
-        def why():
-            # a copy that stopped says why (seen once in CI: never copied)
-            if p.poll() is None:
-                return "the copy is still running"
-            return f"the copy exited {p.returncode}: {p.stderr.read().decode()[-2000:]}"
-        self.assertEqual(poll_until(copied, 100, deadline), 100, why())
+        self.assertEqual(poll_until(copied, 100, deadline), 100, exited(p))
         self.successResultOf(log.append(records(20, 50, tag=b"late")))
-        self.assertEqual(poll_until(copied, 120, deadline), 120, why())
+        self.assertEqual(poll_until(copied, 120, deadline), 120, exited(p))
         self.successResultOf(log.append([b"last"], attributes={"w": 121}))
         p.send_signal(signal.SIGINT)
         out, err = p.communicate(timeout=60)

@@ -148,16 +148,31 @@ class StoreCopy:
         self.ends[name] = yield copy.catch_up()
 
     @defer.inlineCallbacks
+    def _fresh(self, name: str) -> Any:
+        """
+        The source's log C{name} as its store knows it now: an open log
+        may learn of appends late (a JetStream front-end's follower), and
+        the end a copy stops at, or checks, must include every append
+        acknowledged before (C{get} reads the tail anew).  A log deleted
+        on the source keeps the view it had.
+        """
+        copy = self.copies[name]
+        try:
+            copy.src = yield self.src.get(name)
+        except LogNotFound:
+            pass
+        return copy
+
+    @defer.inlineCallbacks
     def _check_unchanged(self, name: str) -> Any:
         """Without C{follow}: refuse a source that went on being written."""
-        copy = self.copies[name]
+        copy = yield self._fresh(name)
         end = copy.src.end_position
         if end != self.ends[name]:
             raise SourceWritten(
                 f"log {name} was written during the copy ({end - self.ends[name]} records "
                 f"after the {self.ends[name]} copied): stop the writers, or copy with "
                 "--follow; run the same copy again to go on")
-        yield defer.succeed(None)
 
     @defer.inlineCallbacks
     def _verify(self, name: str) -> Any:
@@ -240,7 +255,8 @@ class StoreCopy:
 
     @defer.inlineCallbacks
     def _last_catch_up(self, name: str) -> Any:
-        self.ends[name] = yield self.copies[name].catch_up()
+        copy = yield self._fresh(name)
+        self.ends[name] = yield copy.catch_up()
 
     def _pause(self, seconds: float) -> Deferred[None]:
         d: Deferred[None] = Deferred(lambda d: call.cancel())
