@@ -22,6 +22,7 @@ class OptionalBuildExt(build_ext):
 setup(
     ext_modules=[Extension("streamproto._speedups", ["streamproto/_speedups.c", "streamproto/_syncer.c",
                                                       "streamproto/_sender.c"],
-                           depends=["streamproto/_syncer.h", "streamproto/_sender.h"], optional=True)],
+                           depends=["streamproto/_forks.h", "streamproto/_syncer.h",
+                                    "streamproto/_sender.h"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -30,6 +30,8 @@
 #define _GNU_SOURCE
 #endif
 #include <Python.h>
+
+#include "_forks.h"
 #include <structmember.h>
 
 #include "_sender.h"
@@ -224,7 +226,7 @@ static void *sender_main(void *arg) {
 typedef struct {
     PyObject_HEAD
     sshared *s;
-    pid_t pid;
+    unsigned long forks;    /* sp_forks() when made */
 } SendThreadObject;
 
 typedef struct {
@@ -240,7 +242,7 @@ static int st_check(SendThreadObject *self) {
         PyErr_SetString(PyExc_RuntimeError, "SendThread closed");
         return -1;
     }
-    if (self->pid != getpid()) {
+    if (self->forks != sp_forks()) {
         PyErr_SetString(PyExc_RuntimeError, "SendThread used in a forked process");
         return -1;
     }
@@ -270,7 +272,7 @@ static int SendThread_init(SendThreadObject *self, PyObject *args, PyObject *kwd
     pthread_cond_init(&s->wake, NULL);
     s->refs = 1;
     self->s = s;
-    self->pid = getpid();
+    self->forks = sp_forks();
     return 0;
 }
 
@@ -380,7 +382,7 @@ static void st_stop(SendThreadObject *self) {
 }
 
 static PyObject *SendThread_close(SendThreadObject *self, PyObject *unused) {
-    if (self->s && self->pid != getpid()) {
+    if (self->s && self->forks != sp_forks()) {
         self->s = NULL;   /* a fork's copy: the thread and lock are the parent's */
         Py_RETURN_NONE;
     }
@@ -389,7 +391,7 @@ static PyObject *SendThread_close(SendThreadObject *self, PyObject *unused) {
 }
 
 static void SendThread_dealloc(SendThreadObject *self) {
-    if (self->s && self->pid == getpid())
+    if (self->s && self->forks == sp_forks())
         st_stop(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

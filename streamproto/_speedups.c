@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include "_forks.h"
 #include "_syncer.h"
 #include "_sender.h"
 
@@ -451,7 +452,33 @@ static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "streamproto._speedups", "Optional C accelerator.", -1, methods
 };
 
+#if defined(__linux__)
+#include <pthread.h>
+
+static volatile unsigned long forks;
+
+static void forked(void) {
+    forks++;
+}
+
+unsigned long sp_forks(void) {
+    return forks;
+}
+#endif
+
 PyMODINIT_FUNC PyInit__speedups(void) {
+#if defined(__linux__)
+    /* once: the module is initialised once a process (and kept) */
+    static int watching;
+    if (!watching) {
+        int err = pthread_atfork(NULL, NULL, forked);
+        if (err) {
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        watching = 1;
+    }
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m && (add_syncer(m) < 0 || add_sender(m) < 0))
         Py_CLEAR(m);

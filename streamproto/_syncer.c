@@ -32,6 +32,8 @@
 #endif
 #include <Python.h>
 
+#include "_forks.h"
+
 #include "_syncer.h"
 
 #if defined(__linux__)
@@ -77,7 +79,7 @@ typedef struct {
     PyObject_HEAD
     shared *s;
     long long next_id;
-    pid_t pid;
+    unsigned long forks;    /* sp_forks() when made */
 } SyncerObject;
 
 static void free_job(job *j) {
@@ -292,7 +294,7 @@ static int Syncer_init(SyncerObject *self, PyObject *args, PyObject *kwds) {
     s->max_threads = max_threads;
     s->refs = 1;
     self->s = s;
-    self->pid = getpid();
+    self->forks = sp_forks();
     return 0;
 }
 
@@ -301,7 +303,7 @@ static int check(SyncerObject *self) {
         PyErr_SetString(PyExc_RuntimeError, "Syncer not initialised");
         return -1;
     }
-    if (self->pid != getpid()) {
+    if (self->forks != sp_forks()) {
         /* a fork keeps the memory, not the threads */
         PyErr_SetString(PyExc_RuntimeError, "Syncer used in a forked process");
         return -1;
@@ -477,7 +479,7 @@ static void stop(SyncerObject *self) {
 }
 
 static PyObject *Syncer_close(SyncerObject *self, PyObject *unused) {
-    if (self->s && self->pid != getpid()) {
+    if (self->s && self->forks != sp_forks()) {
         self->s = NULL;   /* a fork's copy: its threads and lock are the parent's */
         Py_RETURN_NONE;
     }
@@ -486,7 +488,7 @@ static PyObject *Syncer_close(SyncerObject *self, PyObject *unused) {
 }
 
 static void Syncer_dealloc(SyncerObject *self) {
-    if (self->s && self->pid == getpid())
+    if (self->s && self->forks == sp_forks())
         stop(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }

@@ -260,6 +260,49 @@ class NativeSyncerTests(TestCase):
         self.assertEqual(os.waitstatus_to_exitcode(status), 0)
         self.assertEqual(syncer._forks, before)
 
+    def test_the_native_types_refuse_a_forked_child(self):
+        """
+        In a forked child, a native Syncer or SendThread made before the
+        fork refuses to be used (its threads stayed in the parent) and
+        closes without touching the parent's lock; one made in the child
+        works.  The parent's go on.
+        """
+        from streamproto.base.speedups import speedups
+        native = syncer._Syncer(2)
+        sender = speedups.SendThread()
+        self.addCleanup(native.close)
+        self.addCleanup(sender.close)
+        fd = self.file.fileno()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for call in (lambda: native.submit([fd], None), native.completed,
+                             lambda: sender.socket(os.dup(fd), 1)):
+                    try:
+                        call()
+                    except RuntimeError:
+                        pass
+                    else:
+                        os._exit(2)
+                native.close()
+                sender.close()
+                fresh = syncer._Syncer(1)
+                fresh.submit([fd], None)
+                if not readable(fresh.fileno(), 10):
+                    os._exit(3)
+                if [error for _, error, _ in fresh.completed()] != [0]:
+                    os._exit(4)
+                fresh.close()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        native.submit([fd], None)
+        self.assertTrue(readable(native.fileno(), 10))
+        self.assertEqual([error for _, error, _ in native.completed()], [0])
+
     @defer.inlineCallbacks
     def test_close_with_jobs_out_reports_them_first(self):
         os.write(self.file.fileno(), b"data")
