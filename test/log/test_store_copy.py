@@ -189,7 +189,7 @@ class CopyTestsMixin:
         """
         log = self.successResultOf(self.src.create("events"))
         self.successResultOf(log.append(records(10)))
-        self.src = WritingWhileRead(self.src, log)
+        self.src = WritingWhileRead(self.src)
         failure = self.failureResultOf(self.copy()[1], SourceWritten)
         self.assertIn("--follow", failure.getErrorMessage())
         self.src = self.src.store
@@ -348,8 +348,12 @@ class LiveFileSourceTests(unittest.SynchronousTestCase):
         self.assertEqual(self.successResultOf(again.run())["events"]["records"], 11)
 
 
-class Flipping:
-    """A store whose logs store each append with its first byte flipped."""
+class StoreProxy:
+    """
+    A store that is C{store} but for its logs (the copy's journal aside),
+    each of which L{wrap} makes into another: the one mechanism of the
+    faulty and lagging stores below.
+    """
 
     def __init__(self, store):
         self.store = store
@@ -357,95 +361,95 @@ class Flipping:
     def __getattr__(self, name):
         return getattr(self.store, name)
 
-    def create(self, name, config=None):
-        return self.store.create(name, config).addCallback(self._wrap)
-
     def get(self, name):
-        return self.store.get(name).addCallback(self._wrap)
+        return self.store.get(name).addCallback(self._wrapped)
 
-    def _wrap(self, log):
-        if log.name == JOURNAL_LOG:
-            return log
+    def create(self, name, config=None):
+        return self.store.create(name, config).addCallback(self._wrapped)
 
-        class Log:
-            def __getattr__(self, name):
-                return getattr(log, name)
+    def _wrapped(self, log):
+        return log if log.name == JOURNAL_LOG else self.wrap(log)
 
-            def append(self, records, *args, **kwargs):
-                from streamproto.log.batch import RecordBatch
-                if len(records):
-                    data = bytearray(bytes(records.data))
-                    data[0] ^= 1
-                    records = RecordBatch(records.position, records.lengths, bytes(data))
-                return log.append(records, *args, **kwargs)
-        return Log()
+    def wrap(self, log):
+        raise NotImplementedError
 
 
-class FailingAfter:
+class LogProxy:
+    """A log that is C{log} but for what a subclass defines."""
+
+    def __init__(self, log):
+        self._log = log
+
+    def __getattr__(self, name):
+        return getattr(self._log, name)
+
+
+class Flipping(StoreProxy):
+    """A store whose logs store each append with its first byte flipped."""
+
+    def wrap(self, log):
+        return FlippedLog(log)
+
+
+class FlippedLog(LogProxy):
+    def append(self, records, *args, **kwargs):
+        from streamproto.log.batch import RecordBatch
+        if len(records):
+            data = bytearray(bytes(records.data))
+            data[0] ^= 1
+            records = RecordBatch(records.position, records.lengths, bytes(data))
+        return self._log.append(records, *args, **kwargs)
+
+
+class FailingAfter(StoreProxy):
     """A store whose logs fail every append after the first C{appends}."""
 
     def __init__(self, store, appends):
-        self.store = store
+        super().__init__(store)
         self.left = appends
 
-    def __getattr__(self, name):
-        return getattr(self.store, name)
-
-    def get(self, name):
-        return self.store.get(name).addCallback(self._wrap)
-
-    def create(self, name, config=None):
-        return self.store.create(name, config).addCallback(self._wrap)
-
-    def _wrap(self, log):
-        if log.name == JOURNAL_LOG:
-            return log
-        outer = self
-
-        class Log:
-            def __getattr__(self, name):
-                return getattr(log, name)
-
-            def append(self, *args, **kwargs):
-                from twisted.internet.defer import fail
-                outer.left -= 1
-                if outer.left < 0:
-                    return fail(StoreUnavailable("unreachable"))
-                return log.append(*args, **kwargs)
-        return Log()
+    def wrap(self, log):
+        return FailingLog(log, self)
 
 
-class WritingWhileRead:
-    """A source store whose log C{log} is appended to at its first read."""
+class FailingLog(LogProxy):
+    def __init__(self, log, store):
+        super().__init__(log)
+        self._owner = store
 
-    def __init__(self, store, log):
-        self.store = store
-        self.log = log
+    def append(self, *args, **kwargs):
+        from twisted.internet.defer import fail
+        self._owner.left -= 1
+        if self._owner.left < 0:
+            return fail(StoreUnavailable("unreachable"))
+        return self._log.append(*args, **kwargs)
+
+
+class WritingWhileRead(StoreProxy):
+    """A source store whose logs, at the first read of any, get a record appended."""
+
+    def __init__(self, store):
+        super().__init__(store)
         self.written = False
 
-    def __getattr__(self, name):
-        return getattr(self.store, name)
-
-    def get(self, name):
-        return self.store.get(name).addCallback(self._wrap)
-
-    def _wrap(self, log):
-        outer = self
-
-        class Log:
-            def __getattr__(self, name):
-                return getattr(log, name)
-
-            def read(self, *args, **kwargs):
-                d = log.read(*args, **kwargs)
-                if not outer.written:
-                    outer.written = True
-                    log.append([b"meanwhile"])
-                return d
-        return Log()
+    def wrap(self, log):
+        return WrittenAtFirstRead(log, self)
 
 
-class Lagging:
+class WrittenAtFirstRead(LogProxy):
+    def __init__(self, log, store):
+        super().__init__(log)
+        self._owner = store
+
+    def read(self, *args, **kwargs):
+        d = self._log.read(*args, **kwargs)
+        if not self._owner.written:
+            self._owner.written = True
+            self._log.append([b"meanwhile"])
+        return d
+
+
+class Lagging(StoreProxy):
     """
     A source store whose open logs learn of appends late, as a JetStream
     front-end's do (its follower): a log's C{end_position} is the end as of
@@ -454,35 +458,30 @@ class Lagging:
     """
 
     def __init__(self, store, clock, lag=0.5):
-        self.store = store
+        super().__init__(store)
         self.clock = clock
         self.lag = lag
 
-    def __getattr__(self, name):
-        return getattr(self.store, name)
+    def wrap(self, log):
+        return LaggingLog(log, self.clock, self.lag)
 
-    def get(self, name):
-        return self.store.get(name).addCallback(self._wrap)
 
-    def _wrap(self, log):
-        outer = self
+class LaggingLog(LogProxy):
+    def __init__(self, log, clock, lag):
+        super().__init__(log)
+        self._clock = clock
+        self._lag = lag
+        self.end_position = log.end_position
 
-        class Log:
-            end_position = log.end_position
+    def wait(self, position, timeout=None):
+        from twisted.internet import task
 
-            def __getattr__(self, name):
-                return getattr(log, name)
-
-            def wait(self, position, timeout=None):
-                from twisted.internet import task
-
-                def learned(result):
-                    self.end_position = log.end_position
-                    return result
-                return log.wait(position, timeout).addCallback(
-                    lambda result: task.deferLater(outer.clock, outer.lag, lambda: result)
-                ).addCallback(learned)
-        return Log()
+        def learned(result):
+            self.end_position = self._log.end_position
+            return result
+        return self._log.wait(position, timeout).addCallback(
+            lambda result: task.deferLater(self._clock, self._lag, lambda: result)
+        ).addCallback(learned)
 
 
 class LaggingSourceTests(unittest.SynchronousTestCase):
@@ -514,6 +513,6 @@ class LaggingSourceTests(unittest.SynchronousTestCase):
         self.assertEqual(self.successResultOf(self.dst.get("events")).end_position, 13)
 
     def test_written_meanwhile_is_seen_in_the_store(self):
-        copier = StoreCopy(Lagging(WritingWhileRead(self.store, self.log), self.clock),
+        copier = StoreCopy(Lagging(WritingWhileRead(self.store), self.clock),
                            self.dst, self.clock, describe="test")
         self.failureResultOf(copier.run(), SourceWritten)
