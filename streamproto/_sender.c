@@ -364,6 +364,10 @@ static PyObject *SendThread_ready(SendThreadObject *self, PyObject *unused) {
     return out;
 }
 
+static PyObject *SendThread_forked(SendThreadObject *self, PyObject *unused) {
+    return PyBool_FromLong(self->forks != sp_forks());
+}
+
 static PyObject *SendThread_fileno(SendThreadObject *self, PyObject *unused) {
     if (st_check(self) < 0)
         return NULL;
@@ -401,6 +405,9 @@ static PyMethodDef SendThread_methods[] = {
      "socket(fd, token) -> SendSocket: sends to fd (which it then owns) on the thread"},
     {"ready", (PyCFunction)SendThread_ready, METH_NOARGS,
      "ready() -> [token]: sockets that settled (see SendSocket), clearing fileno()'s readiness"},
+    {"forked", (PyCFunction)SendThread_forked, METH_NOARGS,
+     "forked() -> whether this process forked since the SendThread was made (its\n"
+     "thread stayed in the parent: it refuses to be used here)"},
     {"fileno", (PyCFunction)SendThread_fileno, METH_NOARGS,
      "fileno() -> the eventfd that is readable when a socket settled"},
     {"close", (PyCFunction)SendThread_close, METH_NOARGS,

@@ -459,6 +459,10 @@ static PyObject *Syncer_completed(SyncerObject *self, PyObject *unused) {
     return out;
 }
 
+static PyObject *Syncer_forked(SyncerObject *self, PyObject *unused) {
+    return PyBool_FromLong(self->forks != sp_forks());
+}
+
 static PyObject *Syncer_fileno(SyncerObject *self, PyObject *unused) {
     if (!self->s) {
         PyErr_SetString(PyExc_RuntimeError, "Syncer not initialised");
@@ -499,6 +503,9 @@ static PyMethodDef Syncer_methods[] = {
      "a lane's jobs run in order, those queued behind a running one as one run"},
     {"completed", (PyCFunction)Syncer_completed, METH_NOARGS,
      "completed() -> [(job id, errno or 0, seconds)], clearing fileno()'s readiness"},
+    {"forked", (PyCFunction)Syncer_forked, METH_NOARGS,
+     "forked() -> whether this process forked since the Syncer was made (its threads\n"
+     "stayed in the parent: it refuses to be used here)"},
     {"fileno", (PyCFunction)Syncer_fileno, METH_NOARGS,
      "fileno() -> the eventfd that is readable when a job completed"},
     {"close", (PyCFunction)Syncer_close, METH_NOARGS,

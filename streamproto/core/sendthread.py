@@ -37,7 +37,6 @@ otherwise, and the writes stay on the reactor thread.
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -69,7 +68,6 @@ class NativeSendThread:
             raise RuntimeError("the C accelerator's SendThread is not built")
         self._reactor = reactor
         self._native: Any = None
-        self._pid = -1
         self._fd = -1
         self._next_token = 0
         self._settled: dict[int, Callable[[], object]] = {}
@@ -96,9 +94,9 @@ class NativeSendThread:
         @param on_settled: called on the reactor thread when the socket
             settles (see L{streamproto.core.sendpath.SocketSender}).
         """
-        if self._native is None or self._pid != os.getpid():
+        if self._native is None or self._native.forked():
             assert _SendThread is not None
-            self._native, self._pid = _SendThread(), os.getpid()
+            self._native = _SendThread()
             self._settled, self._watching = {}, False
         self._next_token += 1
         token = self._next_token

@@ -146,21 +146,6 @@ class ThreadSyncer:
         pass
 
 
-#: bumped in a forked child: a native syncer made before belongs to the
-#: parent (its threads did not come along).  Asking C{os.getpid()} at
-#: every sync instead was a system call a group commit.
-_forks = 0
-
-
-def _forked() -> None:
-    global _forks
-    _forks += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked)
-
-
 @implementer(IReadDescriptor)
 class NativeSyncer:
     """
@@ -181,8 +166,6 @@ class NativeSyncer:
         self._reactor = reactor
         self._max_threads = max_threads
         self._native: Any = None
-        #: the process the native syncer was made in (L{_forks} then)
-        self._generation = -1
         self._out: dict[int, Deferred[None]] = {}
         #: the eventfd the reactor watches (kept: the reactor finds a
         #: reader by the descriptor it was added with)
@@ -193,10 +176,12 @@ class NativeSyncer:
     def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0) -> Deferred[None]:
         if self._closed:
             raise RuntimeError("sync() on a closed NativeSyncer")
-        if self._native is None or self._generation != _forks:
+        # forked(): the accelerator counts forks (a pthread_atfork handler),
+        # which asking os.getpid() at every sync would cost a system call
+        if self._native is None or self._native.forked():
             assert _Syncer is not None
             self._unwatch()     # a forked child's copy of the parent's eventfd
-            self._native, self._generation = _Syncer(self._max_threads), _forks
+            self._native = _Syncer(self._max_threads)
             self._out = {}
         job = self._native.submit(fds, directory, lane)
         d: Deferred[None] = Deferred()

@@ -201,6 +201,13 @@ class LogLaneTests(SynchronousTestCase):
         self.assertEqual(log.info()["status"], "tainted")
 
 
+class MadeBeforeAFork:
+    """A native syncer as the child of a fork finds it: made in the parent."""
+
+    def forked(self):
+        return True
+
+
 class NativeSyncerTests(TestCase):
     def setUp(self):
         require_native()
@@ -242,7 +249,7 @@ class NativeSyncerTests(TestCase):
     def test_a_new_process_gets_new_threads(self):
         yield self.syncer.sync([self.file.fileno()], None)
         first = self.syncer._native
-        self.syncer._generation = -1     # what a fork leaves: made before it
+        self.syncer._native = MadeBeforeAFork()
         yield self.syncer.sync([self.file.fileno()], None)
         self.assertIsNot(self.syncer._native, first)
         # watched once, by the new eventfd
@@ -250,15 +257,21 @@ class NativeSyncerTests(TestCase):
         self.assertIn(self.syncer, reactor.getReaders())
         first.close()
 
+    @defer.inlineCallbacks
     def test_a_fork_is_noticed(self):
-        """The child of a fork counts it: its first sync makes new threads."""
-        before = syncer._forks
+        """
+        In the child of a fork, the native syncer made before says so
+        (its first sync there makes new threads); in the parent it does
+        not.
+        """
+        yield self.syncer.sync([self.file.fileno()], None)
+        native = self.syncer._native
         pid = os.fork()
         if pid == 0:
-            os._exit(0 if syncer._forks == before + 1 else 1)
+            os._exit(0 if native.forked() else 1)
         _, status = os.waitpid(pid, 0)
         self.assertEqual(os.waitstatus_to_exitcode(status), 0)
-        self.assertEqual(syncer._forks, before)
+        self.assertFalse(native.forked())
 
     def test_the_native_types_refuse_a_forked_child(self):
         """
@@ -277,6 +290,8 @@ class NativeSyncerTests(TestCase):
         if pid == 0:
             code = 1
             try:
+                if not (native.forked() and sender.forked()):
+                    os._exit(5)
                 for call in (lambda: native.submit([fd], None), native.completed,
                              lambda: sender.socket(os.dup(fd), 1)):
                     try:
@@ -288,6 +303,8 @@ class NativeSyncerTests(TestCase):
                 native.close()
                 sender.close()
                 fresh = syncer._Syncer(1)
+                if fresh.forked():
+                    os._exit(6)
                 fresh.submit([fd], None)
                 if not readable(fresh.fileno(), 10):
                     os._exit(3)
@@ -299,6 +316,7 @@ class NativeSyncerTests(TestCase):
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertFalse(native.forked() or sender.forked())
         native.submit([fd], None)
         self.assertTrue(readable(native.fileno(), 10))
         self.assertEqual([error for _, error, _ in native.completed()], [0])
