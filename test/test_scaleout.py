@@ -21,7 +21,7 @@ from twisted.trial import unittest
 
 from streamproto import tap as umbrella
 from test.support.natsutil import shared_cluster, unique_prefix
-from test.support.netutil import free_port
+from test.support.netutil import free_ports
 from test.styx.test_styx_http import BINARY, unbinary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -153,7 +153,7 @@ class FrontEndTests(unittest.SynchronousTestCase):
             return f.read().decode(errors="replace")
 
     def styx(self):
-        port, metrics = free_port(), free_port()
+        port, metrics = free_ports(2)
         self.start("styx-server", "--store", self.store,
                    "--port", f"tcp:{port}:interface=127.0.0.1",
                    "--metrics", f"tcp:{metrics}:interface=127.0.0.1",
@@ -235,10 +235,10 @@ class FrontEndTests(unittest.SynchronousTestCase):
               f"{len(unknown)} unknown ({len(set(kept) & set(unknown))} of them stored)")
 
     def test_umbrella_on_the_cluster(self):
-        ports = {name: free_port() for name in ("styx", "metrics", "controller")}
+        ports = dict(zip(("styx", "metrics", "controller", "pravega"), free_ports(4)))
         self.start("streamproto", "--store", self.store, "--only", "styx-server,pravega-server",
                    "--listen", f"styx-server=tcp:{ports['styx']}:interface=127.0.0.1",
-                   "--listen", f"pravega-server=tcp:{free_port()}:interface=127.0.0.1",
+                   "--listen", f"pravega-server=tcp:{ports['pravega']}:interface=127.0.0.1",
                    "--pravega-controller", f"tcp:{ports['controller']}:interface=127.0.0.1",
                    "--metrics", f"tcp:{ports['metrics']}:interface=127.0.0.1",
                    wait_url=f"http://127.0.0.1:{ports['metrics']}/ready")
@@ -250,8 +250,9 @@ class FrontEndTests(unittest.SynchronousTestCase):
         self.assertIn("via-umbrella", JetStreamReader(url.servers, url.prefix).names())
 
     def test_unreachable_cluster_at_start(self):
-        process = self.start("styx-server", "--store", f"nats://127.0.0.1:{free_port()}",
-                             "--port", f"tcp:{free_port()}:interface=127.0.0.1")
+        nats, port = free_ports(2)
+        process = self.start("styx-server", "--store", f"nats://127.0.0.1:{nats}",
+                             "--port", f"tcp:{port}:interface=127.0.0.1")
         try:
             status = process.wait(60)
         except subprocess.TimeoutExpired:
@@ -271,8 +272,11 @@ class FrontEndTests(unittest.SynchronousTestCase):
         events one segment store took are read through the other.
         """
         servers = []
+        # four distinct ports (picked one by one, two picks once were one
+        # port: the second server's controller answered as another server)
+        ports = iter(free_ports(4))
         for _ in range(2):
-            store_port, controller_port = free_port(), free_port()
+            store_port, controller_port = next(ports), next(ports)
             self.start("pravega-server", "--store", self.store,
                        "--port", f"tcp:{store_port}:interface=127.0.0.1",
                        "--controller", f"tcp:{controller_port}:interface=127.0.0.1",
@@ -329,7 +333,7 @@ class TLSStoreTests(unittest.SynchronousTestCase):
         self.env = dict(os.environ, PYTHONPATH=ROOT)
 
     def run_styx(self, *store_args):
-        port, metrics = free_port(), free_port()
+        port, metrics = free_ports(2)
         directory = self.mktemp()
         os.makedirs(directory)
         out = open(os.path.join(directory, "out.log"), "wb")
