@@ -47,6 +47,7 @@
 #include <unistd.h>
 
 struct conn;
+typedef struct held held;
 
 typedef struct sjob {
     struct sjob *next;
@@ -77,6 +78,7 @@ typedef struct conn {
     int error;            /* errno of a failed send, or 0 */
     int want_settle;      /* report when inflight reaches 0 */
     int closed;           /* the object let go: close fd at inflight 0 */
+    int held_out;         /* a held answer waits for its fsync (see held) */
     sjob *back, *back_tail;   /* jobs that came back unsent */
     int listed;           /* on s->ready */
     struct conn *rprev, *rnext;
@@ -163,6 +165,22 @@ static int send_job(sjob *j) {
     return 1;
 }
 
+/* with s->lock held, after a job of c is done: at its last, free a
+ * connection let go, or report one that blocked or that the reactor
+ * waits to settle.  The caller holds a reference to s besides c's (the
+ * send thread, or a held answer's), so dropping c's is never the last. */
+static void settle_after(sshared *s, conn *c) {
+    if (c->inflight)
+        return;
+    if (c->closed) {
+        conn_free(c);
+        s->refs--;
+    } else if (c->blocked || c->want_settle) {
+        c->want_settle = 0;
+        report(s, c);
+    }
+}
+
 /* with s->lock held: a job is done, sent or not */
 static void finish(sshared *s, sjob *j, int sent) {
     conn *c = j->c;
@@ -179,15 +197,7 @@ static void finish(sshared *s, sjob *j, int sent) {
             c->back = j;
         c->back_tail = j;
     }
-    if (c->inflight)
-        return;
-    if (c->closed) {
-        conn_free(c);
-        s->refs--;        /* never the last: this thread holds one */
-    } else if (c->blocked || c->want_settle) {
-        c->want_settle = 0;
-        report(s, c);
-    }
+    settle_after(s, c);
 }
 
 static void *sender_main(void *arg) {
@@ -427,6 +437,207 @@ static PyTypeObject SendThreadType = {
     .tp_methods = SendThread_methods,
 };
 
+/* -- held answers ------------------------------------------------------
+ *
+ * An answer made before the fsync it acknowledges, sent by the thread that
+ * ran that fsync the moment it succeeded (the file store's syncer,
+ * _syncer.c), rather than by the reactor once it learns of it.  At low
+ * load that took the reactor's wake-up from the syncer's eventfd, and the
+ * Python of the acknowledgement, out of the answer's latency
+ * (doc/performance.rst, run P).
+ *
+ * SendSocket.hold(data) takes the connection's next place: the job counts
+ * as in flight, and every later send() of the connection comes back to
+ * the reactor's queue until it is done, so nothing overtakes it.  The
+ * syncer's thread then finishes it: sent there and then when the
+ * connection has nothing else out (what the socket does not take comes
+ * back to the reactor, as any job's rest), queued for the send thread
+ * behind what it has, or, when the fsync failed, cancelled, and the
+ * reactor answers the usual way.  A held answer is shared by the Python
+ * object and the syncer's job: the last of them frees it. */
+
+struct held {
+    int refs;             /* atomics: the Held object, a syncer's job */
+    int state;            /* HELD_*, under s->lock */
+    int claimed;          /* given to a syncer (at most once) */
+    int durable;          /* the syncer's verdict (its thread's own) */
+    sjob *j;              /* while pending */
+    sshared *s;           /* a reference of its own */
+    struct held *next;    /* the syncer's list of answers to finish */
+};
+
+enum { HELD_PENDING = 0, HELD_SENT = 1, HELD_CANCELLED = 2 };
+
+static void held_decref(held *h) {
+    if (__atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL))
+        return;
+    sshared *s = h->s;
+    pthread_mutex_lock(&s->lock);
+    s_release(s);
+    free(h);
+}
+
+/* any thread, without the GIL; s->lock must not be held */
+void held_finish(held *h, int durable) {
+    sshared *s = h->s;
+    pthread_mutex_lock(&s->lock);
+    if (h->state != HELD_PENDING) {
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    sjob *j = h->j;
+    conn *c = j->c;
+    h->j = NULL;
+    if (!durable || s->closing || c->closed) {
+        /* the reactor answers (or nobody is left to answer) */
+        h->state = HELD_CANCELLED;
+        c->held_out = 0;
+        c->inflight--;
+        free(j);
+        settle_after(s, c);
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    h->state = HELD_SENT;
+    int wake = 0;
+    if (c->inflight == 1 && !__atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE)) {
+        /* nothing of the connection ahead of it: sent on this thread,
+         * which saves the send thread's wake-up too.  held_out stays set
+         * until it is done: a send() meanwhile (the reactor, told of the
+         * fsync, answering the next request) comes back to the reactor's
+         * queue rather than racing it on the send thread. */
+        pthread_mutex_unlock(&s->lock);
+        int sent = send_job(j);
+        pthread_mutex_lock(&s->lock);
+        c->held_out = 0;
+        finish(s, j, sent);
+    } else {
+        /* behind the connection's jobs out, on the send thread, which
+         * sends in order whatever is queued after it */
+        c->held_out = 0;
+        j->next = NULL;
+        if (s->todo_tail)
+            s->todo_tail->next = j;
+        else
+            s->todo = j;
+        s->todo_tail = j;
+        wake = s->idle;
+        s->idle = 0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (wake)
+        pthread_cond_signal(&s->wake);    /* after the unlock: see SendSocket_send */
+}
+
+void held_set_durable(held *h, int durable) {
+    h->durable = durable;
+}
+
+void held_finish_listed(held *first) {
+    /* in order: the answers of one connection are never two at once, but
+     * those of several connections go out in the order their appends
+     * were made */
+    for (held *h = first; h;) {
+        held *next = h->next;
+        held_finish(h, h->durable);
+        held_decref(h);
+        h = next;
+    }
+}
+
+void held_link(held *h, held *next) {
+    h->next = next;
+}
+
+void held_drop(held *h) {
+    held_finish(h, 0);
+    held_decref(h);
+}
+
+typedef struct {
+    PyObject_HEAD
+    held *h;
+} HeldObject;
+
+static PyTypeObject HeldType;
+
+held *held_claim(PyObject *obj) {
+    if (!PyObject_TypeCheck(obj, &HeldType)) {
+        PyErr_SetString(PyExc_TypeError, "not a held answer (SendSocket.hold)");
+        return NULL;
+    }
+    held *h = ((HeldObject *)obj)->h;
+    pthread_mutex_lock(&h->s->lock);
+    int ok = !h->claimed && h->state == HELD_PENDING;
+    if (ok)
+        h->claimed = 1;
+    pthread_mutex_unlock(&h->s->lock);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "held answer already given or finished");
+        return NULL;
+    }
+    __atomic_add_fetch(&h->refs, 1, __ATOMIC_ACQ_REL);
+    h->next = NULL;
+    h->durable = 0;
+    return h;
+}
+
+static int held_state(HeldObject *self) {
+    held *h = self->h;
+    pthread_mutex_lock(&h->s->lock);
+    int state = h->state;
+    pthread_mutex_unlock(&h->s->lock);
+    return state;
+}
+
+static PyObject *Held_get_sent(HeldObject *self, void *closure) {
+    return PyBool_FromLong(held_state(self) == HELD_SENT);
+}
+
+static PyObject *Held_get_pending(HeldObject *self, void *closure) {
+    return PyBool_FromLong(held_state(self) == HELD_PENDING);
+}
+
+static PyObject *Held_cancel(HeldObject *self, PyObject *unused) {
+    held_finish(self->h, 0);
+    Py_RETURN_NONE;
+}
+
+static void Held_dealloc(HeldObject *self) {
+    if (self->h) {
+        /* not given to a syncer, or the syncer dropped it: nobody else
+         * would ever finish it (and the connection would wait for good) */
+        if (!self->h->claimed)
+            held_finish(self->h, 0);
+        held_decref(self->h);
+    }
+    PyObject_Free(self);
+}
+
+static PyMethodDef Held_methods[] = {
+    {"cancel", (PyCFunction)Held_cancel, METH_NOARGS,
+     "cancel(): a pending answer is not sent (the reactor answers instead)"},
+    {NULL, NULL, 0, NULL}
+};
+
+static PyGetSetDef Held_getset[] = {
+    {"sent", (getter)Held_get_sent, NULL,
+     "True once handed to the socket (sent, queued, or come back to the reactor's queue)", NULL},
+    {"pending", (getter)Held_get_pending, NULL, "True until sent or cancelled", NULL},
+    {NULL, NULL, NULL, NULL, NULL}
+};
+
+static PyTypeObject HeldType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamproto._speedups.Held",
+    .tp_doc = "an answer sent once the fsync it waits for succeeds (SendSocket.hold)",
+    .tp_basicsize = sizeof(HeldObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = (destructor)Held_dealloc,
+    .tp_methods = Held_methods,
+    .tp_getset = Held_getset,
+};
+
 /* -- SendSocket --------------------------------------------------------- */
 
 static conn *sk_conn(SendSocketObject *self) {
@@ -463,9 +674,11 @@ static PyObject *SendSocket_send(SendSocketObject *self, PyObject *args) {
     memcpy(j->data, b.buf, (size_t)b.len);
     PyBuffer_Release(&b);
     pthread_mutex_lock(&s->lock);
-    if (__atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE) || s->closing) {
+    if (__atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE) || s->closing || c->held_out) {
         /* the thread blocked the connection (only ever while jobs of it
-         * were out: the caller's fallback keeps them in order) or stops */
+         * were out: the caller's fallback keeps them in order), or stops,
+         * or an answer held for an fsync must go first (the same
+         * fallback: this comes back once that one is done) */
         pthread_mutex_unlock(&s->lock);
         free(j);
         Py_RETURN_FALSE;
@@ -476,12 +689,65 @@ static PyObject *SendSocket_send(SendSocketObject *self, PyObject *args) {
     else
         s->todo = j;
     s->todo_tail = j;
-    if (s->idle) {
-        s->idle = 0;
-        pthread_cond_signal(&s->wake);
-    }
+    int wake = s->idle;
+    s->idle = 0;
     pthread_mutex_unlock(&s->lock);
+    /* after the unlock: the thread woken under it would at once wait for
+     * the lock, a second wake-up before the send */
+    if (wake)
+        pthread_cond_signal(&s->wake);
     Py_RETURN_TRUE;
+}
+
+static PyObject *SendSocket_hold(SendSocketObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:hold", &b))
+        return NULL;
+    conn *c = sk_conn(self);
+    if (!c) {
+        PyBuffer_Release(&b);
+        return NULL;
+    }
+    sshared *s = c->s;
+    HeldObject *obj = PyObject_New(HeldObject, &HeldType);
+    held *h = calloc(1, sizeof *h);
+    sjob *j = malloc(sizeof *j + (size_t)b.len);
+    if (!obj || !h || !j) {
+        PyBuffer_Release(&b);
+        free(h);
+        free(j);
+        if (obj) {
+            obj->h = NULL;
+            Py_DECREF(obj);
+        }
+        return PyErr_NoMemory();
+    }
+    j->next = NULL;
+    j->c = c;
+    j->len = (size_t)b.len;
+    j->off = 0;
+    memcpy(j->data, b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    pthread_mutex_lock(&s->lock);
+    if (__atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE) || s->closing || c->held_out
+            || !s->running) {
+        pthread_mutex_unlock(&s->lock);
+        free(h);
+        free(j);
+        obj->h = NULL;
+        Py_DECREF(obj);
+        Py_RETURN_NONE;
+    }
+    c->inflight++;
+    c->held_out = 1;
+    s->refs++;
+    h->refs = 1;
+    h->state = HELD_PENDING;
+    h->j = j;
+    h->s = s;
+    pthread_mutex_unlock(&s->lock);
+    obj->h = h;
+    return (PyObject *)obj;
 }
 
 static PyObject *SendSocket_returned(SendSocketObject *self, PyObject *unused) {
@@ -599,6 +865,9 @@ static void SendSocket_dealloc(SendSocketObject *self) {
 static PyMethodDef SendSocket_methods[] = {
     {"send", (PyCFunction)SendSocket_send, METH_VARARGS,
      "send(data) -> True if queued for the thread, False if the socket is blocked"},
+    {"hold", (PyCFunction)SendSocket_hold, METH_VARARGS,
+     "hold(data) -> Held, or None when the socket cannot take one now: data waits for\n"
+     "the fsync a Syncer job is given it with, and goes out from there"},
     {"returned", (PyCFunction)SendSocket_returned, METH_NOARGS,
      "returned() -> ([bytes not sent, in order], errno or 0); None while jobs are out"},
     {"unblock", (PyCFunction)SendSocket_unblock, METH_NOARGS,
@@ -629,6 +898,8 @@ static PyTypeObject SendSocketType = {
 
 int add_sender(PyObject *module) {
     if (PyType_Ready(&SendThreadType) < 0 || PyType_Ready(&SendSocketType) < 0)
+        return -1;
+    if (PyType_Ready(&HeldType) < 0)
         return -1;
     Py_INCREF(&SendThreadType);
     if (PyModule_AddObject(module, "SendThread", (PyObject *)&SendThreadType) < 0) {

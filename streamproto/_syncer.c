@@ -35,6 +35,7 @@
 #include "_forks.h"
 
 #include "_syncer.h"
+#include "_sender.h"
 
 #if defined(__linux__)
 #include <errno.h>
@@ -56,6 +57,9 @@ typedef struct job {
     int error;          /* the errno of the first failure, or 0 */
     double seconds;     /* how long the fsyncs took; -1 for a job that ran
                          * merged into the one before it (timed there) */
+    int nheld;
+    held **helds;       /* answers to send once durable (_sender.c), until
+                         * the thread takes them */
 } job;
 
 /* What the threads share with the Python object.  It outlives the object
@@ -73,6 +77,11 @@ typedef struct {
     int refs;           /* the object, and each thread */
     int efd;
     long long *busy;    /* the lanes running now, one slot a thread (0: free) */
+    long long *failed;  /* lanes a run failed on: their held answers are
+                         * never sent after that (a later fsync's success
+                         * does not make what the failed one lost durable) */
+    int nfailed;
+    int no_answers;     /* a failed lane could not be remembered */
 } shared;
 
 typedef struct {
@@ -83,6 +92,9 @@ typedef struct {
 } SyncerObject;
 
 static void free_job(job *j) {
+    for (int i = 0; i < j->nheld; i++)
+        held_drop(j->helds[i]);
+    free(j->helds);
     free(j->fds);
     free(j->dir);
     free(j);
@@ -98,6 +110,7 @@ static void release(shared *s) {
     for (job *j = s->done; j;) { job *n = j->next; free_job(j); j = n; }
     close(s->efd);
     free(s->busy);
+    free(s->failed);
     pthread_cond_destroy(&s->wake);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -209,6 +222,45 @@ static job *take_run(shared *s) {
     return run;
 }
 
+static int lane_failed(shared *s, long long lane) {
+    for (int i = 0; lane && i < s->nfailed; i++)
+        if (s->failed[i] == lane)
+            return 1;
+    return 0;
+}
+
+/* With s->lock held, after a run: the held answers of its jobs, in order,
+ * linked into one list with the verdict (durable: the run succeeded and
+ * no run of its lane failed before), taken off the jobs, which the
+ * reactor frees once it reads them. */
+static held *take_answers(shared *s, job *run) {
+    if (run->error && run->lane && !lane_failed(s, run->lane)) {
+        long long *grown = realloc(s->failed, (size_t)(s->nfailed + 1) * sizeof *grown);
+        if (grown) {
+            s->failed = grown;
+            s->failed[s->nfailed++] = run->lane;
+        }
+        else
+            s->no_answers = 1;      /* not remembered: none are sent from here */
+    }
+    int durable = !run->error && !s->no_answers && !lane_failed(s, run->lane);
+    held *first = NULL, *tail = NULL;
+    for (job *j = run; j; j = j->next) {
+        for (int i = 0; i < j->nheld; i++) {
+            held *h = j->helds[i];
+            held_set_durable(h, durable);
+            held_link(h, NULL);
+            if (tail)
+                held_link(tail, h);
+            else
+                first = h;
+            tail = h;
+        }
+        j->nheld = 0;
+    }
+    return first;
+}
+
 static void *worker(void *arg) {
     shared *s = (shared *)arg;
     pthread_mutex_lock(&s->lock);
@@ -233,6 +285,7 @@ static void *worker(void *arg) {
         run_jobs(run);
         pthread_mutex_lock(&s->lock);
         s->busy[slot] = 0;
+        held *answers = take_answers(s, run);
         job *last = run;
         while (last->next)
             last = last->next;
@@ -246,6 +299,14 @@ static void *worker(void *arg) {
          * nothing to do but what the next run's write does */
         ssize_t ignored = write(s->efd, &one, sizeof one);
         (void)ignored;
+        if (answers) {
+            /* after the eventfd: the reactor is told before any client
+             * can act on its answer (a read it sends next finds the
+             * eventfd ready ahead of it in epoll's list) */
+            pthread_mutex_unlock(&s->lock);
+            held_finish_listed(answers);
+            pthread_mutex_lock(&s->lock);
+        }
         /* what the lane queued meanwhile is this thread's next take */
     }
     /* threads waiting for a lane this one ran may be the last to exit */
@@ -311,10 +372,40 @@ static int check(SyncerObject *self) {
     return 0;
 }
 
+/* The job's held answers, from a sequence of Held objects; -1 with an
+ * exception set (those claimed so far are dropped with the job). */
+static int claim_answers(job *j, PyObject *answers_obj) {
+    PyObject *seq = PySequence_Fast(answers_obj, "answers must be a sequence of Held");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > INT_MAX) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    j->helds = malloc((n ? n : 1) * sizeof *j->helds);
+    if (!j->helds) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        held *h = held_claim(PySequence_Fast_GET_ITEM(seq, i));
+        if (!h) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        j->helds[j->nheld++] = h;
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
 static PyObject *Syncer_submit(SyncerObject *self, PyObject *args) {
-    PyObject *fds_obj, *dir_obj;
+    PyObject *fds_obj, *dir_obj, *answers_obj = NULL;
     long long lane = 0;
-    if (!PyArg_ParseTuple(args, "OO|L:submit", &fds_obj, &dir_obj, &lane))
+    if (!PyArg_ParseTuple(args, "OO|LO:submit", &fds_obj, &dir_obj, &lane, &answers_obj))
         return NULL;
     if (lane < 0) {
         PyErr_SetString(PyExc_ValueError, "lane must be 0 (none) or positive");
@@ -368,6 +459,10 @@ static PyObject *Syncer_submit(SyncerObject *self, PyObject *args) {
             return PyErr_NoMemory();
         }
     }
+    if (answers_obj && answers_obj != Py_None && claim_answers(j, answers_obj) < 0) {
+        free_job(j);
+        return NULL;
+    }
     j->id = ++self->next_id;
     j->lane = lane;
     shared *s = self->s;
@@ -407,9 +502,11 @@ static PyObject *Syncer_submit(SyncerObject *self, PyObject *args) {
         s->todo = j;
     s->todo_tail = j;
     s->queued++;
+    pthread_mutex_unlock(&s->lock);
+    /* after the unlock: a thread woken under it would at once wait for
+     * the lock, a second wake-up in every acknowledgement's latency */
     if (!waits)
         pthread_cond_signal(&s->wake);
-    pthread_mutex_unlock(&s->lock);
     return PyLong_FromLongLong(j->id);
 }
 
@@ -499,8 +596,10 @@ static void Syncer_dealloc(SyncerObject *self) {
 
 static PyMethodDef Syncer_methods[] = {
     {"submit", (PyCFunction)Syncer_submit, METH_VARARGS,
-     "submit(fds, directory, lane=0) -> job id: fsync the fds, then the directory (or None);\n"
-     "a lane's jobs run in order, those queued behind a running one as one run"},
+     "submit(fds, directory, lane=0, answers=()) -> job id: fsync the fds, then the directory\n"
+     "(or None); a lane's jobs run in order, those queued behind a running one as one run.\n"
+     "answers: SendSocket.hold()'s Held answers, sent from the thread once the job is\n"
+     "durable (and no earlier run of its lane failed), cancelled otherwise"},
     {"completed", (PyCFunction)Syncer_completed, METH_NOARGS,
      "completed() -> [(job id, errno or 0, seconds)], clearing fileno()'s readiness"},
     {"forked", (PyCFunction)Syncer_forked, METH_NOARGS,

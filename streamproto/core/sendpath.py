@@ -187,6 +187,39 @@ class SocketSender:
                 return  # all sent (or the peer is gone)
             self._schedule()
 
+    def hold(self, data: bytes) -> Any:
+        """
+        Keep C{data} for the accelerator's syncer to send the moment the
+        fsync it answers succeeds (C{streamproto._speedups.Syncer.submit}'s
+        answers), from that fsync's thread: the answer then does not wait
+        for the reactor to learn of the fsync.  It takes the connection's
+        next place: what is written meanwhile waits behind it.
+
+        @return: the held answer (give it to one fsync, then settle it with
+            L{finish_held}), or None when this sender cannot hold one now
+            (not native, output queued or out, or a held one pending).
+        """
+        native = self._native
+        if (native is None or self._queue or self._held or self.failed is not None
+                or self._fd is None):
+            return None
+        return native.hold(data)
+
+    def finish_held(self, held: Any, size: int) -> bool:
+        """
+        Once the fsync's outcome is known on the reactor thread: whether the
+        held answer (of C{size} bytes) went out; if not (the fsync failed,
+        or it was not given to one), it never will, and the caller writes
+        its answer.
+        """
+        held.cancel()   # a no-op once sent; wins a race with the syncer's thread otherwise
+        if not held.sent:
+            return False
+        self.sent += size
+        if self._on_sent is not None:
+            self._on_sent(size)
+        return True
+
     def write_records(self, lengths: array[int], data: BytesLike, prefix: bytes) -> None:
         """
         Queue records as C{[prefix][u32 BE size][payload]} frames.

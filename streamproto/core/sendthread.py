@@ -27,6 +27,12 @@ thread's wake-up (about 60 us on this machine) to its latency; when it
 is, one fsync's acknowledgements answer many requests in one turn, and
 all but the first go to the thread (doc/performance.rst, run N).
 
+An answer made before the fsync it acknowledges can be held
+(L{streamproto.core.sendpath.SocketSender.hold}): the file store's native
+syncer then sends it from the thread that ran that fsync, the moment it
+succeeds, without the reactor's wake-up and the Python of the
+acknowledgement before it (doc/performance.rst, run P).
+
 One thread per reactor and process (L{for_reactor}); its eventfd is
 watched only while a connection uses it, so a server without such
 connections leaves nothing in the reactor.  A fork (twistd daemonizing)

@@ -30,7 +30,7 @@ import os
 import uuid
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate
 from typing import Any, Protocol, TypeVar, cast
 
@@ -112,12 +112,14 @@ def _now_ms(clock: IReactorTime) -> int:
 
 
 class _Pending:
-    __slots__ = ("seq", "first", "deferred")
+    __slots__ = ("seq", "first", "deferred", "prepare_answers")
 
-    def __init__(self, seq: int, first: int, deferred: Deferred[AppendResult]) -> None:
+    def __init__(self, seq: int, first: int, deferred: Deferred[AppendResult],
+                 prepare_answers: Callable[[AppendResult], Sequence[Any]] | None = None) -> None:
         self.seq = seq
         self.first = first
         self.deferred = deferred
+        self.prepare_answers = prepare_answers
 
 
 @implementer(ILog)
@@ -285,7 +287,7 @@ class FileLog(GatedLog):
             self._attrs_written.update(attributes)
         self._wseq += 1
         d: Deferred[AppendResult] = Deferred()
-        self._pending.append(_Pending(self._wseq, first, d))
+        self._pending.append(_Pending(self._wseq, first, d, request.prepare_answers))
         self._kick()
         return d
 
@@ -350,6 +352,7 @@ class FileLog(GatedLog):
                 or self._submitted_seq == self._wseq):
             return
         target = (self._wseq, self._w_pos, self._w_off, dict(self._attrs_written))
+        answers = self._answers(target) if self._syncer.sends_answers else ()
         # oldest first: a segment's tail is on the disk before the next one's data
         segs = sorted(self._dirty, key=lambda s: s.position)
         self._dirty.clear()
@@ -359,9 +362,32 @@ class FileLog(GatedLog):
         self._submitted_seq = self._wseq
         self._syncs_out += 1
         fds = [s.fd for s in segs]
-        d = self._syncer.sync(fds, self.path if dir_dirty else None, id(self))
+        d = self._syncer.sync(fds, self.path if dir_dirty else None, id(self), answers)
         d.addCallbacks(self._synced, self._sync_failed, callbackArgs=(target, segs),
                        errbackArgs=(segs,))
+
+    def _answers(self, target: tuple[int, int, int, dict[str, int]]) -> list[Any]:
+        """
+        The held answers of the appends this fsync covers (those written
+        since the last one handed over), in the order of the appends: each
+        asked for once, with the result its Deferred will fire with.
+        """
+        seq, w_pos, w_off, _ = target
+        covered = []
+        for p in reversed(self._pending):
+            if p.seq <= self._submitted_seq:
+                break
+            if p.prepare_answers is not None:
+                covered.append((p, p.prepare_answers))
+                p.prepare_answers = None
+        answers: list[Any] = []
+        for p, prepare in reversed(covered):
+            try:
+                answers.extend(prepare(AppendResult(p.first, w_pos, w_off)))
+            except Exception:
+                # the answer then goes the usual way; the fsync must not wait
+                self.log.failure("log {log}: preparing answers failed", log=self.name)
+        return answers
 
     def _release(self, segs: Iterable[Segment]) -> None:
         for s in segs:

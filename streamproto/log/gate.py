@@ -75,7 +75,8 @@ class AppendRequest:
     and its conditions, passed on untouched.
     """
 
-    __slots__ = ("lengths", "data", "attributes", "expected_position", "expected_attributes")
+    __slots__ = ("lengths", "data", "attributes", "expected_position", "expected_attributes",
+                 "prepare_answers")
 
     def __init__(self, records: Sequence[BytesLike] | RecordBatch,
                  attributes: Mapping[str, int] | None, expected_position: int | None,
@@ -109,6 +110,8 @@ class AppendRequest:
         self.attributes = attributes
         self.expected_position = expected_position
         self.expected_attributes = expected_attributes
+        #: L{ILog.append}'s hook for answers sent from the fsync's thread
+        self.prepare_answers: Callable[[AppendResult], Sequence[Any]] | None = None
 
     def records(self) -> list[bytes]:
         """A copy of each record (for a store that keeps them one by one)."""
@@ -143,6 +146,7 @@ class GatedLog:
         attributes: Mapping[str, int] | None = None,
         expected_position: int | None = None,
         expected_attributes: Mapping[str, int | None] | None = None,
+        prepare_answers: Callable[[AppendResult], Sequence[Any]] | None = None,
     ) -> Deferred[AppendResult]:
         refused = self._append_refusal()
         written = self._written()
@@ -156,6 +160,7 @@ class GatedLog:
                                     self.config.max_record_size)
         except (RecordTooLarge, TypeError) as e:
             return fail(e)
+        request.prepare_answers = prepare_answers
         return self._append(request)
 
     def _append_refusal(self) -> Exception | None:

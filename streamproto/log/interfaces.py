@@ -16,7 +16,7 @@ ever see synced records.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred
@@ -173,6 +173,7 @@ class ILog(Interface):
         attributes: Mapping[str, int] | None = None,
         expected_position: int | None = None,
         expected_attributes: Mapping[str, int | None] | None = None,
+        prepare_answers: Callable[[AppendResult], Sequence[Any]] | None = None,
     ) -> Deferred[AppendResult]:
         """
         Append records at the end of the log.
@@ -202,6 +203,17 @@ class ILog(Interface):
             again: an exactly-once writer (a Pravega writer and its event
             number) can then never be stored twice, even when an earlier
             append whose outcome was unknown lands after all.
+        @param prepare_answers: for a server whose answer is ready before
+            the fsync: called at most once, on the reactor thread, after
+            the records are written and before the fsync that covers them
+            starts, with the L{AppendResult} the Deferred will fire with;
+            returns held answers (L{streamproto.core.sendpath.SocketSender.hold})
+            that the store sends from the thread that made the records
+            durable, the moment it did (the file store on the accelerator's
+            syncer).  A store that cannot never calls it.  Either way the
+            Deferred fires as always, and the caller then settles each
+            answer (C{SocketSender.finish_held}): not sent, it answers the
+            usual way.
         @return: Deferred firing, after the fsync that covers these records,
             with an L{AppendResult}; fails with L{RecordTooLarge},
             L{LogFailed}, L{LogClosed}, L{AppendConflict}.

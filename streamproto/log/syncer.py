@@ -27,6 +27,11 @@ a wake-up of the reactor and its acknowledgements, and at half the
 closed-loop maximum it halved the fsyncs a server ran and added a third
 to each acknowledgement's latency (doc/performance.rst, run N).
 
+The native syncer also sends held answers (L{ISyncer.sync}'s
+C{answers}): made before the fsync by a server, sent from the fsync's
+thread the moment it succeeds, before the reactor learns of it, and never
+after a failed fsync of the lane (doc/performance.rst, run P).
+
 L{make_syncer} picks the native one where it can: the accelerator is
 built (and not disabled by C{STREAMPROTO_PURE_PYTHON}), the store uses
 the real file layer and the thread pool, and the reactor watches file
@@ -62,7 +67,11 @@ _Syncer: Callable[..., Any] | None = getattr(speedups, "Syncer", None)
 
 
 class ISyncer(Protocol):
-    def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0) -> Deferred[None]:
+    #: whether L{sync} sends the answers it is given (else it cancels them)
+    sends_answers: bool
+
+    def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0,
+             answers: Sequence[Any] = ()) -> Deferred[None]:
         """
         fsync C{fds} in order, then C{directory} when given (a segment file
         was created in it).
@@ -72,6 +81,10 @@ class ISyncer(Protocol):
             than the end of the one before (those given meanwhile as one
             run); their Deferreds fire in that order.  0: none, a sync on
             its own.
+        @param answers: held answers (L{streamproto.core.sendpath.SocketSender.hold})
+            to send the moment these are durable, and no earlier sync of
+            the lane failed; each is finished (sent or cancelled) by the
+            time the Deferred fires, or cancelled by its owner then.
 
         @return: a Deferred firing once all of them are durable, or failing
             with the first C{OSError}.
@@ -100,6 +113,8 @@ class _Run:
 class ThreadSyncer:
     """The fsyncs through C{run_blocking} and the store's file layer."""
 
+    sends_answers = False
+
     def __init__(self, run_blocking: Callable[..., Deferred[Any]], io: DirectoryIO) -> None:
         self._run_blocking = run_blocking
         self._io = io
@@ -107,7 +122,10 @@ class ThreadSyncer:
         #: a lane not here is not running
         self._next: dict[int, _Run | None] = {}
 
-    def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0) -> Deferred[None]:
+    def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0,
+             answers: Sequence[Any] = ()) -> Deferred[None]:
+        for answer in answers:
+            answer.cancel()     # sent from the reactor, as every answer here
         if lane and lane in self._next:
             # the lane runs: this waits, with whatever else comes meanwhile
             run = self._next[lane]
@@ -160,6 +178,10 @@ class NativeSyncer:
     first sync in the new process starts a new native syncer.
     """
 
+    #: answers go out from the native thread that made them durable
+    #: (C{streamproto/_sender.c}, "held answers")
+    sends_answers = True
+
     def __init__(self, reactor: IReactorFDSet, max_threads: int = MAX_THREADS) -> None:
         if _Syncer is None:
             raise RuntimeError("the C accelerator's Syncer is not built")
@@ -173,7 +195,8 @@ class NativeSyncer:
         self._watching = False
         self._closed = False
 
-    def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0) -> Deferred[None]:
+    def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0,
+             answers: Sequence[Any] = ()) -> Deferred[None]:
         if self._closed:
             raise RuntimeError("sync() on a closed NativeSyncer")
         # forked(): the accelerator counts forks (a pthread_atfork handler),
@@ -183,7 +206,7 @@ class NativeSyncer:
             self._unwatch()     # a forked child's copy of the parent's eventfd
             self._native = _Syncer(self._max_threads)
             self._out = {}
-        job = self._native.submit(fds, directory, lane)
+        job = self._native.submit(fds, directory, lane, answers)
         d: Deferred[None] = Deferred()
         self._out[job] = d
         if not self._watching:

@@ -16,7 +16,11 @@ complete, up to L{MAX_PIPELINED} at once (or L{MAX_PIPELINED_BYTES} of
 bodies), so that a connection's pipelined records share a group commit,
 and answers them in order, each once durable, the way the resource does
 (same statuses, JSON, CORS headers, authorization, metrics and log
-lines).  At the first request
+lines).  The answer a connection owes next, when it is a plain one, is
+made before its fsync and held for the store's fsync thread to send the
+moment the record is durable (C{ILog.append}'s C{prepare_answers}, on
+the file store with the accelerator): at low load that answer then does
+not wait for the reactor's wake-up (doc/performance.rst, run P).  At the first request
 that is anything else (another route or method, a batch body, an
 upgrade, C{Expect}, chunked or large bodies, HTTP/1.0, a head it does not
 understand), it waits until every answer is written and hands the
@@ -30,7 +34,7 @@ hypothesis); the protocol frames, dispatches and writes.
 """
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from twisted.internet.defer import Deferred, maybeDeferred
@@ -182,29 +186,41 @@ class AppendBatcher:
                  on_appended: Callable[[str, int, int], object] | None = None) -> None:
         self.reactor = reactor
         self.on_appended = on_appended
-        # log -> (records, their Deferreds), in arrival order
-        self._batches: dict[Any, tuple[list[bytes], list[Deferred[Any]]]] = {}
+        # log -> (records, their Deferreds, their answers' hooks), in arrival order
+        self._batches: dict[Any, tuple[list[bytes], list[Deferred[Any]], list[_Prepare]]] = {}
         self._call: Any = None
 
-    def append(self, the_log: Any, record: bytes) -> "Deferred[Any]":
-        """Append C{record} to C{the_log} with this turn's others."""
+    def append(self, the_log: Any, record: bytes,
+               prepare_answer: "_Prepare | None" = None) -> "Deferred[Any]":
+        """
+        Append C{record} to C{the_log} with this turn's others.
+
+        @param prepare_answer: the record's share of the batch's
+            C{prepare_answers} (L{streamproto.log.interfaces.ILog.append}).
+        """
         batch = self._batches.get(the_log)
         if batch is None:
-            batch = self._batches[the_log] = ([], [])
+            batch = self._batches[the_log] = ([], [], [])
             if self._call is None:
                 self._call = self.reactor.callLater(0, self._flush)
         d: Deferred[Any] = Deferred()
         batch[0].append(record)
         batch[1].append(d)
+        if prepare_answer is not None:
+            batch[2].append(prepare_answer)
         return d
 
     def _flush(self) -> None:
         self._call = None
         batches, self._batches = self._batches, {}
-        for the_log, (records, waiting) in batches.items():
+        for the_log, (records, waiting, prepares) in batches.items():
             # one log's exception is its own records' error, not the others'
-            maybeDeferred(the_log.append, records).addBoth(
-                self._done, the_log, records, waiting)
+            if prepares:
+                d = maybeDeferred(the_log.append, records,
+                                  prepare_answers=_batch_answers(prepares))
+            else:
+                d = maybeDeferred(the_log.append, records)
+            d.addBoth(self._done, the_log, records, waiting)
 
     def _done(self, result: Any, the_log: Any, records: list[bytes],
               waiting: list["Deferred[Any]"]) -> None:
@@ -218,16 +234,30 @@ class AppendBatcher:
             self.on_appended(the_log.name, len(records), sum(map(len, records)))
 
 
+_Prepare = Callable[[Any], Sequence[Any]]
+
+
+def _batch_answers(prepares: list[_Prepare]) -> _Prepare:
+    """One batch's C{prepare_answers}: each record's, in order."""
+    def prepare(result: Any) -> list[Any]:
+        return [held for one in prepares for held in one(result)]
+    return prepare
+
+
 class _Answer:
     """One request's place in its connection's line of answers."""
 
-    __slots__ = ("data", "close", "size")
+    __slots__ = ("data", "close", "size", "held", "held_size")
 
     def __init__(self, close: bool, size: int) -> None:
         self.data: bytes | None = None
         self.close = close
         #: the body's length, held for the connection until answered
         self.size = size
+        #: the answer held for the fsync's thread to send (and its length),
+        #: until the reactor learns whether it went
+        self.held: Any = None
+        self.held_size = 0
 
 
 class _Credentials:
@@ -459,11 +489,11 @@ class QuickChannel(Protocol):
         # a store that raises instead of failing its Deferred must not take
         # the connection (and the requests pipelined behind) with it
         d = maybeDeferred(resource.store.get, head.name)
-        d.addCallback(self._append, head, body)
+        d.addCallback(self._append, head, body, answer)
         d.addCallbacks(self._appended, self._failed, (head, answer),
                        errbackArgs=(head, answer))
 
-    def _append(self, the_log: Any, head: Head, body: bytes) -> Any:
+    def _append(self, the_log: Any, head: Head, body: bytes, answer: _Answer) -> Any:
         if self._gone:
             # the client left while the store looked the log up (a slow
             # JetStream cluster): nobody waits for this record, which
@@ -472,15 +502,53 @@ class QuickChannel(Protocol):
         limit = the_log.config.max_record_size
         if len(body) > limit:
             raise RecordTooLarge(f"record of {len(body)} bytes exceeds max_record_size {limit}")
-        return self.site.append_batcher.append(the_log, body)
+        prepare = None
+        if self._sender is not None and head.origin is None and not answer.close:
+            # the plain answer, which needs nothing but the append's result:
+            # the fsync's thread may send it (_hold)
+            prepare = lambda result: self._hold(result, head, answer)  # noqa: E731
+        return self.site.append_batcher.append(the_log, body, prepare)
+
+    def _hold(self, result: Any, head: Head, answer: _Answer) -> Sequence[Any]:
+        """
+        The answer to C{head}, made now for the thread that runs its fsync
+        to send (L{streamproto.core.sendpath.SocketSender.hold}): when it
+        is the next this connection owes, and the sender can hold it.
+        Otherwise nothing, and it is written once the append is acknowledged.
+        """
+        if self._gone or self._sender is None or not self._answers \
+                or self._answers[0] is not answer:
+            return ()
+        data = self._response(200, render_produced(result.end_position, 1), head, False, None)
+        held = self._sender.hold(data)
+        if held is None:
+            return ()
+        answer.held, answer.held_size = held, len(data)
+        return (held,)
+
+    def _held_sent(self, answer: _Answer) -> bool:
+        """Once the append's outcome is known: whether its held answer went out
+        (then it is the answer, whatever the outcome says)."""
+        held, answer.held = answer.held, None
+        if held is None or self._sender is None:
+            return False
+        return self._sender.finish_held(held, answer.held_size)
 
     def _appended(self, result: Any, head: Head, answer: _Answer) -> None:
         if result is None:
+            return
+        if self._held_sent(answer):
+            self._ready_sent(answer)
             return
         # counted in the metrics by the batcher, once a batch
         self._ready(answer, 200, render_produced(result.end_position, 1), head)
 
     def _failed(self, failure: Failure, head: Head, answer: _Answer) -> None:
+        if self._held_sent(answer):
+            # durable after all: the fsync succeeded before the log failed
+            # (a later write's error), and the client has its answer
+            self._ready_sent(answer)
+            return
         error = report(failure, b"POST", head.path, self.resource.metrics)
         extra = [(b"WWW-Authenticate", access.CHALLENGE)] if error.code == "unauthorized" else []
         self._ready(answer, error.status, error.to_json(), head, extra)
@@ -491,6 +559,14 @@ class QuickChannel(Protocol):
         if self._gone:
             return
         answer.data = self._response(status, body, head, answer.close, extra)
+        if self._answers[0] is answer:
+            self._write_answers()
+
+    def _ready_sent(self, answer: _Answer) -> None:
+        """The answer went out from the fsync's thread: its place is done."""
+        if self._gone:
+            return
+        answer.data = b""
         if self._answers[0] is answer:
             self._write_answers()
 
@@ -527,7 +603,9 @@ class QuickChannel(Protocol):
         if not out:
             return
         data = b"".join(out)
-        if self._sender is not None:
+        if not data:
+            pass    # sent from the fsync's thread
+        elif self._sender is not None:
             self._sender.write(data)
         else:
             self.transport.write(data)

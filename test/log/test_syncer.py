@@ -7,6 +7,7 @@ otherwise; either way an acknowledgement comes only after its fsync.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,13 +15,15 @@ import tempfile
 from twisted.internet import defer, reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from streamproto.log import metrics, syncer
+from streamproto.core import sendthread
+from streamproto.log import MemoryLogStore, metrics, syncer
 from streamproto.log.file import synchronous
 from streamproto.log.filestore import FileLogStore
+from streamproto.log.result import AppendResult
 from streamproto.log.segments import FileIO
 from streamproto.log.syncer import NativeSyncer, ThreadSyncer, make_syncer
 from test.support.ciutil import missing
-from test.support.netutil import readable
+from test.support.netutil import readable, wait_until
 
 def require_native():
     """Skip without the accelerator's Syncer on a developer's machine; fail under CI."""
@@ -148,9 +151,9 @@ class LogLaneTests(SynchronousTestCase):
         lanes = []
 
         class Spy(ThreadSyncer):
-            def sync(self, fds, directory, lane=0):
+            def sync(self, fds, directory, lane=0, answers=()):
                 lanes.append(lane)
-                return super().sync(fds, directory, lane)
+                return super().sync(fds, directory, lane, answers)
         store._syncer = Spy(held, FileIO())
         log = self.successResultOf(store.create("a"))
         del lanes[:], runs[:]     # the creation's own sync, if any
@@ -511,6 +514,106 @@ class StoreOnNativeThreadsTests(TestCase):
         yield log.append([b"first"])
         real = store._syncer.sync
         self.patch(store._syncer, "sync",
-                   lambda fds, directory, lane: real([10 ** 6], directory, lane))
+                   lambda fds, directory, lane, answers=(): real([10 ** 6], directory, lane,
+                                                                 answers))
         yield self.assertFailure(log.append([b"second"]), Exception)
         self.assertIsNotNone(log.failed)
+
+
+class PreparedAnswerTests(TestCase):
+    """C{ILog.append(prepare_answers=...)} on the file store: asked for once,
+    before the fsync, with the result the append then fires with; the held
+    answers it gives go out from the syncer's thread, only once durable."""
+
+    def setUp(self):
+        require_native()
+
+    @defer.inlineCallbacks
+    def test_asked_before_the_fsync_with_the_result(self):
+        store = FileLogStore(self.mktemp())
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        yield log.append([b"first"])
+        asked = []
+
+        def prepare(result):
+            asked.append((result, log.end_position))
+            return ()
+        result = yield log.append([b"a", b"b"], prepare_answers=prepare)
+        # asked as the fsync was handed over, when nothing of it was synced
+        self.assertEqual(asked, [(AppendResult(1, 3, 7), 1)])
+        self.assertEqual(result, asked[0][0])
+
+    @defer.inlineCallbacks
+    def test_appends_sharing_an_fsync_each_asked_in_order(self):
+        store = FileLogStore(self.mktemp())
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        asked = []
+        # the first append's fsync runs while the others are written: those
+        # two share the next one, and each is asked for once, in order
+        ds = [log.append([b"r%d" % i], prepare_answers=lambda r, i=i: asked.append(i) or ())
+              for i in range(3)]
+        results = yield defer.gatherResults(ds)
+        self.assertEqual(asked, [0, 1, 2])
+        self.assertEqual([r.first_position for r in results], [0, 1, 2])
+
+    @defer.inlineCallbacks
+    def test_held_answers_go_out_once_durable(self):
+        store = FileLogStore(self.mktemp())
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        thread = sendthread._SendThread()
+        self.addCleanup(thread.close)
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        b.setblocking(False)
+        sock = thread.socket(os.dup(a.fileno()), 1)
+        self.addCleanup(sock.close)
+        holds = []
+
+        def prepare(result):
+            holds.append(sock.hold(b"ack %d" % result.end_position))
+            return holds
+        yield log.append([b"x"], prepare_answers=prepare)
+        yield wait_until(lambda: not holds[0].pending)
+        self.assertTrue(holds[0].sent)
+        self.assertTrue(readable(b.fileno(), 10))
+        self.assertEqual(b.recv(100), b"ack 1")
+
+    @defer.inlineCallbacks
+    def test_not_after_a_failed_fsync(self):
+        store = FileLogStore(self.mktemp())
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        thread = sendthread._SendThread()
+        self.addCleanup(thread.close)
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        b.setblocking(False)
+        sock = thread.socket(os.dup(a.fileno()), 1)
+        self.addCleanup(sock.close)
+        real = store._syncer.sync
+        self.patch(store._syncer, "sync",
+                   lambda fds, directory, lane, answers=(): real([10 ** 6], directory, lane,
+                                                                 answers))
+        holds = []
+        yield self.assertFailure(
+            log.append([b"x"], prepare_answers=lambda r: holds.append(sock.hold(b"ack")) or holds),
+            Exception)
+        self.assertEqual(len(holds), 1)
+        self.assertFalse(holds[0].sent or holds[0].pending)
+        self.assertFalse(readable(b.fileno(), 0.05))
+
+    @defer.inlineCallbacks
+    def test_stores_that_cannot_never_ask(self):
+        asked = []
+        threads = FileLogStore(self.mktemp(), run_blocking=synchronous)
+        self.addCleanup(threads.close)
+        memory = MemoryLogStore()
+        for store in (threads, memory):
+            log = yield store.create("events")
+            yield log.append([b"x"], prepare_answers=asked.append)
+        self.assertEqual(asked, [])

@@ -17,12 +17,16 @@ from twisted.web.http import _GenericHTTPChannelProtocol
 
 from streamproto.core.auth import PolicyHolder, hash_token
 from streamproto.core.interfaces import IGracefulShutdown
+from streamproto.core.sendpath import SocketSender
 from streamproto.log import LogConfig, MemoryLogStore
+from streamproto.log.filestore import FileLogStore
 from streamproto.styx.quick import (
     MAX_HEAD, MAX_PIPELINED, MAX_PIPELINED_BYTES, QuickChannel, parse_head,
 )
 from streamproto.styx.resource import make_site
 from test.support import authutil
+from test.support.ciutil import missing
+from test.support.netutil import wait_until
 from test.support.tlsutil import certs
 
 HEAD = (b"POST /logs/events/records HTTP/1.1\r\nHost: x\r\n"
@@ -669,3 +673,87 @@ class RealTLSConnectionTests(RealConnectionTests):
 
     def client_endpoint(self):
         return endpoints.wrapClientTLS(certs().client_options(), super().client_endpoint())
+
+
+class HeldAnswerTests(unittest.TestCase):
+    """
+    Over real TCP on the file store with the accelerator: a connection's
+    next answer is made before its fsync and sent from the fsync's thread
+    (L{streamproto.core.sendpath.SocketSender.hold}); the others the usual
+    way, every answer once, in order.
+    """
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        from streamproto.core import sendthread
+        from streamproto.log import syncer
+        if sendthread._SendThread is None or syncer._Syncer is None:
+            missing("the C accelerator's SendThread and Syncer (setup.py build_ext, Linux)")
+        self.store = FileLogStore(self.mktemp())
+        self.addCleanup(self.store.close)
+        self.log = yield self.store.create("events")
+        self.site = make_site(self.store)
+        self.port = yield endpoints.serverFromString(
+            reactor, "tcp:0:interface=127.0.0.1").listen(self.site)
+        self.addCleanup(self.port.stopListening)
+        self.held = []
+        real = SocketSender.finish_held
+
+        def finish_held(sender, held, size):
+            sent = real(sender, held, size)
+            self.held.append(sent)
+            return sent
+        self.patch(SocketSender, "finish_held", finish_held)
+
+    @defer.inlineCallbacks
+    def exchange(self, *requests):
+        """Send each request once the answer before it is in; the answers."""
+        client = yield endpoints.connectProtocol(
+            endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port),
+            _Collect())
+        for i, request in enumerate(requests):
+            client.transport.write(request)
+            if i < len(requests) - 1:
+                yield wait_until(lambda i=i: len(answers(client.data)) > i)
+        received = yield client.closed
+        return answers(received)
+
+    @defer.inlineCallbacks
+    def test_one_at_a_time_from_the_fsync_thread(self):
+        got = yield self.exchange(post(b"a"), post(b"b"),
+                                  post(b"c", extra=b"Connection: close\r\n"))
+        self.assertEqual([(s, json.loads(b)) for s, _, b in got],
+                         [(200, {"position": p, "count": 1}) for p in (1, 2, 3)])
+        # the two not closing the connection were held (the last is written
+        # as twisted.web would: it closes)
+        self.assertEqual(self.held, [True, True])
+        records = yield self.log.read(0)
+        self.assertEqual([bytes(r) for r in records], [b"a", b"b", b"c"])
+
+    @defer.inlineCallbacks
+    def test_pipelined_in_order(self):
+        n = 40
+        got = yield self.exchange(b"".join(post(b"%d" % i) for i in range(n))
+                                  + post(b"last", extra=b"Connection: close\r\n"))
+        self.assertEqual([s for s, _, _ in got], [200] * (n + 1))
+        positions = [json.loads(b)["position"] for _, _, b in got]
+        self.assertEqual(positions, sorted(positions))
+        self.assertEqual(positions[-1], n + 1)
+        self.assertIn(True, self.held)        # the first, at least
+        self.assertEqual(self.log.end_position, n + 1)
+
+    @defer.inlineCallbacks
+    def test_a_failed_fsync_answers_once(self):
+        syncer = self.store._syncer
+        real = syncer.sync
+        self.patch(syncer, "sync", lambda fds, directory, lane, answers=():
+                   real([10 ** 6], directory, lane, answers))
+        got = yield self.exchange(post(b"a"), post(b"b", extra=b"Connection: close\r\n"))
+        # the first was held, then cancelled: answered here, once, with the
+        # error (and the log, fail-stopped, refuses the next)
+        self.assertEqual(self.held, [False])
+        self.assertEqual(len(got), 2)
+        self.assertEqual([(s, json.loads(b)["code"]) for s, _, b in got],
+                         [(400, "log_not_available")] * 2)
