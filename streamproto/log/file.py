@@ -188,8 +188,8 @@ class FileLog(GatedLog):
             self._sync_now()
         self._attributes = dict(attributes)
         end = self._segments[-1]
-        self.end_position = self._w_pos = end.end_position
-        self.end_offset = self._w_off = end.end_offset
+        self._end_position = self._w_pos = end.end_position
+        self._end_offset = self._w_off = end.end_offset
         first = self._segments[0]
         self._start_position: int = max(first.position, self._state["start_position"])
         self._start_offset: int = max(first.offset, self._state["start_offset"])
@@ -213,9 +213,37 @@ class FileLog(GatedLog):
     def start_offset(self) -> int:
         return self._start_offset
 
+    # The synced end.  While an fsync is out, its answers may have left
+    # from the fsync's thread before the reactor learns that it is done
+    # (held answers: streamproto/_sender.c): the syncer's catch_up makes
+    # what a client was told visible first, so that no reader is served a
+    # view behind it.
+    @property
+    def end_position(self) -> int:
+        if self._syncs_out:
+            self._syncer.catch_up()
+        return self._end_position
+
+    @property
+    def end_offset(self) -> int:
+        if self._syncs_out:
+            self._syncer.catch_up()
+        return self._end_offset
+
     @property
     def attributes(self) -> dict[str, int]:
+        if self._syncs_out:
+            self._syncer.catch_up()
         return dict(self._attributes)
+
+    def _made_durable(self, target: tuple[int, int, int, dict[str, int]]) -> None:
+        """What an fsync made durable becomes the synced end (never an older
+        one: the syncer's catch_up may have shown a later fsync's first)."""
+        seq, w_pos, w_off, attrs = target
+        if self.failed is None and seq > self._synced_seq:
+            self._synced_seq = seq
+            self._end_position, self._end_offset = w_pos, w_off
+            self._attributes = attrs
 
     # -- writing ---------------------------------------------------------
     def _new_segment(self, position: int, offset: int) -> Segment:
@@ -293,7 +321,7 @@ class FileLog(GatedLog):
 
     def _write_batch(self, lengths: array[int], data: BytesLike,
                      attributes: Mapping[str, int] | None) -> None:
-        lag = min(self._w_pos - self.end_position, 0xFFFFFFFF)
+        lag = min(self._w_pos - self._end_position, 0xFFFFFFFF)
         parts = encode_batch(self._w_pos, self._w_off, lengths, data, attributes, lag)
         size = sum(len(p) for p in parts)
         seg = self._roll_if_needed(size, len(lengths))
@@ -362,7 +390,8 @@ class FileLog(GatedLog):
         self._submitted_seq = self._wseq
         self._syncs_out += 1
         fds = [s.fd for s in segs]
-        d = self._syncer.sync(fds, self.path if dir_dirty else None, id(self), answers)
+        d = self._syncer.sync(fds, self.path if dir_dirty else None, id(self), answers,
+                              lambda: self._made_durable(target))
         d.addCallbacks(self._synced, self._sync_failed, callbackArgs=(target, segs),
                        errbackArgs=(segs,))
 
@@ -402,9 +431,7 @@ class FileLog(GatedLog):
         if self.failed is not None:
             return   # an fsync before this one failed: nothing is acknowledged
         seq, w_pos, w_off, attrs = target
-        self._synced_seq = seq
-        self.end_position, self.end_offset = w_pos, w_off
-        self._attributes = attrs
+        self._made_durable(target)
         pending = self._pending
         done = []
         while pending and pending[0].seq <= seq:
@@ -712,8 +739,8 @@ class FileLog(GatedLog):
         self._state["skipped_from"] = [self._w_pos, self._w_off]
 
         def saved(_: None) -> int:
-            self._w_pos = self.end_position = self._start_position = position
-            self._w_off = self.end_offset = self._start_offset = offset
+            self._w_pos = self._end_position = self._start_position = position
+            self._w_off = self._end_offset = self._start_offset = offset
             self._new_segment(position, offset)
             self._sync_now()
             self._waiters.advance(position)

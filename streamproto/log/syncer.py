@@ -71,7 +71,8 @@ class ISyncer(Protocol):
     sends_answers: bool
 
     def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0,
-             answers: Sequence[Any] = ()) -> Deferred[None]:
+             answers: Sequence[Any] = (),
+             durable: Callable[[], object] | None = None) -> Deferred[None]:
         """
         fsync C{fds} in order, then C{directory} when given (a segment file
         was created in it).
@@ -85,9 +86,23 @@ class ISyncer(Protocol):
             to send the moment these are durable, and no earlier sync of
             the lane failed; each is finished (sent or cancelled) by the
             time the Deferred fires, or cancelled by its owner then.
+        @param durable: with C{answers}: called on the reactor thread from
+            L{catch_up} when these are durable but the Deferred has not
+            fired yet (its answers may be out): what must be visible to
+            readers once a client has its answer (the log's end), and
+            nothing else (no Deferred fires in it).
 
         @return: a Deferred firing once all of them are durable, or failing
             with the first C{OSError}.
+        """
+
+    def catch_up(self) -> None:
+        """
+        Call the C{durable} of each sync whose answers went out from the
+        fsync's thread, without waiting for its Deferred (which fires on a
+        later turn of the reactor): a reader's view is then never behind
+        an answer a client has.  (A failed sync sends none, nor does any
+        later one of its lane.)
         """
 
     def close(self) -> None:
@@ -123,7 +138,8 @@ class ThreadSyncer:
         self._next: dict[int, _Run | None] = {}
 
     def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0,
-             answers: Sequence[Any] = ()) -> Deferred[None]:
+             answers: Sequence[Any] = (),
+             durable: Callable[[], object] | None = None) -> Deferred[None]:
         for answer in answers:
             answer.cancel()     # sent from the reactor, as every answer here
         if lane and lane in self._next:
@@ -151,6 +167,9 @@ class ThreadSyncer:
             waiting = self._next.pop(lane)
             if waiting is not None:
                 self._run(lane, waiting)
+
+    def catch_up(self) -> None:
+        pass    # answers only leave once the Deferred fired
 
     def _sync(self, fds: list[int], directory: str | None) -> None:
         started = time.monotonic()
@@ -189,6 +208,9 @@ class NativeSyncer:
         self._max_threads = max_threads
         self._native: Any = None
         self._out: dict[int, Deferred[None]] = {}
+        #: job -> its sync's C{durable}, while its answers may be out
+        #: before its Deferred fires
+        self._durable: dict[int, Callable[[], object]] = {}
         #: the eventfd the reactor watches (kept: the reactor finds a
         #: reader by the descriptor it was added with)
         self._fd = -1
@@ -196,7 +218,8 @@ class NativeSyncer:
         self._closed = False
 
     def sync(self, fds: Sequence[int], directory: str | None, lane: int = 0,
-             answers: Sequence[Any] = ()) -> Deferred[None]:
+             answers: Sequence[Any] = (),
+             durable: Callable[[], object] | None = None) -> Deferred[None]:
         if self._closed:
             raise RuntimeError("sync() on a closed NativeSyncer")
         # forked(): the accelerator counts forks (a pthread_atfork handler),
@@ -205,10 +228,12 @@ class NativeSyncer:
             assert _Syncer is not None
             self._unwatch()     # a forked child's copy of the parent's eventfd
             self._native = _Syncer(self._max_threads)
-            self._out = {}
+            self._out, self._durable = {}, {}
         job = self._native.submit(fds, directory, lane, answers)
         d: Deferred[None] = Deferred()
         self._out[job] = d
+        if answers and durable is not None:
+            self._durable[job] = durable
         if not self._watching:
             self._fd = self._native.fileno()
             self._reactor.addReader(self)
@@ -227,8 +252,10 @@ class NativeSyncer:
     def doRead(self) -> None:
         # settle the bookkeeping before any callback runs: an acknowledged
         # client may append (and sync) again, or close the store, inside it
-        done = [(self._out.pop(job), error, seconds)
-                for job, error, seconds in self._native.completed()]
+        done = []
+        for job, error, seconds in self._native.completed():
+            self._durable.pop(job, None)    # the Deferred says it now
+            done.append((self._out.pop(job), error, seconds))
         if not self._out and self._closed:
             self._stop()
         for d, error, seconds in done:
@@ -238,6 +265,19 @@ class NativeSyncer:
                 if seconds >= 0:   # a job merged into the one before: timed there
                     metrics.FSYNC_SECONDS.observe(seconds)
                 d.callback(None)
+
+    def catch_up(self) -> None:
+        durable = self._durable
+        if not durable or self._native is None:
+            return
+        # the native thread lists a job as done before it sends its
+        # answers, and tells the eventfd after: a reader served meanwhile
+        # finds it here
+        for job, answered in self._native.peek():
+            if answered:    # else nobody was told before the Deferred fires
+                made = durable.pop(job, None)
+                if made is not None:
+                    made()
 
     def connectionLost(self, reason: Failure) -> None:
         # removed by the reactor (removeAll at shutdown): watched again at

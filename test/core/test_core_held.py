@@ -226,6 +226,26 @@ class NativeHeldTests(unittest.SynchronousTestCase):
         self.assertEqual(error, 0)
         self.assertEqual(drain_socket(self.b) + b"".join(back), big)
 
+    def test_peek_shows_done_jobs_until_taken(self):
+        """What a reader's catch-up looks at: the jobs done, whether their
+        answers went out, left for completed()."""
+        held = self.s.hold(b"a")
+        job = self.syncer.submit([self.fd], None, 1, [held])
+        self.assertTrue(readable(self.syncer.fileno(), 10))
+        self.assertEqual(self.syncer.peek(), [(job, True)])
+        self.assertEqual(self.syncer.peek(), [(job, True)])
+        self.assertEqual([j for j, _, _ in self.syncer.completed()], [job])
+        self.assertEqual(self.syncer.peek(), [])
+        # without answers, or with answers its failed fsync did not send
+        bare = self.syncer.submit([self.fd], None, 1)
+        self.assertTrue(readable(self.syncer.fileno(), 10))
+        self.assertEqual(self.syncer.peek(), [(bare, False)])
+        self.syncer.completed()
+        self.settled()
+        failed = self.syncer.submit([BAD_FD], None, 2, [self.s.hold(b"b")])
+        self.assertTrue(readable(self.syncer.fileno(), 10))
+        self.assertEqual(self.syncer.peek(), [(failed, False)])
+
     def test_a_closed_thread_holds_nothing(self):
         self.thread.close()
         self.assertIsNone(self.s.hold(b"answer"))

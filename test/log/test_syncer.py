@@ -151,9 +151,9 @@ class LogLaneTests(SynchronousTestCase):
         lanes = []
 
         class Spy(ThreadSyncer):
-            def sync(self, fds, directory, lane=0, answers=()):
+            def sync(self, fds, directory, lane=0, *rest):
                 lanes.append(lane)
-                return super().sync(fds, directory, lane, answers)
+                return super().sync(fds, directory, lane, *rest)
         store._syncer = Spy(held, FileIO())
         log = self.successResultOf(store.create("a"))
         del lanes[:], runs[:]     # the creation's own sync, if any
@@ -514,8 +514,7 @@ class StoreOnNativeThreadsTests(TestCase):
         yield log.append([b"first"])
         real = store._syncer.sync
         self.patch(store._syncer, "sync",
-                   lambda fds, directory, lane, answers=(): real([10 ** 6], directory, lane,
-                                                                 answers))
+                   lambda fds, directory, *rest: real([10 ** 6], directory, *rest))
         yield self.assertFailure(log.append([b"second"]), Exception)
         self.assertIsNotNone(log.failed)
 
@@ -583,6 +582,36 @@ class PreparedAnswerTests(TestCase):
         self.assertEqual(b.recv(100), b"ack 1")
 
     @defer.inlineCallbacks
+    def test_readers_never_behind_an_answer(self):
+        """The answer leaves from the fsync's thread before the reactor
+        learns of the fsync: a reader it serves meanwhile (here, before it
+        runs again at all) already sees the record."""
+        store = FileLogStore(self.mktemp())
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        thread = sendthread._SendThread()
+        self.addCleanup(thread.close)
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        b.setblocking(False)
+        sock = thread.socket(os.dup(a.fileno()), 1)
+        self.addCleanup(sock.close)
+        d = log.append([b"x"], prepare_answers=lambda r: [sock.hold(b"ack")])
+        self.assertEqual(log.end_position, 0)
+        # the reactor does not run until this test yields
+        self.assertTrue(readable(b.fileno(), 10))
+        self.assertEqual(b.recv(100), b"ack")
+        self.assertNoResult(d)
+        self.assertEqual((log.end_position, log.end_offset), (1, 1))
+        self.assertEqual(log.info()["record_count"], 1)
+        records = yield log.read(0)
+        self.assertEqual([bytes(r) for r in records], [b"x"])
+        result = yield d
+        self.assertEqual(result.end_position, 1)
+        self.assertEqual(log.end_position, 1)
+
+    @defer.inlineCallbacks
     def test_not_after_a_failed_fsync(self):
         store = FileLogStore(self.mktemp())
         self.addCleanup(store.close)
@@ -597,8 +626,7 @@ class PreparedAnswerTests(TestCase):
         self.addCleanup(sock.close)
         real = store._syncer.sync
         self.patch(store._syncer, "sync",
-                   lambda fds, directory, lane, answers=(): real([10 ** 6], directory, lane,
-                                                                 answers))
+                   lambda fds, directory, *rest: real([10 ** 6], directory, *rest))
         holds = []
         yield self.assertFailure(
             log.append([b"x"], prepare_answers=lambda r: holds.append(sock.hold(b"ack")) or holds),

@@ -748,8 +748,8 @@ class HeldAnswerTests(unittest.TestCase):
     def test_a_failed_fsync_answers_once(self):
         syncer = self.store._syncer
         real = syncer.sync
-        self.patch(syncer, "sync", lambda fds, directory, lane, answers=():
-                   real([10 ** 6], directory, lane, answers))
+        self.patch(syncer, "sync", lambda fds, directory, *rest:
+                   real([10 ** 6], directory, *rest))
         got = yield self.exchange(post(b"a"), post(b"b", extra=b"Connection: close\r\n"))
         # the first was held, then cancelled: answered here, once, with the
         # error (and the log, fail-stopped, refuses the next)
