@@ -200,6 +200,44 @@ static void finish(sshared *s, sjob *j, int sent) {
     settle_after(s, c);
 }
 
+/* A job of c carrying a copy of data; NULL without memory. */
+static sjob *new_job(conn *c, const void *data, size_t len) {
+    sjob *j = malloc(sizeof *j + len);
+    if (!j)
+        return NULL;
+    j->next = NULL;
+    j->c = c;
+    j->len = len;
+    j->off = 0;
+    memcpy(j->data, data, len);
+    return j;
+}
+
+/* With s->lock held: whether c takes no more jobs now.  The thread
+ * blocked it (only ever while jobs of it were out: the caller's fallback
+ * keeps them in order), or it stops, or an answer held for an fsync must
+ * go first (the same fallback: what was refused comes back once that one
+ * is done). */
+static int refuses(sshared *s, conn *c) {
+    return __atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE) || s->closing || c->held_out;
+}
+
+/* With s->lock held: j at the end of the thread's queue; 1 if the thread
+ * must be woken, which the caller does after the unlock (woken under it,
+ * the thread would at once wait for the lock: a second wake-up before
+ * the send). */
+static int queue_job(sshared *s, sjob *j) {
+    j->next = NULL;
+    if (s->todo_tail)
+        s->todo_tail->next = j;
+    else
+        s->todo = j;
+    s->todo_tail = j;
+    int wake = s->idle;
+    s->idle = 0;
+    return wake;
+}
+
 static void *sender_main(void *arg) {
     sshared *s = (sshared *)arg;
     pthread_mutex_lock(&s->lock);
@@ -515,18 +553,11 @@ void held_finish(held *h, int durable) {
         /* behind the connection's jobs out, on the send thread, which
          * sends in order whatever is queued after it */
         c->held_out = 0;
-        j->next = NULL;
-        if (s->todo_tail)
-            s->todo_tail->next = j;
-        else
-            s->todo = j;
-        s->todo_tail = j;
-        wake = s->idle;
-        s->idle = 0;
+        wake = queue_job(s, j);
     }
     pthread_mutex_unlock(&s->lock);
     if (wake)
-        pthread_cond_signal(&s->wake);    /* after the unlock: see SendSocket_send */
+        pthread_cond_signal(&s->wake);
 }
 
 void held_set_durable(held *h, int durable) {
@@ -662,38 +693,19 @@ static PyObject *SendSocket_send(SendSocketObject *self, PyObject *args) {
         PyBuffer_Release(&b);
         Py_RETURN_TRUE;
     }
-    sjob *j = malloc(sizeof *j + (size_t)b.len);
-    if (!j) {
-        PyBuffer_Release(&b);
-        return PyErr_NoMemory();
-    }
-    j->next = NULL;
-    j->c = c;
-    j->len = (size_t)b.len;
-    j->off = 0;
-    memcpy(j->data, b.buf, (size_t)b.len);
+    sjob *j = new_job(c, b.buf, (size_t)b.len);
     PyBuffer_Release(&b);
+    if (!j)
+        return PyErr_NoMemory();
     pthread_mutex_lock(&s->lock);
-    if (__atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE) || s->closing || c->held_out) {
-        /* the thread blocked the connection (only ever while jobs of it
-         * were out: the caller's fallback keeps them in order), or stops,
-         * or an answer held for an fsync must go first (the same
-         * fallback: this comes back once that one is done) */
+    if (refuses(s, c)) {
         pthread_mutex_unlock(&s->lock);
         free(j);
         Py_RETURN_FALSE;
     }
     c->inflight++;
-    if (s->todo_tail)
-        s->todo_tail->next = j;
-    else
-        s->todo = j;
-    s->todo_tail = j;
-    int wake = s->idle;
-    s->idle = 0;
+    int wake = queue_job(s, j);
     pthread_mutex_unlock(&s->lock);
-    /* after the unlock: the thread woken under it would at once wait for
-     * the lock, a second wake-up before the send */
     if (wake)
         pthread_cond_signal(&s->wake);
     Py_RETURN_TRUE;
@@ -711,9 +723,9 @@ static PyObject *SendSocket_hold(SendSocketObject *self, PyObject *args) {
     sshared *s = c->s;
     HeldObject *obj = PyObject_New(HeldObject, &HeldType);
     held *h = calloc(1, sizeof *h);
-    sjob *j = malloc(sizeof *j + (size_t)b.len);
+    sjob *j = new_job(c, b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
     if (!obj || !h || !j) {
-        PyBuffer_Release(&b);
         free(h);
         free(j);
         if (obj) {
@@ -722,15 +734,8 @@ static PyObject *SendSocket_hold(SendSocketObject *self, PyObject *args) {
         }
         return PyErr_NoMemory();
     }
-    j->next = NULL;
-    j->c = c;
-    j->len = (size_t)b.len;
-    j->off = 0;
-    memcpy(j->data, b.buf, (size_t)b.len);
-    PyBuffer_Release(&b);
     pthread_mutex_lock(&s->lock);
-    if (__atomic_load_n(&c->blocked, __ATOMIC_ACQUIRE) || s->closing || c->held_out
-            || !s->running) {
+    if (refuses(s, c) || !s->running) {
         pthread_mutex_unlock(&s->lock);
         free(h);
         free(j);

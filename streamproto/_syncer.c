@@ -296,25 +296,21 @@ static void *worker(void *arg) {
         else
             s->done = run;
         s->done_tail = last;
-        uint64_t one = 1;
-        if (answers) {
-            /* the answers first: the reactor's wake-up (the eventfd) cost
-             * them about 70 us when it went before them (doc/performance.rst,
-             * run P).  The jobs are on the done list already, so a reactor
-             * that serves a read before it learns of them from the
-             * eventfd finds them there (Syncer.peek: the log's end is
-             * never behind an answer a client has) */
-            pthread_mutex_unlock(&s->lock);
+        pthread_mutex_unlock(&s->lock);
+        /* the answers first: the reactor's wake-up (the eventfd) cost them
+         * about 70 us when it went before them (doc/performance.rst, run
+         * P).  The jobs are on the done list already, so a reactor that
+         * serves a read before it learns of them from the eventfd finds
+         * them there (Syncer.peek: the log's end is never behind an answer
+         * a client has) */
+        if (answers)
             held_finish_listed(answers);
-            ssize_t ignored = write(s->efd, &one, sizeof one);
-            (void)ignored;
-            pthread_mutex_lock(&s->lock);
-        } else {
-            /* the counter cannot overflow at one a run; a failed write
-             * leaves nothing to do but what the next run's write does */
-            ssize_t ignored = write(s->efd, &one, sizeof one);
-            (void)ignored;
-        }
+        /* the counter cannot overflow at one a run; a failed write leaves
+         * nothing to do but what the next run's write does */
+        uint64_t one = 1;
+        ssize_t ignored = write(s->efd, &one, sizeof one);
+        (void)ignored;
+        pthread_mutex_lock(&s->lock);
         /* what the lane queued meanwhile is this thread's next take */
     }
     /* threads waiting for a lane this one ran may be the last to exit */

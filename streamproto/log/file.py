@@ -390,8 +390,11 @@ class FileLog(GatedLog):
         self._submitted_seq = self._wseq
         self._syncs_out += 1
         fds = [s.fd for s in segs]
+        # what readers must see once an answer went out before the reactor
+        # learns of this fsync (only then: see end_position)
+        durable = (lambda: self._made_durable(target)) if answers else None
         d = self._syncer.sync(fds, self.path if dir_dirty else None, id(self), answers,
-                              lambda: self._made_durable(target))
+                              durable)
         d.addCallbacks(self._synced, self._sync_failed, callbackArgs=(target, segs),
                        errbackArgs=(segs,))
 
@@ -401,7 +404,7 @@ class FileLog(GatedLog):
         since the last one handed over), in the order of the appends: each
         asked for once, with the result its Deferred will fire with.
         """
-        seq, w_pos, w_off, _ = target
+        _, w_pos, w_off, _ = target
         covered = []
         for p in reversed(self._pending):
             if p.seq <= self._submitted_seq:
@@ -430,7 +433,7 @@ class FileLog(GatedLog):
         self._syncs_out -= 1
         if self.failed is not None:
             return   # an fsync before this one failed: nothing is acknowledged
-        seq, w_pos, w_off, attrs = target
+        seq, w_pos, w_off = target[:3]
         self._made_durable(target)
         pending = self._pending
         done = []

@@ -81,7 +81,9 @@ class AppendRequest:
     def __init__(self, records: Sequence[BytesLike] | RecordBatch,
                  attributes: Mapping[str, int] | None, expected_position: int | None,
                  expected_attributes: Mapping[str, int | None] | None,
-                 max_record_size: int) -> None:
+                 max_record_size: int,
+                 prepare_answers: Callable[[AppendResult], Sequence[Any]] | None = None,
+                 ) -> None:
         """
         @raise RecordTooLarge: a record is bigger than C{max_record_size}.
         @raise TypeError: the attributes do not map C{str} to C{int}.
@@ -111,7 +113,7 @@ class AppendRequest:
         self.expected_position = expected_position
         self.expected_attributes = expected_attributes
         #: L{ILog.append}'s hook for answers sent from the fsync's thread
-        self.prepare_answers: Callable[[AppendResult], Sequence[Any]] | None = None
+        self.prepare_answers = prepare_answers
 
     def records(self) -> list[bytes]:
         """A copy of each record (for a store that keeps them one by one)."""
@@ -157,10 +159,9 @@ class GatedLog:
             return fail(refused)
         try:
             request = AppendRequest(records, attributes, expected_position, expected_attributes,
-                                    self.config.max_record_size)
+                                    self.config.max_record_size, prepare_answers)
         except (RecordTooLarge, TypeError) as e:
             return fail(e)
-        request.prepare_answers = prepare_answers
         return self._append(request)
 
     def _append_refusal(self) -> Exception | None:

@@ -538,7 +538,7 @@ class QuickChannel(Protocol):
         if result is None:
             return
         if self._held_sent(answer):
-            self._ready_sent(answer)
+            self._place(answer, b"")
             return
         # counted in the metrics by the batcher, once a batch
         self._ready(answer, 200, render_produced(result.end_position, 1), head)
@@ -547,7 +547,7 @@ class QuickChannel(Protocol):
         if self._held_sent(answer):
             # durable after all: the fsync succeeded before the log failed
             # (a later write's error), and the client has its answer
-            self._ready_sent(answer)
+            self._place(answer, b"")
             return
         error = report(failure, b"POST", head.path, self.resource.metrics)
         extra = [(b"WWW-Authenticate", access.CHALLENGE)] if error.code == "unauthorized" else []
@@ -556,17 +556,15 @@ class QuickChannel(Protocol):
     # -- answers ------------------------------------------------------------
     def _ready(self, answer: _Answer, status: int, body: bytes, head: Head,
                extra: list[tuple[bytes, bytes]] | None = None) -> None:
-        if self._gone:
-            return
-        answer.data = self._response(status, body, head, answer.close, extra)
-        if self._answers[0] is answer:
-            self._write_answers()
+        if not self._gone:
+            self._place(answer, self._response(status, body, head, answer.close, extra))
 
-    def _ready_sent(self, answer: _Answer) -> None:
-        """The answer went out from the fsync's thread: its place is done."""
+    def _place(self, answer: _Answer, data: bytes) -> None:
+        """C{answer} is C{data} (empty: it went out from the fsync's thread);
+        written with those before it once it is the first due."""
         if self._gone:
             return
-        answer.data = b""
+        answer.data = data
         if self._answers[0] is answer:
             self._write_answers()
 

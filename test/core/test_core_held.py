@@ -15,9 +15,11 @@ import time
 from twisted.internet import defer, reactor
 from twisted.trial import unittest
 
+from streamproto.base.durable import DirectoryIO
 from streamproto.core import sendthread
 from streamproto.core.sendpath import SocketSender
 from streamproto.log import syncer
+from streamproto.log.file import synchronous
 from test.support.ciutil import missing
 from test.support.netutil import drain_socket, loopback_pair, readable
 
@@ -275,6 +277,16 @@ class SocketSenderHeldTests(unittest.TestCase):
         return server, client, sender, counted
 
     @defer.inlineCallbacks
+    def received(self, server, client, sender):
+        """Once C{sender} has sent everything and the connection is closed:
+        what the client got."""
+        yield sender.when_drained()
+        sender.close()
+        server.transport.loseConnection()
+        received = yield client.done
+        return received
+
+    @defer.inlineCallbacks
     def test_held_then_written_in_order(self):
         server, client, sender, counted = yield self.sender()
         held = sender.hold(b"held;")
@@ -285,10 +297,7 @@ class SocketSenderHeldTests(unittest.TestCase):
         sender.write(b"more")
         yield d
         self.assertTrue(sender.finish_held(held, 5))
-        yield sender.when_drained()
-        sender.close()
-        server.transport.loseConnection()
-        received = yield client.done
+        received = yield self.received(server, client, sender)
         self.assertEqual(received, b"held;after;more")
         self.assertEqual(sum(counted), len(received))
         self.assertEqual(sender.sent, len(received))
@@ -301,10 +310,7 @@ class SocketSenderHeldTests(unittest.TestCase):
         yield self.assertFailure(d, OSError)
         self.assertFalse(sender.finish_held(held, 2))
         sender.write(b"error")
-        yield sender.when_drained()
-        sender.close()
-        server.transport.loseConnection()
-        received = yield client.done
+        received = yield self.received(server, client, sender)
         self.assertEqual(received, b"error")
         self.assertEqual(sum(counted), 5)
 
@@ -317,28 +323,19 @@ class SocketSenderHeldTests(unittest.TestCase):
         self.assertIsNone(sender.hold(b"c"))     # output waits in the queue
         yield self.syncer.sync([self.fd], None, 1, [first])
         self.assertTrue(sender.finish_held(first, 1))
-        yield sender.when_drained()
-        sender.close()
-        server.transport.loseConnection()
-        received = yield client.done
+        received = yield self.received(server, client, sender)
         self.assertEqual(received, b"aqueued")
 
     @defer.inlineCallbacks
     def test_the_thread_syncer_cancels_answers(self):
         """Without the native syncer the reactor answers: what it is given is
         cancelled, never sent."""
-        from twisted.internet.defer import succeed
-
-        from streamproto.base.durable import DirectoryIO
         server, client, sender, _ = yield self.sender()
         held = sender.hold(b"never")
-        threads = syncer.ThreadSyncer(lambda f, *a: succeed(f(*a)), DirectoryIO())
+        threads = syncer.ThreadSyncer(synchronous, DirectoryIO())
         self.assertFalse(threads.sends_answers)
         yield threads.sync([self.fd], None, 1, [held])
         self.assertFalse(sender.finish_held(held, 5))
         sender.write(b"instead")
-        yield sender.when_drained()
-        sender.close()
-        server.transport.loseConnection()
-        received = yield client.done
+        received = yield self.received(server, client, sender)
         self.assertEqual(received, b"instead")

@@ -528,6 +528,23 @@ class PreparedAnswerTests(TestCase):
         require_native()
 
     @defer.inlineCallbacks
+    def log_and_socket(self):
+        """A file store on the native syncer and a log in it; a native
+        socket to hold answers on, and the peer that receives them."""
+        store = FileLogStore(self.mktemp())
+        self.addCleanup(store.close)
+        log = yield store.create("events")
+        thread = sendthread._SendThread()
+        self.addCleanup(thread.close)
+        a, b = socket.socketpair()
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        b.setblocking(False)
+        sock = thread.socket(os.dup(a.fileno()), 1)
+        self.addCleanup(sock.close)
+        return store, log, sock, b
+
+    @defer.inlineCallbacks
     def test_asked_before_the_fsync_with_the_result(self):
         store = FileLogStore(self.mktemp())
         self.addCleanup(store.close)
@@ -559,17 +576,7 @@ class PreparedAnswerTests(TestCase):
 
     @defer.inlineCallbacks
     def test_held_answers_go_out_once_durable(self):
-        store = FileLogStore(self.mktemp())
-        self.addCleanup(store.close)
-        log = yield store.create("events")
-        thread = sendthread._SendThread()
-        self.addCleanup(thread.close)
-        a, b = socket.socketpair()
-        self.addCleanup(a.close)
-        self.addCleanup(b.close)
-        b.setblocking(False)
-        sock = thread.socket(os.dup(a.fileno()), 1)
-        self.addCleanup(sock.close)
+        store, log, sock, b = yield self.log_and_socket()
         holds = []
 
         def prepare(result):
@@ -586,17 +593,7 @@ class PreparedAnswerTests(TestCase):
         """The answer leaves from the fsync's thread before the reactor
         learns of the fsync: a reader it serves meanwhile (here, before it
         runs again at all) already sees the record."""
-        store = FileLogStore(self.mktemp())
-        self.addCleanup(store.close)
-        log = yield store.create("events")
-        thread = sendthread._SendThread()
-        self.addCleanup(thread.close)
-        a, b = socket.socketpair()
-        self.addCleanup(a.close)
-        self.addCleanup(b.close)
-        b.setblocking(False)
-        sock = thread.socket(os.dup(a.fileno()), 1)
-        self.addCleanup(sock.close)
+        store, log, sock, b = yield self.log_and_socket()
         d = log.append([b"x"], prepare_answers=lambda r: [sock.hold(b"ack")])
         self.assertEqual(log.end_position, 0)
         # the reactor does not run until this test yields
@@ -613,17 +610,7 @@ class PreparedAnswerTests(TestCase):
 
     @defer.inlineCallbacks
     def test_not_after_a_failed_fsync(self):
-        store = FileLogStore(self.mktemp())
-        self.addCleanup(store.close)
-        log = yield store.create("events")
-        thread = sendthread._SendThread()
-        self.addCleanup(thread.close)
-        a, b = socket.socketpair()
-        self.addCleanup(a.close)
-        self.addCleanup(b.close)
-        b.setblocking(False)
-        sock = thread.socket(os.dup(a.fileno()), 1)
-        self.addCleanup(sock.close)
+        store, log, sock, b = yield self.log_and_socket()
         real = store._syncer.sync
         self.patch(store._syncer, "sync",
                    lambda fds, directory, *rest: real([10 ** 6], directory, *rest))
